@@ -1,0 +1,396 @@
+"""Per-host supervisor: spawns that host's ranks, relays their output, kills them.
+
+Stdlib only: for remote hosts this module is shipped over the link and run by a bare
+Python 3. It exits, killing its ranks, when its link to the controller closes.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from mpilaunch import wire
+from mpilaunch.binding import cpu_groups, cpus_for
+
+EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
+ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_setup(cpus: list[int] | None, parent: int):
+    def setup() -> None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the agent died between fork and prctl
+            os._exit(137)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
+class RankProcess:
+    """One rank as this agent sees it."""
+
+    def __init__(self, rank: int, proc: subprocess.Popen) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.pid = proc.pid
+        self.open_fds: set[int] = set()
+        self.stdin_fd: int | None = None
+        self.stdin_queue: list[bytes] = []
+        self.stdin_eof = False
+        self.status: int | None = None
+        self.reaped_at = 0.0
+        self.reported = False
+
+
+class Agent:
+    def __init__(self, link: socket.socket) -> None:
+        self.link = link
+        self.sel = selectors.DefaultSelector()
+        self.decoder = wire.Decoder()
+        self.ranks: dict[int, RankProcess] = {}
+        self.by_pid: dict[int, RankProcess] = {}
+        self.fd_owner: dict[int, tuple[RankProcess, int]] = {}
+        self.kill_deadline: float | None = None
+        self.link_open = True
+        self.finishing = False
+        self.stop_requested = False
+        self.host = socket.gethostname()
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, frame: bytes) -> None:
+        if not self.link_open:
+            return
+        try:
+            self.link.sendall(frame)
+        except OSError:
+            self.link_lost()
+
+    def link_lost(self) -> None:
+        """The controller is gone: nobody will read output or decide policy any more."""
+        if self.link_open:
+            self.link_open = False
+            try:
+                self.sel.unregister(self.link)
+            except (KeyError, ValueError):
+                pass
+            self.terminate_all(ORPHAN_GRACE)
+            self.finishing = True
+
+    # -- launching -----------------------------------------------------------------------
+    def launch(self, msg: dict) -> None:
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in msg.get("drop_names", ()) and not k.startswith(tuple(msg.get("drop_prefixes", ())))
+        }
+        bind_to = msg.get("bind_to", "none")
+        groups = cpu_groups(bind_to) if bind_to != "none" else []
+        merge = bool(msg.get("merge"))
+        for spec in msg["ranks"]:
+            cpus = cpus_for(bind_to, spec["local_rank"], groups)
+            if msg.get("report_bindings"):
+                where = f"bound to CPUs {','.join(map(str, cpus))}" if cpus else "not bound"
+                self.send(wire.control("note", text=f"[{self.host}:{os.getpid()}] MCW rank {spec['rank']} {where}"))
+            self.spawn(spec, base, merge, cpus)
+
+    def spawn(self, spec: dict, base: dict[str, str], merge: bool, cpus: list[int] | None) -> None:
+        env = dict(base)
+        env.update(spec["env"])
+        rank = spec["rank"]
+        try:
+            proc = subprocess.Popen(
+                spec["argv"],
+                stdin=subprocess.PIPE if spec.get("stdin") else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                env=env,
+                cwd=spec.get("wdir") or None,
+                start_new_session=True,
+                preexec_fn=_child_setup(cpus, os.getpid()),
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.send(wire.control("failed", rank=rank, error=f"{spec['argv'][0]}: {reason}", code=code))
+            return
+        rp = RankProcess(rank, proc)
+        self.ranks[rank] = rp
+        self.by_pid[proc.pid] = rp
+        for stream, pipe in ((wire.STDOUT, proc.stdout), (wire.STDERR, proc.stderr)):
+            if pipe is not None:
+                fd = pipe.fileno()
+                rp.open_fds.add(fd)
+                self.fd_owner[fd] = (rp, stream)
+                self.sel.register(fd, selectors.EVENT_READ, "out")
+        if proc.stdin is not None:
+            rp.stdin_fd = proc.stdin.fileno()
+            os.set_blocking(rp.stdin_fd, False)
+        self.send(wire.control("started", rank=rank, pid=proc.pid))
+
+    # -- rank output and stdin -----------------------------------------------------------
+    def read_output(self, fd: int) -> None:
+        rp, stream = self.fd_owner[fd]
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        if data:
+            self.send(wire.output(rp.rank, stream, data))
+            return
+        self.sel.unregister(fd)
+        del self.fd_owner[fd]
+        rp.open_fds.discard(fd)
+        pipe = rp.proc.stdout if stream == wire.STDOUT else rp.proc.stderr
+        if pipe is not None:
+            pipe.close()
+        self.maybe_report(rp)
+
+    def queue_stdin(self, rank: int, data: bytes) -> None:
+        rp = self.ranks.get(rank)
+        if rp is None or rp.stdin_fd is None:
+            if data:
+                self.send(wire.control("stdin_ack", n=len(data)))
+            return
+        if not data:
+            rp.stdin_eof = True
+        else:
+            rp.stdin_queue.append(data)
+        self.write_stdin(rp)
+
+    def write_stdin(self, rp: RankProcess) -> None:
+        written = 0
+        fd = rp.stdin_fd
+        assert fd is not None
+        try:
+            while rp.stdin_queue:
+                chunk = rp.stdin_queue[0]
+                n = os.write(fd, chunk)
+                written += n
+                if n < len(chunk):
+                    rp.stdin_queue[0] = chunk[n:]
+                    break
+                rp.stdin_queue.pop(0)
+        except BlockingIOError:
+            pass
+        except OSError:  # the rank closed its stdin or exited: drop what it will never read
+            written += sum(len(c) for c in rp.stdin_queue)
+            rp.stdin_queue.clear()
+            rp.stdin_eof = True
+        if written:
+            self.send(wire.control("stdin_ack", n=written))
+        self._update_stdin_interest(rp)
+
+    def _update_stdin_interest(self, rp: RankProcess) -> None:
+        fd = rp.stdin_fd
+        if fd is None:
+            return
+        registered = fd in self.sel.get_map()
+        if rp.stdin_queue and not registered:
+            self.sel.register(fd, selectors.EVENT_WRITE, "in")
+        elif not rp.stdin_queue:
+            if registered:
+                self.sel.unregister(fd)
+            if rp.stdin_eof:
+                rp.proc.stdin.close()  # type: ignore[union-attr]
+                rp.stdin_fd = None
+
+    # -- exits ---------------------------------------------------------------------------
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rp = self.by_pid.get(pid)
+            if rp is None:
+                continue  # an orphan adopted as subreaper
+            rp.proc.returncode = os.waitstatus_to_exitcode(status)
+            rp.status = rp.proc.returncode
+            rp.reaped_at = time.monotonic()
+            if rp.stdin_fd is not None:
+                written = sum(len(c) for c in rp.stdin_queue)
+                rp.stdin_queue.clear()
+                rp.stdin_eof = True
+                if written:
+                    self.send(wire.control("stdin_ack", n=written))
+                self._update_stdin_interest(rp)
+            self.maybe_report(rp)
+
+    def maybe_report(self, rp: RankProcess, now: float | None = None) -> None:
+        if rp.reported or rp.status is None:
+            return
+        if rp.open_fds and (now or time.monotonic()) - rp.reaped_at < EXIT_REPORT_DELAY:
+            return
+        rp.reported = True
+        self.send(wire.control("exited", rank=rp.rank, status=rp.status))
+
+    # -- killing -------------------------------------------------------------------------
+    def signal_all(self, sig: int, include_dead: bool = False) -> None:
+        for rp in self.ranks.values():
+            if rp.status is None or include_dead:
+                try:
+                    os.killpg(rp.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def terminate_all(self, grace: float) -> None:
+        self.signal_all(signal.SIGTERM, include_dead=True)
+        deadline = time.monotonic() + grace
+        if self.kill_deadline is None or deadline < self.kill_deadline:
+            self.kill_deadline = deadline
+
+    def kill_stragglers(self) -> None:
+        """SIGKILL every rank's process group and every orphan this agent adopted."""
+        self.signal_all(signal.SIGKILL, include_dead=True)
+        me = os.getpid()
+        for pid in _children_of(me):
+            if pid not in self.by_pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    # -- main loop -----------------------------------------------------------------------
+    def handle(self, kind: int, value: object) -> None:
+        if kind == wire.STDIN:
+            rank, _, data = value  # type: ignore[misc]
+            self.queue_stdin(rank, data)
+            return
+        msg = value
+        assert isinstance(msg, dict)
+        op = msg["op"]
+        if op == "launch":
+            self.launch(msg)
+        elif op == "signal":
+            self.signal_all(int(msg["sig"]))
+        elif op == "kill":
+            grace = float(msg.get("grace", 0))
+            if grace <= 0:
+                self.kill_stragglers()
+            else:
+                self.terminate_all(grace)
+        elif op == "finish":
+            self.finishing = True
+            self.terminate_all(float(msg.get("grace", 0.5)))
+
+    def read_link(self) -> None:
+        try:
+            data = self.link.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.link_lost()
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except wire.FrameError as exc:
+            print(f"mpilaunch agent: {exc}; stopping", file=sys.stderr)
+            self.link_lost()
+            return
+        for kind, value in frames:
+            self.handle(kind, value)
+
+    def all_done(self) -> bool:
+        return all(rp.status is not None and not rp.open_fds for rp in self.ranks.values())
+
+    def run(self) -> int:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_stop_signal)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.set_wakeup_fd(wake_w)
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.link, selectors.EVENT_READ, "link")
+        self.send(wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid()))
+        while not (self.finishing and self.all_done()):
+            timeout = self.next_timeout()
+            for key, _ in self.sel.select(timeout):
+                tag = key.data
+                if tag == "out":
+                    self.read_output(key.fd)  # type: ignore[arg-type]
+                elif tag == "in":
+                    fd = key.fd
+                    rp = next(r for r in self.ranks.values() if r.stdin_fd == fd)
+                    self.write_stdin(rp)
+                elif tag == "link":
+                    self.read_link()
+                else:
+                    try:
+                        os.read(wake_r, 512)
+                    except BlockingIOError:
+                        pass
+            self.reap()
+            if self.stop_requested:
+                self.stop_requested = False
+                self.link_lost()
+            now = time.monotonic()
+            for rp in self.ranks.values():
+                self.maybe_report(rp, now)
+            if self.kill_deadline is not None and now >= self.kill_deadline:
+                self.kill_deadline = None
+                self.kill_stragglers()
+        self.kill_stragglers()
+        self.send(wire.control("bye"))
+        self.reap()
+        return 0
+
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+
+    def next_timeout(self) -> float | None:
+        deadlines = [
+            rp.reaped_at + EXIT_REPORT_DELAY for rp in self.ranks.values() if rp.status is not None and not rp.reported
+        ]
+        if self.kill_deadline is not None:
+            deadlines.append(self.kill_deadline)
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(name))
+    return found
+
+
+def serve(link: socket.socket) -> int:
+    """Run an agent on an already connected link until the job ends."""
+    return Agent(link).run()

@@ -1,0 +1,392 @@
+"""The job's event loop: one state table of ranks, one place where policy is decided."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+from mpilaunch import wire
+from mpilaunch.hosts import Host
+from mpilaunch.output import OutputSink
+from mpilaunch.placement import Rank
+from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
+from mpilaunch.report import failure_summary
+from mpilaunch.spec import Options
+from mpilaunch.transport.local import LocalLink, start_local_agent
+
+STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher stops reading
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
+TIMEOUT_STATUS = 124
+
+
+@dataclass
+class LaunchPlan:
+    """Everything the controller needs, computed before any process starts."""
+
+    hosts: list[Host]
+    ranks: list[Rank]
+    argvs: list[tuple[str, ...]]  # per app
+    wdirs: list[str]  # per app
+    envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
+    stdin_ranks: list[int]
+    options: Options
+
+
+@dataclass
+class RankState:
+    rank: Rank
+    pid: int | None = None
+    status: int | None = None
+    done: bool = False
+    killed: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class HostLink:
+    index: int
+    link: LocalLink
+    decoder: wire.Decoder = field(default_factory=wire.Decoder)
+    inflight: int = 0
+    open: bool = True
+
+
+class Controller:
+    def __init__(self, plan: LaunchPlan, output: OutputSink) -> None:
+        self.plan = plan
+        self.options = plan.options
+        self.output = output
+        self.ranks = [RankState(r) for r in plan.ranks]
+        self.sel = selectors.DefaultSelector()
+        self.links: list[HostLink] = []
+        self.first_failure: RankState | None = None
+        self.failed: list[int] = []
+        self.aborting = False
+        self.finishing = False
+        self.timed_out = False
+        self.signals_seen: dict[int, int] = {}
+        self.stdin_open = bool(plan.stdin_ranks)
+        self.stdin_registered = False
+        self.stdin_pollable = True
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self) -> None:
+        for index in sorted({r.host for r in self.plan.ranks}):
+            link = HostLink(index, start_local_agent())
+            self.links.append(link)
+            link.link.sock.setblocking(False)
+            self.sel.register(link.link.sock, selectors.EVENT_READ, link)
+        self._install_signals()
+        for link in self.links:
+            self.send(link, wire.control("launch", **self._launch_message(link.index)))
+        if self.stdin_open and not _stdin_usable():
+            self.stdin_open = False
+            for rank in self.plan.stdin_ranks:
+                self._send_stdin(rank, b"")
+
+    def _launch_message(self, host: int) -> dict:
+        specs = []
+        for r in self.plan.ranks:
+            if r.host != host:
+                continue
+            specs.append(
+                {
+                    "rank": r.rank,
+                    "local_rank": r.local_rank,
+                    "argv": list(self.plan.argvs[r.app]),
+                    "wdir": self.plan.wdirs[r.app],
+                    "env": self.plan.envs[r.rank],
+                    "stdin": r.rank in self.plan.stdin_ranks,
+                }
+            )
+        return {
+            "ranks": specs,
+            "merge": self.options.merge_stderr_to_stdout,
+            "bind_to": self.options.bind_to,
+            "report_bindings": self.options.report_bindings,
+            "drop_prefixes": list(LEAK_PREFIXES),
+            "drop_names": sorted(LEAK_NAMES),
+        }
+
+    def _install_signals(self) -> None:
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        for sig in FORWARDED:
+            signal.signal(sig, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, link: HostLink, frame: bytes) -> None:
+        if not link.open:
+            return
+        sock = link.link.sock
+        sock.setblocking(True)
+        try:
+            sock.sendall(frame)
+        except OSError:
+            pass  # the agent is gone; its EOF is handled by the loop
+        finally:
+            sock.setblocking(False)
+
+    def broadcast(self, frame: bytes) -> None:
+        for link in self.links:
+            self.send(link, frame)
+
+    def _link_of(self, rank: int) -> HostLink:
+        host = self.plan.ranks[rank].host
+        return next(link for link in self.links if link.index == host)
+
+    def _send_stdin(self, rank: int, data: bytes) -> None:
+        link = self._link_of(rank)
+        link.inflight += len(data)
+        self.send(link, wire.stdin(rank, data))
+
+    # -- policy --------------------------------------------------------------------------
+    def rank_exited(self, state: RankState, status: int | None, reason: str | None = None) -> None:
+        if state.done:
+            return
+        state.done = True
+        state.status = status
+        state.reason = reason
+        self.output.rank_done(state.rank.rank)
+        if status != 0:
+            self.failed.append(state.rank.rank)
+            if self.first_failure is None:
+                self.first_failure = state
+            if self.options.abort_on_failure:
+                self.abort(self.options.kill_timeout)
+
+    def abort(self, grace: float) -> None:
+        """Stop every rank: SIGTERM to each process group, SIGKILL after grace seconds."""
+        if not self.aborting or grace <= 0:
+            for state in self.ranks:
+                if not state.done:
+                    state.killed = True
+            self.broadcast(wire.control("kill", grace=grace))
+        self.aborting = True
+
+    def on_signal(self, sig: int) -> None:
+        count = self.signals_seen.get(sig, 0) + 1
+        self.signals_seen[sig] = count
+        if sig in HARD_STOP and count > 1:
+            print(f"mpilaunch: {signal.Signals(sig).name} again: killing every rank", file=sys.stderr)
+            self.abort(0)
+            return
+        self.broadcast(wire.control("signal", sig=int(sig)))
+
+    def on_timeout(self) -> None:
+        self.timed_out = True
+        print(f"mpilaunch: the job exceeded --timeout {self.options.timeout:g} s; killing every rank", file=sys.stderr)
+        self.abort(self.options.kill_timeout)
+
+    # -- events from agents ----------------------------------------------------------------
+    def on_control(self, link: HostLink, msg: dict) -> None:
+        op = msg["op"]
+        if op == "started":
+            self.ranks[msg["rank"]].pid = msg["pid"]
+        elif op == "exited":
+            self.rank_exited(self.ranks[msg["rank"]], int(msg["status"]))
+        elif op == "failed":
+            state = self.ranks[msg["rank"]]
+            print(f"mpilaunch: rank {msg['rank']} could not start: {msg['error']}", file=sys.stderr)
+            self.rank_exited(state, int(msg.get("code", 127)), msg["error"])
+        elif op == "stdin_ack":
+            link.inflight -= int(msg["n"])
+        elif op == "note":
+            print(msg["text"], file=sys.stderr)
+        elif op in ("hello", "bye"):
+            pass
+
+    def read_link(self, link: HostLink, now: float) -> None:
+        try:
+            data = link.link.sock.recv(1 << 18)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.link_closed(link)
+            return
+        try:
+            frames = link.decoder.feed(data)
+        except wire.FrameError as exc:
+            print(
+                f"mpilaunch: garbled message from the agent of {self.plan.hosts[link.index].name}: {exc}",
+                file=sys.stderr,
+            )
+            self.link_closed(link)
+            return
+        for kind, value in frames:
+            if kind == wire.OUTPUT:
+                rank, stream, chunk = value  # type: ignore[misc]
+                self.output.write(rank, stream, chunk, now)
+            elif kind == wire.CONTROL:
+                self.on_control(link, value)  # type: ignore[arg-type]
+
+    def link_closed(self, link: HostLink) -> None:
+        link.open = False
+        self.sel.unregister(link.link.sock)
+        link.link.close()
+        link.link.wait()
+        lost = [s for s in self.ranks if s.rank.host == link.index and not s.done]
+        if not lost:
+            return
+        host = self.plan.hosts[link.index].name
+        print(f"mpilaunch: lost the agent of host {host}; its ranks are killed", file=sys.stderr)
+        for state in lost:
+            if state.pid:
+                try:
+                    os.killpg(state.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for state in lost:
+            self.rank_exited(state, -signal.SIGKILL, f"agent of host {host} lost")
+
+    # -- stdin ----------------------------------------------------------------------------
+    def update_stdin(self) -> bool:
+        """(Un)register stdin by the flow-control window; True when it must be read without polling."""
+        want = self.stdin_open and all(self._link_of(r).inflight < STDIN_WINDOW for r in self.plan.stdin_ranks)
+        if want and not self.stdin_registered and self.stdin_pollable:
+            try:
+                self.sel.register(0, selectors.EVENT_READ, "stdin")
+            except PermissionError:  # a regular file or /dev/null: always readable
+                self.stdin_pollable = False
+                return True
+        elif not want and self.stdin_registered:
+            self.sel.unregister(0)
+        self.stdin_registered = want and self.stdin_pollable
+        return want and not self.stdin_pollable
+
+    def read_stdin(self) -> None:
+        try:
+            data = os.read(0, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.stdin_open = False
+        for rank in self.plan.stdin_ranks:
+            if not self.ranks[rank].done or not data:
+                self._send_stdin(rank, data)
+
+    # -- loop -----------------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._emergency_stop()
+
+    def _emergency_stop(self) -> None:
+        """On any way out, no rank may outlive the launcher: kill what is still recorded as running."""
+        for link in self.links:
+            if link.open:
+                link.open = False
+                link.link.close()
+        for state in self.ranks:
+            if state.pid and not state.done:
+                try:
+                    os.killpg(state.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for link in self.links:
+            link.link.wait()
+
+    def _run(self) -> int:
+        start = time.monotonic()
+        deadline = start + self.options.timeout if self.options.timeout else None
+        self.start()
+        while any(link.open for link in self.links):
+            if not self.finishing and all(s.done for s in self.ranks):
+                self.finishing = True
+                self.broadcast(wire.control("finish", grace=0.5))
+            read_stdin_now = self.update_stdin()
+            now = time.monotonic()
+            timers = [t for t in (deadline, self.output.next_deadline()) if t is not None]
+            timeout = max(0.0, min(timers) - now) if timers else None
+            if read_stdin_now:
+                self.read_stdin()
+                timeout = 0.0
+            events = self.sel.select(timeout)
+            now = time.monotonic()
+            for key, _ in events:
+                if isinstance(key.data, HostLink):
+                    self.read_link(key.data, now)
+                elif key.data == "stdin":
+                    self.read_stdin()
+                else:
+                    self._drain_signals()
+            self.output.flush_idle(now)
+            if deadline is not None and now >= deadline and not self.timed_out:
+                if not all(s.done for s in self.ranks):
+                    self.on_timeout()
+                deadline = None
+        self._restore_signals()
+        return self.finish()
+
+    def _drain_signals(self) -> None:
+        try:
+            data = self.wake_r.recv(512)
+        except BlockingIOError:
+            return
+        for sig in data:
+            self.on_signal(sig)
+
+    def _restore_signals(self) -> None:
+        signal.set_wakeup_fd(-1)
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+
+    def finish(self) -> int:
+        self.output.close()
+        failure = self.first_failure
+        if failure is not None and not self.timed_out:
+            killed = [s.rank.rank for s in self.ranks if s.killed and s is not failure]
+            rank = failure.rank
+            print(
+                failure_summary(
+                    rank=rank.rank,
+                    host=self.plan.hosts[rank.host].name,
+                    pid=failure.pid,
+                    status=failure.status if failure.status is not None else 1,
+                    argv=self.plan.argvs[rank.app],
+                    last_lines=self.output.last_lines(rank.rank),
+                    killed=killed,
+                    aborted=self.options.abort_on_failure,
+                    failed_total=len(self.failed),
+                    reason=failure.reason,
+                ),
+                file=sys.stderr,
+            )
+        return self.exit_status()
+
+    def exit_status(self) -> int:
+        if self.timed_out:
+            return TIMEOUT_STATUS
+        failure = self.first_failure
+        if failure is None:
+            return 0
+        status = failure.status if failure.status is not None else 1
+        return 128 - status if status < 0 else status
+
+
+def _stdin_usable() -> bool:
+    """Whether the launcher can read its stdin without being stopped (SIGTTIN) or failing."""
+    try:
+        os.fstat(0)
+    except OSError:
+        return False
+    if os.isatty(0):
+        try:
+            return os.tcgetpgrp(0) == os.getpgrp()
+        except OSError:
+            return False
+    return True

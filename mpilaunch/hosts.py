@@ -1,0 +1,192 @@
+"""Hostfile and -H parsing: text in, [Host] out, errors naming file and line."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+
+from mpilaunch.errors import LaunchError
+
+_HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])$")
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_SLOTS_KEYS = ("slots", "slot", "cpu", "cpus", "count")
+_MAX_KEYS = ("max_slots", "max-slots")
+_USER_KEYS = ("user", "username")
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine of the job. slots None means "as many as it has cores"."""
+
+    name: str
+    slots: int | None = None
+    max_slots: int | None = None
+    user: str | None = None
+    port: int | None = None
+
+
+class HostSyntaxError(ValueError):
+    """A bad host entry; the caller adds where it came from."""
+
+
+def check_host_name(name: str) -> str:
+    """Refuse names that could be read as options or shell syntax."""
+    if not _HOST_RE.match(name):
+        raise HostSyntaxError(f"invalid host name {name!r}")
+    return name
+
+
+def check_user_name(user: str) -> str:
+    if not _USER_RE.match(user):
+        raise HostSyntaxError(f"invalid user name {user!r}")
+    return user
+
+
+def _count(key: str, value: str) -> int:
+    if not value.isdigit() or not value.isascii():
+        raise HostSyntaxError(f"{key} must be a whole number, not {value!r}")
+    number = int(value)
+    if number < 1 and key not in _MAX_KEYS:
+        raise HostSyntaxError(f"{key} must be at least 1")
+    if number > 1_000_000:
+        raise HostSyntaxError(f"{key}={value} is too large")
+    return number
+
+
+def _split_user(word: str) -> tuple[str | None, str]:
+    if "@" in word:
+        user, _, host = word.rpartition("@")
+        return check_user_name(user), host
+    return None, word
+
+
+def _split_count(word: str) -> tuple[str, int | None]:
+    """MPICH's host:N (an IPv6 address must be bracketed to carry a count)."""
+    if word.startswith("["):
+        end = word.find("]")
+        if end < 0:
+            raise HostSyntaxError(f"unclosed '[' in {word!r}")
+        rest = word[end + 1 :]
+        if not rest:
+            return word, None
+        if not rest.startswith(":"):
+            raise HostSyntaxError(f"unexpected {rest!r} after {word[: end + 1]!r}")
+        return word[: end + 1], _count("slots", rest[1:])
+    if word.count(":") == 1:
+        name, _, count = word.partition(":")
+        return name, _count("slots", count)
+    return word, None
+
+
+def parse_hostfile_line(line: str) -> Host | None:
+    """One hostfile line: `[user@]host[:N] [slots=N] [max_slots=M] [port=P] [user=U]`."""
+    text = line.split("#", 1)[0].strip()
+    if not text:
+        return None
+    first, *fields = text.split()
+    user, rest = _split_user(first)
+    name, slots = _split_count(rest)
+    check_host_name(name)
+    max_slots = port = None
+    for item in fields:
+        key, eq, value = item.partition("=")
+        key = key.lower()
+        if not eq or not value:
+            raise HostSyntaxError(f"expected key=value, got {item!r}")
+        if key in _SLOTS_KEYS:
+            slots = _count(key, value)
+        elif key in _MAX_KEYS:
+            max_slots = _count(key, value)
+        elif key == "port":
+            port = _count(key, value)
+            if port > 65535:
+                raise HostSyntaxError(f"port={value} is out of range")
+        elif key in _USER_KEYS:
+            user = check_user_name(value)
+        else:
+            raise HostSyntaxError(f"unknown key {key!r}")
+    if max_slots is not None and slots is not None and max_slots < slots:
+        raise HostSyntaxError(f"max_slots={max_slots} is less than slots={slots}")
+    return Host(name, slots, max_slots, user, port)
+
+
+def merge_hosts(entries: list[Host]) -> list[Host]:
+    """A repeated host adds its slots, as in Open MPI; order of first mention is kept."""
+    merged: dict[tuple[str, str | None, int | None], Host] = {}
+    for host in entries:
+        key = (host.name, host.user, host.port)
+        old = merged.get(key)
+        if old is None:
+            merged[key] = host
+            continue
+        slots = None if old.slots is None and host.slots is None else (old.slots or 1) + (host.slots or 1)
+        max_slots = None if old.max_slots is None or host.max_slots is None else old.max_slots + host.max_slots
+        merged[key] = replace(old, slots=slots, max_slots=max_slots)
+    return list(merged.values())
+
+
+def parse_hostfile(text: str, path: str) -> list[Host]:
+    """Parse a whole hostfile; an error names the file and the line."""
+    entries = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        try:
+            host = parse_hostfile_line(line)
+        except HostSyntaxError as exc:
+            raise LaunchError(f"{path}:{lineno}: {exc}") from None
+        if host is not None:
+            entries.append(host)
+    if not entries:
+        raise LaunchError(f"{path}: no hosts in the hostfile")
+    return merge_hosts(entries)
+
+
+def read_hostfile(path: str) -> list[Host]:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(16 * 1024 * 1024)
+    except OSError as exc:
+        raise LaunchError(f"{path}: cannot read hostfile: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise LaunchError(f"{path}:{line}: not UTF-8 text") from None
+    return parse_hostfile(text, path)
+
+
+def parse_host_list(value: str) -> list[Host]:
+    """-H a:2,b,user@c:4 ; a missing :N means one slot, as in Open MPI."""
+    entries = []
+    for word in value.split(","):
+        word = word.strip()
+        if not word:
+            raise LaunchError(f"-H {value!r}: empty host name")
+        try:
+            user, rest = _split_user(word)
+            name, slots = _split_count(rest)
+            check_host_name(name)
+        except HostSyntaxError as exc:
+            raise LaunchError(f"-H {value!r}: {exc}") from None
+        entries.append(Host(name, 1 if slots is None else slots, None, user))
+    return entries
+
+
+def localhost_default() -> list[Host]:
+    return [Host("localhost", os.cpu_count() or 1)]
+
+
+def is_local(name: str) -> bool:
+    """Hosts reached without SSH: localhost and this machine's own names."""
+    if name in LOCAL_NAMES:
+        return True
+    import socket
+
+    own = socket.gethostname()
+    return name in (own, own.split(".")[0])
+
+
+def with_core_counts(hosts: list[Host], cores_of: dict[str, int]) -> list[Host]:
+    """Fill hosts without a slot count with their core count (Open MPI's rule)."""
+    return [h if h.slots is not None else replace(h, slots=cores_of.get(h.name, 1)) for h in hosts]

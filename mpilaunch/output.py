@@ -1,0 +1,198 @@
+"""Rank output: byte-exact log files and a console that only ever shows whole lines per rank."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.wire import STDERR, STDOUT
+
+IDLE_FLUSH = 0.25  # seconds a partial line waits before it is shown anyway
+MAX_PENDING = 1 << 16  # a longer partial line is shown at once
+TAIL_BYTES = 1 << 13  # stderr kept per rank for the failure summary
+_STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
+
+
+def rank_dir_name(rank: int, np: int) -> str:
+    """rank.N zero-padded to the digits of np, as Open MPI 4.1 names them."""
+    return f"rank.{rank:0{len(str(np))}d}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class LogTree:
+    """DIR/1/rank.N/{stdout,stderr}, files opened without following symlinks."""
+
+    def __init__(self, base: str, np: int, merge: bool) -> None:
+        self.root = os.path.abspath(os.path.join(base, "1"))
+        self.fds: dict[tuple[int, int], int] = {}
+        streams = (STDOUT,) if merge else (STDOUT, STDERR)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            for rank in range(np):
+                directory = os.path.join(self.root, rank_dir_name(rank, np))
+                os.makedirs(directory, exist_ok=True)
+                for stream in streams:
+                    path = os.path.join(directory, _STREAM_NAMES[stream])
+                    self.fds[(rank, stream)] = os.open(path, flags, 0o644)
+        except OSError as exc:
+            self.close()
+            where = exc.filename or base
+            raise LaunchError(f"--output-filename {base}: cannot write {where}: {exc.strerror}") from None
+
+    def write(self, rank: int, stream: int, data: bytes) -> None:
+        fd = self.fds.get((rank, stream)) or self.fds[(rank, STDOUT)]
+        _write_all(fd, data)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+class Console:
+    """Copies rank output to the launcher's stdout/stderr in whole lines.
+
+    A partial line is held until its newline comes or it has been idle IDLE_FLUSH seconds;
+    when another rank's line must be shown after a flushed partial line, a newline is put
+    in first, so two ranks' bytes never share a console line.
+    """
+
+    def __init__(self, tag: bool, timestamp: bool, fds: dict[int, int] | None = None) -> None:
+        self.tag = tag
+        self.timestamp = timestamp
+        self.fds = fds if fds is not None else {STDOUT: 1, STDERR: 2}
+        self.pending: dict[tuple[int, int], bytearray] = {}
+        self.since: dict[tuple[int, int], float] = {}
+        self.open_line: tuple[int, int] | None = None  # whose partial line the console ends with
+        self.broken: set[int] = set()
+
+    def feed(self, rank: int, stream: int, data: bytes, now: float) -> None:
+        key = (rank, stream)
+        buf = self.pending.get(key)
+        if buf:
+            buf += data
+            data = bytes(buf)
+            buf.clear()
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            self._show(key, data[:cut])
+            data = data[cut:]
+        if not data:
+            self.since.pop(key, None)
+            return
+        if len(data) >= MAX_PENDING:
+            self._show(key, data)
+            self.since.pop(key, None)
+            return
+        self.pending.setdefault(key, bytearray()).extend(data)
+        self.since.setdefault(key, now)
+
+    def next_deadline(self) -> float | None:
+        return min(self.since.values()) + IDLE_FLUSH if self.since else None
+
+    def flush_idle(self, now: float) -> None:
+        for key, started in list(self.since.items()):
+            if now - started >= IDLE_FLUSH:
+                self.flush(key)
+
+    def flush(self, key: tuple[int, int]) -> None:
+        buf = self.pending.get(key)
+        self.since.pop(key, None)
+        if buf:
+            data = bytes(buf)
+            buf.clear()
+            self._show(key, data)
+
+    def flush_rank(self, rank: int) -> None:
+        for stream in (STDOUT, STDERR):
+            self.flush((rank, stream))
+
+    def finish(self) -> None:
+        for key in list(self.pending):
+            self.flush(key)
+        if self.open_line is not None:
+            self._emit(self.open_line[1], b"\n")
+            self.open_line = None
+
+    def _prefix(self, rank: int, stream: int) -> bytes:
+        parts = []
+        if self.timestamp:
+            parts.append(time.strftime("%a %b %d %H:%M:%S %Y"))
+        if self.tag:
+            parts.append(f"[1,{rank}]<{_STREAM_NAMES[stream]}>:")
+        elif self.timestamp:
+            parts.append(f"<{_STREAM_NAMES[stream]}>:")
+        return "".join(parts).encode()
+
+    def _show(self, key: tuple[int, int], data: bytes) -> None:
+        continuing = self.open_line == key
+        if self.open_line is not None and not continuing:
+            self._emit(self.open_line[1], b"\n")
+        if self.tag or self.timestamp:
+            prefix = self._prefix(*key)
+            lines = data.splitlines(keepends=True)
+            data = b"".join(line if (continuing and i == 0) else prefix + line for i, line in enumerate(lines))
+        self._emit(key[1], data)
+        self.open_line = None if data.endswith(b"\n") else key
+
+    def _emit(self, stream: int, data: bytes) -> None:
+        fd = self.fds[stream]
+        if fd in self.broken:
+            return
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EIO):
+                raise
+            self.broken.add(fd)  # the console went away; the log files still get every byte
+
+
+class OutputSink:
+    """Everything a rank writes: to its log files, to the console, and a stderr tail for reports."""
+
+    def __init__(self, console: Console | None, tree: LogTree | None, merged: bool) -> None:
+        self.console = console
+        self.tree = tree
+        self.merged = merged
+        self.tails: dict[int, bytearray] = {}
+
+    def write(self, rank: int, stream: int, data: bytes, now: float) -> None:
+        if self.tree is not None:
+            self.tree.write(rank, stream, data)
+        if self.console is not None:
+            self.console.feed(rank, stream, data, now)
+        tail = self.tails.setdefault(rank, bytearray())
+        if stream == STDERR or self.merged:
+            tail += data
+            if len(tail) > TAIL_BYTES:
+                del tail[: len(tail) - TAIL_BYTES]
+
+    def last_lines(self, rank: int, count: int = 10) -> list[str]:
+        text = bytes(self.tails.get(rank, b"")).decode("utf-8", "replace")
+        return [line for line in text.splitlines() if line.strip()][-count:]
+
+    def next_deadline(self) -> float | None:
+        return self.console.next_deadline() if self.console else None
+
+    def flush_idle(self, now: float) -> None:
+        if self.console:
+            self.console.flush_idle(now)
+
+    def rank_done(self, rank: int) -> None:
+        if self.console:
+            self.console.flush_rank(rank)
+
+    def close(self) -> None:
+        if self.console:
+            self.console.finish()
+        if self.tree:
+            self.tree.close()

@@ -1,0 +1,174 @@
+"""Slot allocation: hosts and app sizes in, one Rank per process out (Open MPI 4.1 rules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import Host
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where one process runs and what it is called there."""
+
+    rank: int
+    app: int
+    host: int  # index into the job's host list
+    local_rank: int  # among the job's ranks on its host, in rank order
+    local_size: int
+    node_rank: int  # index of the host among the hosts that run ranks
+
+
+def parse_map_by(map_by: str, npernode: int | None) -> tuple[str, int]:
+    """Normalise --map-by / --npernode to ("slot"|"node"|"ppr", per_node)."""
+    if npernode is not None:
+        if npernode < 1:
+            raise LaunchError(f"--npernode must be at least 1, not {npernode}")
+        return "ppr", npernode
+    policy = map_by.split(":", 1)[0].lower() if not map_by.lower().startswith("ppr") else map_by.lower()
+    if policy in ("slot", "core", "hwthread", "socket", "numa", "l3cache"):
+        return "slot", 0
+    if policy == "node":
+        return "node", 0
+    parts = policy.split(":")
+    if parts[0] == "ppr" and len(parts) == 3 and parts[2] == "node" and parts[1].isdigit() and int(parts[1]) > 0:
+        return "ppr", int(parts[1])
+    raise LaunchError(f"--map-by {map_by!r}: expected slot, node or ppr:N:node")
+
+
+def _capacity(host: Host, used: int, oversubscribe: bool) -> int:
+    """How many more ranks a host takes: its free slots, or up to max_slots when oversubscribing."""
+    assert host.slots is not None
+    if not oversubscribe:
+        return max(host.slots - used, 0)
+    if host.max_slots is not None and host.max_slots > 0:
+        return max(host.max_slots - used, 0)
+    return 1 << 30
+
+
+def _not_enough(requested: int, hosts: list[Host], argv0: str, oversubscribe: bool) -> LaunchError:
+    slots = ", ".join(f"{h.name}:{h.slots}" for h in hosts)
+    total = sum(h.slots or 0 for h in hosts)
+    hint = (
+        "max_slots caps every host even with --oversubscribe"
+        if oversubscribe
+        else "request fewer ranks, add slots, or use --oversubscribe"
+    )
+    return LaunchError(
+        f"There are not enough slots available in the system to satisfy the {requested} slots "
+        f"that were requested by the application: {argv0} (slots: {slots}; {total} in all); {hint}"
+    )
+
+
+def _by_slot(np: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
+    """Fill each host's free slots in order; extra ranks are then spread evenly."""
+    counts = [0] * len(hosts)
+    left = np
+    for i, host in enumerate(hosts):
+        take = min(_capacity(host, used[i], False), left)
+        counts[i] += take
+        left -= take
+    if left and not oversubscribe:
+        raise _not_enough(np + sum(used), hosts, argv0, oversubscribe)
+    while left:
+        room = [i for i in range(len(hosts)) if _capacity(hosts[i], used[i] + counts[i], True) > 0]
+        if not room:
+            raise _not_enough(np + sum(used), hosts, argv0, oversubscribe)
+        share, extra = divmod(left, len(room))
+        for k, i in enumerate(room):
+            want = share + (1 if k < extra else 0)
+            take = min(want, _capacity(hosts[i], used[i] + counts[i], True))
+            counts[i] += take
+            left -= take
+    return counts
+
+
+def _by_node_order(np: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
+    """Round robin over hosts with free slots, then over all hosts when oversubscribing."""
+    order: list[int] = []
+    counts = [0] * len(hosts)
+    for over in (False, True):
+        while len(order) < np:
+            placed = False
+            for i, host in enumerate(hosts):
+                if len(order) == np:
+                    break
+                if _capacity(host, used[i] + counts[i], over) > 0:
+                    order.append(i)
+                    counts[i] += 1
+                    placed = True
+            if not placed:
+                break
+        if len(order) == np or not oversubscribe:
+            break
+    if len(order) < np:
+        raise _not_enough(np + sum(used), hosts, argv0, oversubscribe)
+    return order
+
+
+def _by_ppr(np: int | None, per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
+    want = per * len(hosts) if np is None else np
+    counts = [0] * len(hosts)
+    left = want
+    for i, host in enumerate(hosts):
+        take = min(per, left)
+        if take > _capacity(host, used[i], oversubscribe):
+            raise _not_enough(want + sum(used), hosts, argv0, oversubscribe)
+        counts[i] = take
+        left -= take
+    if left:
+        raise LaunchError(f"{want} ranks requested but ppr:{per}:node on {len(hosts)} hosts places {per * len(hosts)}")
+    return counts
+
+
+def place(
+    hosts: list[Host],
+    apps: list[tuple[int | None, str]],
+    map_by: str = "slot",
+    npernode: int | None = None,
+    oversubscribe: bool = False,
+) -> list[Rank]:
+    """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun."""
+    if any(h.slots is None for h in hosts):
+        raise ValueError("place() needs every host's slot count")
+    policy, per = parse_map_by(map_by, npernode)
+    used = [0] * len(hosts)
+    placed: list[tuple[int, int]] = []  # (app, host) in rank order
+    for app, (np, argv0) in enumerate(apps):
+        if np is not None and np < 1:
+            raise LaunchError(f"-n must be at least 1, not {np}")
+        if policy == "ppr":
+            counts = _by_ppr(np, per, hosts, used, oversubscribe, argv0)
+            order = [i for i, c in enumerate(counts) for _ in range(c)]
+        else:
+            if np is None:
+                np = sum(_capacity(h, used[i], False) for i, h in enumerate(hosts))
+                if np == 0:
+                    raise _not_enough(sum(used) + 1, hosts, argv0, oversubscribe)
+            if policy == "node":
+                order = _by_node_order(np, hosts, used, oversubscribe, argv0)
+            else:
+                counts = _by_slot(np, hosts, used, oversubscribe, argv0)
+                order = [i for i, c in enumerate(counts) for _ in range(c)]
+        for i in order:
+            used[i] += 1
+        placed.extend((app, i) for i in order)
+    return number_ranks(placed, len(hosts))
+
+
+def number_ranks(placed: list[tuple[int, int]], nhosts: int) -> list[Rank]:
+    """Derive local ranks, local sizes and node indexes from (app, host) pairs in rank order."""
+    local_size = [0] * nhosts
+    for _, host in placed:
+        local_size[host] += 1
+    node_index: dict[int, int] = {}
+    for _, host in placed:
+        node_index.setdefault(host, len(node_index))
+    node_of = {h: n for n, h in enumerate(sorted(node_index))}
+    seen = [0] * nhosts
+    ranks = []
+    for rank, (app, host) in enumerate(placed):
+        ranks.append(Rank(rank, app, host, seen[host], local_size[host], node_of[host]))
+        seen[host] += 1
+    return ranks

@@ -1,0 +1,129 @@
+"""Per-rank environment: what each rank is told about itself and the job."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mpilaunch.placement import Rank
+
+# Variables an enclosing launcher (mpirun, hydra, srun's PMI) leaves behind; passing
+# them on would make a rank join the outer job or misreport its identity.
+LEAK_PREFIXES = ("PMIX_", "PMI_", "OMPI_COMM_WORLD_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_")
+LEAK_NAMES = frozenset(
+    {
+        "OMPI_UNIVERSE_SIZE",
+        "OMPI_NUM_APP_CTX",
+        "OMPI_APP_CTX_NUM_PROCS",
+        "OMPI_FIRST_RANKS",
+        "OMPI_FILE_LOCATION",
+        "OMPI_COMMAND",
+        "OMPI_ARGV",
+        "IPATH_NO_BACKTRACE",
+        "MPILAUNCH_JOB_ID",
+    }
+)
+# Defaults that the launcher's own environment may override (they are the user's choice).
+_USER_DEFAULTS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def is_leaked(name: str) -> bool:
+    return name in LEAK_NAMES or name.startswith(LEAK_PREFIXES)
+
+
+def inherited(env: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's environment less an enclosing launcher's variables."""
+    return {k: v for k, v in env.items() if not is_leaked(k)}
+
+
+def valid_env_name(name: str) -> bool:
+    return bool(_ENV_NAME.match(name))
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """What every rank's variables are computed from."""
+
+    ranks: Sequence[Rank]
+    app_sizes: Sequence[int]
+    universe_size: int
+    job_id: str
+    master_addr: str
+    master_port: int
+    mca: Sequence[tuple[str, str]] = ()
+
+
+def job_variables(layout: JobLayout, launcher_env: Mapping[str, str]) -> dict[str, str]:
+    """Variables equal for every rank of the job."""
+    firsts, total = [], 0
+    for size in layout.app_sizes:
+        firsts.append(str(total))
+        total += size
+    env = {
+        "OMPI_COMM_WORLD_SIZE": str(total),
+        "OMPI_UNIVERSE_SIZE": str(layout.universe_size),
+        "OMPI_NUM_APP_CTX": str(len(layout.app_sizes)),
+        "OMPI_APP_CTX_NUM_PROCS": " ".join(str(s) for s in layout.app_sizes),
+        "OMPI_FIRST_RANKS": " ".join(firsts),
+        "PMI_SIZE": str(total),
+        "WORLD_SIZE": str(total),
+        "RANK_SIZE": str(total),
+        "MPILAUNCH_JOB_ID": layout.job_id,
+        "MASTER_ADDR": layout.master_addr,
+        "MASTER_PORT": str(layout.master_port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    for key, value in layout.mca:
+        env[f"OMPI_MCA_{key}"] = value
+    for name in _USER_DEFAULTS:
+        if name in launcher_env:
+            env[name] = launcher_env[name]
+    return env
+
+
+def rank_variables(rank: Rank) -> dict[str, str]:
+    """Variables that name this rank (Open MPI, PMI, PyTorch and MindSpore spellings)."""
+    r, local, lsize, node = str(rank.rank), str(rank.local_rank), str(rank.local_size), str(rank.node_rank)
+    return {
+        "OMPI_COMM_WORLD_RANK": r,
+        "OMPI_COMM_WORLD_LOCAL_RANK": local,
+        "OMPI_COMM_WORLD_LOCAL_SIZE": lsize,
+        "OMPI_COMM_WORLD_NODE_RANK": local,
+        "PMI_RANK": r,
+        "RANK": r,
+        "LOCAL_RANK": local,
+        "LOCAL_WORLD_SIZE": lsize,
+        "NODE_RANK": node,
+        "GROUP_RANK": node,
+        "RANK_ID": r,
+        "DEVICE_ID": local,
+    }
+
+
+def rank_environment(
+    rank: Rank,
+    common: Mapping[str, str],
+    exports: Sequence[tuple[str, str | None]],
+    launcher_env: Mapping[str, str],
+) -> dict[str, str]:
+    """The variables set for one rank on top of its host's inherited environment.
+
+    -x values win over everything; -x NAME without a value sends the launcher's value.
+    """
+    env = dict(common)
+    env.update(rank_variables(rank))
+    for name, value in exports:
+        if value is None:
+            if name in launcher_env:
+                env[name] = launcher_env[name]
+        else:
+            env[name] = value
+    return env
+
+
+def mask(name: str, value: str) -> str:
+    """Hide values whose names look like credentials (for --dry-run output)."""
+    return "****" if SECRET_NAME.search(name) else value

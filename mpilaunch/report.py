@@ -1,0 +1,97 @@
+"""Texts for people: the rank map, the dry-run listing and the failure summary."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+
+from mpilaunch.hosts import Host
+from mpilaunch.placement import Rank
+from mpilaunch.rank_env import mask
+
+RULE = "-" * 74
+
+
+def ranges(numbers: Sequence[int]) -> str:
+    """[0,1,2,5] -> '0-2,5'."""
+    out: list[str] = []
+    nums = sorted(numbers)
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def rank_map(hosts: Sequence[Host], ranks: Sequence[Rank], apps: Sequence[Sequence[str]], source: str) -> str:
+    """The job map, one block per host, in the spirit of mpirun --display-map."""
+    total = sum(h.slots or 0 for h in hosts)
+    lines = [" ========================   JOB MAP   ========================", f" hosts from: {source}; {total} slots"]
+    for index, host in enumerate(hosts):
+        mine = [r for r in ranks if r.host == index]
+        cap = host.max_slots if host.max_slots is not None else 0
+        lines.append(f" Data for node: {host.name}\tNum slots: {host.slots}\tMax slots: {cap}\tNum procs: {len(mine)}")
+        for r in mine:
+            lines.append(f" \tRank {r.rank}\tApp: {r.app} ({' '.join(apps[r.app])})\tLocal rank: {r.local_rank}")
+    lines.append(" =============================================================")
+    return "\n".join(lines)
+
+
+def dry_run_env(ranks: Sequence[Rank], hosts: Sequence[Host], envs: Sequence[Mapping[str, str]]) -> str:
+    lines = []
+    for r, env in zip(ranks, envs):
+        lines.append(f"rank {r.rank} on {hosts[r.host].name}:")
+        lines.extend(f"  {k}={mask(k, v)}" for k, v in sorted(env.items()))
+    return "\n".join(lines)
+
+
+def describe_status(status: int) -> str:
+    """Exit status as subprocess reports it (negative: killed by that signal)."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"Signal:    {name} ({-status})"
+    return f"Exit code: {status}"
+
+
+def failure_summary(
+    *,
+    rank: int,
+    host: str,
+    pid: int | None,
+    status: int,
+    argv: Sequence[str],
+    last_lines: Sequence[str],
+    killed: Sequence[int],
+    aborted: bool,
+    failed_total: int,
+    reason: str | None = None,
+) -> str:
+    if aborted:
+        head = (
+            "mpilaunch detected that one or more processes exited with non-zero status, thus causing\n"
+            "the job to be terminated. The first process to do so was:"
+        )
+    else:
+        head = (
+            f"mpilaunch detected that {failed_total} process(es) exited with non-zero status "
+            "(abort on failure was off, so the others ran on). The first process to do so was:"
+        )
+    lines = [RULE, head, "", f"  Rank:      {rank}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
+    lines.append(f"  Command:   {' '.join(argv)}")
+    lines.append(f"  {describe_status(status)}")
+    if reason:
+        lines.append(f"  Reason:    {reason}")
+    if last_lines:
+        lines.append("  Last stderr lines:")
+        lines.extend(f"    {line}" for line in last_lines)
+    if killed:
+        lines.append("")
+        lines.append(f"Ranks killed by mpilaunch: {ranges(killed)}")
+    lines.append(RULE)
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""What the user asked for, as frozen data: the output of the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AppContext:
+    """One program of the job (MPMD jobs have several, split by ' : ')."""
+
+    argv: tuple[str, ...]
+    np: int | None = None
+    exports: tuple[tuple[str, str | None], ...] = ()  # -x VAR[=value]
+    wdir: str | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """Job-wide options; defaults are mpirun's."""
+
+    hosts: tuple[str, ...] = ()  # -H values, each "a:2,b"
+    hostfile: str | None = None
+    map_by: str = "slot"  # slot | node | ppr:N:node
+    npernode: int | None = None
+    oversubscribe: bool = False
+    display_map: bool = False
+    dry_run: bool = False
+    output_filename: str | None = None
+    merge_stderr_to_stdout: bool = False
+    tag_output: bool = False
+    timestamp_output: bool = False
+    stdin: str = "0"  # rank number, "all" or "none"
+    mca: tuple[tuple[str, str], ...] = ()
+    bind_to: str = "none"
+    report_bindings: bool = False
+    timeout: float | None = None
+    kill_timeout: float = 2.0
+    allow_run_as_root: bool = False
+
+    @property
+    def abort_on_failure(self) -> bool:
+        """Open MPI's orte_abort_on_non_zero_status; the last -mca setting wins."""
+        value = "1"
+        for key, val in self.mca:
+            if key == "orte_abort_on_non_zero_status":
+                value = val
+        return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    apps: tuple[AppContext, ...]
+    options: Options = field(default_factory=Options)

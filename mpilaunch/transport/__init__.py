@@ -1,0 +1,1 @@
+"""Ways for the controller to reach a host's agent."""

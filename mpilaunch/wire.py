@@ -1,0 +1,80 @@
+"""Framed messages between the controller and its agents (stdlib only: shipped to remote hosts).
+
+A frame is a 4-byte big-endian length, a 1-byte kind and a payload. Control messages are JSON
+objects with an "op"; rank output and stdin are raw bytes behind a small header, so the hot
+path never encodes or copies text.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+CONTROL, OUTPUT, STDIN = 0, 1, 2
+STDOUT, STDERR = 1, 2
+MAX_FRAME = 64 * 1024 * 1024
+_HEAD = struct.Struct(">IB")
+_RANK = struct.Struct(">IB")
+
+
+class FrameError(ValueError):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def control(op: str, **fields: object) -> bytes:
+    body = json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
+    return _HEAD.pack(len(body) + 1, CONTROL) + body
+
+
+def output(rank: int, stream: int, data: bytes) -> bytes:
+    return _HEAD.pack(len(data) + 1 + _RANK.size, OUTPUT) + _RANK.pack(rank, stream) + data
+
+
+def stdin(rank: int, data: bytes) -> bytes:
+    """Bytes for a rank's stdin; empty data means end of file."""
+    return _HEAD.pack(len(data) + 1 + _RANK.size, STDIN) + _RANK.pack(rank, 0) + data
+
+
+class Decoder:
+    """Accumulates bytes and yields whole frames as (kind, value) tuples.
+
+    value is a dict for CONTROL and (rank, stream, bytes) for OUTPUT and STDIN.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, object]]:
+        self._buf += data
+        frames: list[tuple[int, object]] = []
+        buf = self._buf
+        pos = 0
+        while len(buf) - pos >= _HEAD.size:
+            length, kind = _HEAD.unpack_from(buf, pos)
+            if length < 1 or length > MAX_FRAME:
+                raise FrameError(f"frame length {length} out of range")
+            end = pos + 4 + length
+            if len(buf) < end:
+                break
+            start = pos + _HEAD.size
+            frames.append(_decode(kind, bytes(buf[start:end])))
+            pos = end
+        del buf[:pos]
+        return frames
+
+
+def _decode(kind: int, payload: bytes) -> tuple[int, object]:
+    if kind == CONTROL:
+        try:
+            message = json.loads(payload)
+        except ValueError as exc:
+            raise FrameError(f"bad control frame: {exc}") from None
+        if not isinstance(message, dict) or not isinstance(message.get("op"), str):
+            raise FrameError("control frame without an op")
+        return kind, message
+    if kind in (OUTPUT, STDIN):
+        if len(payload) < _RANK.size:
+            raise FrameError("short data frame")
+        rank, stream = _RANK.unpack_from(payload)
+        return kind, (rank, stream, payload[_RANK.size :])
+    raise FrameError(f"unknown frame kind {kind}")
