@@ -1,0 +1,94 @@
+"""Shared fixtures: run the real mpilaunch command, and prove no process of a job survives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG_VAR = "MPILAUNCH_TEST_TAG"
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries this test's tag (launcher, agent, ranks, their children)."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read()
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and needle in environ.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+class Launcher:
+    """Runs `python -m mpilaunch` with a tagged environment."""
+
+    def __init__(self, tag: str, tmp_path: Path) -> None:
+        self.tag = tag
+        self.tmp_path = tmp_path
+        self.env = dict(os.environ)
+        self.env.update({TAG_VAR: tag, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+        for name in list(self.env):
+            if name.startswith(("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MASTER_")):
+                del self.env[name]
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "mpilaunch", *args]
+
+    def run(self, *args: str, timeout: float = 60, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("cwd", self.tmp_path)
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.run(
+            self.argv(*args), capture_output=True, timeout=timeout, env={**self.env, **(env or {})}, **kw
+        )
+
+    def popen(self, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+        kw.setdefault("cwd", self.tmp_path)
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(self.argv(*args), env={**self.env, **(env or {})}, **kw)
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    tag = uuid.uuid4().hex
+    yield Launcher(tag, tmp_path)
+    deadline = time.monotonic() + 3.0
+    left = tagged_pids(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = tagged_pids(tag)
+    for pid in left:  # kill what the test left, by recorded pid, then fail it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes of the job survived the test: {left}"
+
+
+def write_script(directory: Path, name: str, body: str) -> str:
+    path = directory / name
+    path.write_text(body)
+    return str(path)
+
+
+@pytest.fixture
+def py() -> str:
+    return sys.executable

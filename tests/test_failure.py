@@ -1,0 +1,199 @@
+"""Abort on failure, exit codes, signals, timeout, and no process outliving the launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, Launcher, tagged_pids, write_script
+
+PY = sys.executable
+RANKS = ROOT / "tests" / "ranks"
+
+
+def wait_for(paths: list[Path], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"ranks never got ready: {paths}"
+        time.sleep(0.02)
+
+
+def test_rank_exiting_3_aborts_the_job_within_a_second(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "fail.py",
+        "import os, sys, time\n"
+        "r = int(os.environ['RANK'])\n"
+        "if r == 2:\n"
+        "    time.sleep(0.5); print('bad input on rank 2', file=sys.stderr); sys.exit(3)\n"
+        "time.sleep(60)\n",
+    )
+    start = time.monotonic()
+    proc = launcher.run("-np", "4", "--oversubscribe", "--output-filename", "logs", PY, script)
+    elapsed = time.monotonic() - start
+    err = proc.stderr.decode()
+    assert proc.returncode == 3, err
+    assert elapsed < 0.5 + 1.0 + 1.0, elapsed  # the failure, then under a second (plus start-up)
+    assert "The first process to do so was" in err
+    assert "Rank:      2" in err and "Exit code: 3" in err and "bad input on rank 2" in err
+    assert "Ranks killed by mpilaunch: 0-1,3" in err
+    assert (tmp_path / "logs" / "1" / "rank.2" / "stderr").read_text() == "bad input on rank 2\n"
+    assert not tagged_pids(launcher.tag)
+
+
+@pytest.mark.parametrize(
+    ("sig", "name"), [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV"), (signal.SIGABRT, "SIGABRT")]
+)
+def test_rank_killed_by_a_signal(launcher: Launcher, sig: int, name: str) -> None:
+    proc = launcher.run(
+        "-np", "2", "sh", "-c", f'if [ "$RANK" = 1 ]; then kill -{int(sig)} $$; fi; sleep 60'
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 128 + sig, err
+    assert f"Signal:    {name} ({int(sig)})" in err and "Ranks killed by mpilaunch: 0" in err
+
+
+def test_abort_disabled_lets_the_others_finish_but_still_fails(launcher: Launcher, tmp_path: Path) -> None:
+    done = tmp_path / "done"
+    done.mkdir()
+    proc = launcher.run(
+        "-np", "3", "--oversubscribe", "-mca", "orte_abort_on_non_zero_status", "0",
+        "sh", "-c", f'if [ "$RANK" = 1 ]; then exit 5; fi; sleep 1; touch {done}/$RANK',
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr
+    assert sorted(p.name for p in done.iterdir()) == ["0", "2"]
+    assert b"abort on failure was off" in proc.stderr
+
+
+def test_missing_program_at_spawn_fails_the_job(launcher: Launcher, tmp_path: Path) -> None:
+    """A program that vanishes between the check and the spawn still gives a clear failure, not a hang."""
+    script = tmp_path / "vanish.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o644)  # not executable: the pre-check refuses it
+    proc = launcher.run("-np", "1", str(script))
+    assert proc.returncode == 2 and b"not executable" in proc.stderr
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"])
+def test_signals_reach_every_rank(launcher: Launcher, tmp_path: Path, signame: str) -> None:
+    ready = tmp_path / "ready"
+    proc = launcher.popen("-np", "2", PY, str(RANKS / "signals.py"), signame, str(ready))
+    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
+    proc.send_signal(getattr(signal, signame))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert sorted(out.decode().splitlines()) == [f"rank 0 got {signame}", f"rank 1 got {signame}"]
+
+
+def test_second_ctrl_c_kills(launcher: Launcher, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = write_script(
+        tmp_path,
+        "stubborn.py",
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: print('ignoring INT', flush=True))\n"
+        f"open('{ready}.' + os.environ['RANK'], 'w').close()\n"
+        "time.sleep(60)\n",
+    )
+    proc = launcher.popen("-np", "2", PY, script)
+    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None, "one Ctrl-C must only be forwarded"
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 2
+    assert out.decode().count("ignoring INT") == 2
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert b"SIGINT again" in err
+
+
+def test_timeout_ends_the_job(launcher: Launcher) -> None:
+    start = time.monotonic()
+    proc = launcher.run("--timeout", "1", "-np", "2", "sleep", "60")
+    assert time.monotonic() - start < 5
+    assert proc.returncode == 124
+    assert b"exceeded --timeout 1 s" in proc.stderr
+    proc = launcher.run("-np", "1", "sleep", "60", env={"MPIEXEC_TIMEOUT": "1"})
+    assert proc.returncode == 124
+
+
+def test_kill_timeout_escalates_to_sigkill(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "deaf.py",
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(0.3); sys.exit(4)\n"
+        "time.sleep(60)\n",
+    )
+    start = time.monotonic()
+    proc = launcher.run("-np", "2", "--kill-timeout", "0.5", PY, script)
+    assert proc.returncode == 4
+    assert time.monotonic() - start < 4
+
+
+def test_kill_9_of_the_launcher_leaves_nothing(launcher: Launcher, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = write_script(
+        tmp_path,
+        "tree.sh",
+        f"sleep 60 & (setsid sleep 60 &) ; touch {ready}.$RANK; sleep 60\n",
+    )
+    proc = launcher.popen("-np", "2", "sh", script)
+    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
+    assert len(tagged_pids(launcher.tag)) >= 2 + 1 + 2 * 3
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 2.0
+    while tagged_pids(launcher.tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tagged_pids(launcher.tag) == []
+
+
+def test_children_of_ranks_die_with_the_job(launcher: Launcher) -> None:
+    proc = launcher.run("-np", "2", "sh", "-c", "sleep 60 & echo started")
+    assert proc.returncode == 0
+    assert proc.stdout == b"started\nstarted\n"
+    assert tagged_pids(launcher.tag) == []
+
+
+def test_closed_console_pipe_loses_no_file_output(launcher: Launcher, tmp_path: Path) -> None:
+    command = " ".join(launcher.argv("-np", "2", "--output-filename", "logs", PY, str(RANKS / "writer.py"), "50000"))
+    shell = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} | head -1; echo status=${{PIPESTATUS[0]}}"],
+        capture_output=True,
+        cwd=tmp_path,
+        env=launcher.env,
+        timeout=120,
+    )
+    lines = shell.stdout.decode().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("rank 000") and lines[1] == "status=0", shell.stderr
+    for r in range(2):
+        data = (tmp_path / "logs" / "1" / f"rank.{r}" / "stdout").read_bytes()
+        assert data.count(b"\n") == 50000
+
+
+def test_agent_killed_aborts_the_job(launcher: Launcher, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    proc = launcher.popen("-np", "2", "sh", "-c", f"touch {ready}.$RANK; sleep 60")
+    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
+    agent = [p for p in tagged_pids(launcher.tag) if _parent(p) == proc.pid]
+    assert len(agent) == 1
+    os.kill(agent[0], signal.SIGKILL)
+    _out, err = proc.communicate(timeout=10)
+    assert proc.returncode != 0
+    assert b"lost the agent of host localhost" in err
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return int(handle.read().rsplit(b")", 1)[1].split()[1])

@@ -1,0 +1,158 @@
+"""Hostfile and -H parsing: grammar, errors with file and line, and fuzzing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import Host, parse_host_list, parse_hostfile
+
+from .conftest import ROOT
+
+
+def test_openmpi_grammar_with_comments_and_blank_lines() -> None:
+    text = "# cluster\n\nnode1 slots=8 max_slots=16\nnode2 slots=4   # a comment\n192.168.0.1 slots=8\n"
+    assert parse_hostfile(text, "hf") == [
+        Host("node1", 8, 16),
+        Host("node2", 4),
+        Host("192.168.0.1", 8),
+    ]
+
+
+def test_mpich_count_user_and_port_forms() -> None:
+    text = "alice@node1:4\nnode2:2 port=2222\nnode3 user=bob slots=1\n[::1]:3\n"
+    assert parse_hostfile(text, "hf") == [
+        Host("node1", 4, None, "alice"),
+        Host("node2", 2, None, None, 2222),
+        Host("node3", 1, None, "bob"),
+        Host("[::1]", 3),
+    ]
+
+
+def test_missing_slots_means_core_count_later() -> None:
+    assert parse_hostfile("node1\n", "hf") == [Host("node1", None)]
+
+
+def test_repeated_host_adds_slots() -> None:
+    assert parse_hostfile("a slots=2\nb slots=1\na slots=3\n", "hf") == [Host("a", 5), Host("b", 1)]
+    assert parse_host_list("a,a,b:2") == [Host("a", 1), Host("a", 1), Host("b", 2)]
+
+
+def test_host_list_default_one_slot() -> None:
+    assert parse_host_list("a:2,b") == [Host("a", 2), Host("b", 1)]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("good slots=2\nbad slots=x\n", 2, "slots must be a whole number"),
+        ("a slots=2\n\n-evil slots=1\n", 3, "invalid host name"),
+        ("a slots=0\n", 1, "at least 1"),
+        ("a slots=4 max_slots=2\n", 1, "less than slots"),
+        ("a colour=blue\n", 1, "unknown key"),
+        ("a slots\n", 1, "expected key=value"),
+        ("a;rm -rf /\n", 1, "invalid host name"),
+        ("-o@host\n", 1, "invalid user name"),
+        ("a port=70000\n", 1, "out of range"),
+    ],
+)
+def test_errors_name_file_and_line(text: str, line: int, words: str) -> None:
+    with pytest.raises(LaunchError) as info:
+        parse_hostfile(text, "my_hosts")
+    message = str(info.value)
+    assert message.startswith(f"my_hosts:{line}: ")
+    assert words in message
+    assert info.value.status == 2
+
+
+def test_empty_hostfile_is_an_error() -> None:
+    with pytest.raises(LaunchError, match="no hosts"):
+        parse_hostfile("# nothing\n\n", "hf")
+
+
+@pytest.mark.parametrize("value", ["", "a,,b", "a:x", "-a", "a:0", "a b", "$(id)"])
+def test_bad_host_lists(value: str) -> None:
+    with pytest.raises(LaunchError):
+        parse_host_list(value)
+
+
+_lines = st.lists(
+    st.one_of(
+        st.text(max_size=40),
+        st.from_regex(
+            r"[a-z0-9.@\-\[\]:]{1,12}( (slots|max_slots|port|user|cpu)=[0-9a-z\-]{0,4}){0,3}", fullmatch=True
+        ),
+    ),
+    max_size=8,
+)
+
+
+@given(_lines)
+@settings(max_examples=400)
+def test_fuzz_hostfile_parser_only_raises_launch_errors(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    try:
+        hosts = parse_hostfile(text, "fuzz")
+    except LaunchError as exc:
+        assert "\n" not in str(exc)
+        assert str(exc).startswith("fuzz")
+        return
+    assert hosts
+    for host in hosts:
+        assert not host.name.startswith("-")
+        assert host.slots is None or host.slots >= 1
+
+
+@given(st.text(max_size=60))
+@settings(max_examples=400)
+def test_fuzz_host_list_only_raises_launch_errors(value: str) -> None:
+    try:
+        hosts = parse_host_list(value)
+    except LaunchError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert all(h.slots and h.slots >= 1 and not h.name.startswith("-") for h in hosts)
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzz_hostfile_through_the_command(tmp_path_factory, data: bytes) -> None:
+    """Any hostfile bytes: exit 0 (dry run) or exit 2 with one line naming the file; never a traceback."""
+    directory = tmp_path_factory.mktemp("hf")
+    path = directory / "hostfile"
+    path.write_bytes(data)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilaunch", "--dry-run", "--oversubscribe", "--hostfile", str(path), "-n", "1", "true"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+        timeout=60,
+    )
+    assert "Traceback" not in proc.stderr
+    if proc.returncode != 0:
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0], proc.stderr
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=30))
+@settings(max_examples=25, deadline=None)
+def test_fuzz_host_option_through_the_command(value: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilaunch", "--dry-run", "-H", value, "-n", "1", "true"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+        timeout=60,
+    )
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode in (0, 2), proc.stderr
+    if proc.returncode == 2:
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
