@@ -1,0 +1,163 @@
+"""Pure parts: option parsing, rank variables, the console multiplexer and the wire framing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpilaunch import wire
+from mpilaunch.cli import parse_args, split_apps
+from mpilaunch.errors import LaunchError
+from mpilaunch.output import Console, rank_dir_name
+from mpilaunch.placement import Rank
+from mpilaunch.rank_env import JobLayout, inherited, job_variables, mask, rank_environment
+from mpilaunch.report import ranges
+
+
+def test_single_dash_long_options_and_program_arguments() -> None:
+    spec = parse_args(
+        "-np 4 -hostfile hf -mca orte_abort_on_non_zero_status 0 -bind-to none -x A=1 -x B "
+        "-wdir /tmp -npernode 2 --map-by=node python t.py -n 5 --lr 0.1".split()
+    )
+    (app,) = spec.apps
+    assert app.argv == ("python", "t.py", "-n", "5", "--lr", "0.1")
+    assert app.np == 4 and app.exports == (("A", "1"), ("B", None)) and app.wdir == "/tmp"
+    opts = spec.options
+    assert opts.hostfile == "hf" and opts.npernode == 2 and opts.map_by == "node"
+    assert opts.abort_on_failure is False
+    assert parse_args(["true"]).options.abort_on_failure is True
+
+
+def test_mpmd_split_and_global_options_anywhere() -> None:
+    assert split_apps(["-n", "1", "a", ":", "-n", "2", "b", "x"]) == [["-n", "1", "a"], ["-n", "2", "b", "x"]]
+    spec = parse_args("-n 1 --tag-output a : -n 2 -H h:2 -mca k v b".split())
+    assert [(a.np, a.argv) for a in spec.apps] == [(1, ("a",)), (2, ("b",))]
+    assert spec.options.tag_output and spec.options.hosts == ("h:2",) and spec.options.mca == (("k", "v"),)
+
+
+def test_map_by_oversubscribe_modifier_and_timeout_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = parse_args(["--map-by", "node:OVERSUBSCRIBE", "true"])
+    assert spec.options.map_by == "node" and spec.options.oversubscribe
+    monkeypatch.setenv("MPIEXEC_TIMEOUT", "7")
+    assert parse_args(["true"]).options.timeout == 7
+    assert parse_args(["--timeout", "3", "true"]).options.timeout == 3
+    monkeypatch.setenv("MPIEXEC_TIMEOUT", "soon")
+    with pytest.raises(LaunchError, match="MPIEXEC_TIMEOUT"):
+        parse_args(["true"])
+
+
+def _layout(ranks: list[Rank]) -> JobLayout:
+    return JobLayout(ranks, [len(ranks)], 8, "job1", "127.0.0.1", 29500, (("btl", "tcp"),))
+
+
+def test_rank_variables_and_precedence() -> None:
+    rank = Rank(rank=5, app=0, host=1, local_rank=1, local_size=4, node_rank=1)
+    common = job_variables(_layout([rank] * 8), {"MASTER_PORT": "1234"})
+    env = rank_environment(rank, common, (("DEVICE_ID", "3"), ("HOME", None)), {"HOME": "/h"})
+    assert env["OMPI_COMM_WORLD_RANK"] == "5" and env["OMPI_COMM_WORLD_LOCAL_RANK"] == "1"
+    assert env["OMPI_UNIVERSE_SIZE"] == "8" and env["OMPI_MCA_btl"] == "tcp"
+    assert env["MASTER_PORT"] == "1234" and env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["DEVICE_ID"] == "3" and env["HOME"] == "/h"
+    assert env["NODE_RANK"] == env["GROUP_RANK"] == "1" and env["LOCAL_WORLD_SIZE"] == "4"
+
+
+def test_enclosing_launcher_variables_are_dropped() -> None:
+    outer = {"PMI_FD": "3", "PMIX_RANK": "0", "OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_orte_hnp_uri": "x", "PATH": "/bin"}
+    outer |= {"OMPI_MCA_btl": "tcp", "OMPI_ALLOW_RUN_AS_ROOT": "1"}
+    assert inherited(outer) == {"PATH": "/bin", "OMPI_MCA_btl": "tcp", "OMPI_ALLOW_RUN_AS_ROOT": "1"}
+
+
+def test_secret_values_are_masked() -> None:
+    assert mask("HF_TOKEN", "x") == mask("AWS_SECRET_ACCESS_KEY", "x") == mask("DB_PASSWORD", "x") == "****"
+    assert mask("RANK", "3") == "3"
+
+
+def test_rank_dir_padding_follows_open_mpi() -> None:
+    assert [rank_dir_name(r, 10) for r in (0, 9)] == ["rank.00", "rank.09"]
+    assert rank_dir_name(3, 4) == "rank.3" and rank_dir_name(7, 100) == "rank.007"
+
+
+def test_ranges() -> None:
+    assert ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8" and ranges([]) == ""
+
+
+class _Capture:
+    """A console whose two streams are pipes we read back."""
+
+    def __init__(self, tag: bool = False) -> None:
+        self.r, w = os.pipe()
+        self.console = Console(tag, False, {wire.STDOUT: w, wire.STDERR: w})
+        self.w = w
+
+    def text(self) -> str:
+        return self.data().decode()
+
+    def data(self) -> bytes:
+        self.console.finish()
+        os.close(self.w)
+        data = b""
+        while chunk := os.read(self.r, 65536):
+            data += chunk
+        os.close(self.r)
+        return data
+
+
+def test_console_whole_lines_and_separated_partials() -> None:
+    cap = _Capture()
+    c = cap.console
+    c.feed(0, wire.STDOUT, b"a1\na2-part", 0.0)
+    c.feed(1, wire.STDOUT, b"b1-part", 0.0)
+    c.feed(1, wire.STDOUT, b"-end\n", 0.1)
+    c.flush_idle(1.0)  # a2-part shown after idling
+    c.feed(1, wire.STDOUT, b"b2\n", 1.1)  # must start a new line
+    c.feed(0, wire.STDOUT, b"-rest\n", 1.2)
+    assert cap.text().splitlines() == ["a1", "b1-part-end", "a2-part", "b2", "-rest"]
+
+
+def test_console_tags_continue_a_flushed_line_without_a_second_prefix() -> None:
+    cap = _Capture(tag=True)
+    c = cap.console
+    c.feed(3, wire.STDERR, b"x", 0.0)
+    c.flush_idle(1.0)
+    c.feed(3, wire.STDERR, b"y\nz\n", 1.1)
+    assert cap.text().splitlines() == ["[1,3]<stderr>:xy", "[1,3]<stderr>:z"]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=50)), max_size=30))
+@settings(max_examples=200)
+def test_fuzz_console_keeps_every_byte_of_every_rank(chunks: list[tuple[int, bytes]]) -> None:
+    cap = _Capture()
+    for i, (rank, data) in enumerate(chunks):
+        cap.console.feed(rank, wire.STDOUT, data.replace(b"\n", b"") + b"\n", float(i))
+    lines = cap.data().split(b"\n")[:-1]
+    assert lines == [data.replace(b"\n", b"") for _, data in chunks]
+
+
+@given(st.lists(st.one_of(st.binary(max_size=64), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))))
+@settings(max_examples=200)
+def test_wire_round_trip_in_any_chunking(items: list) -> None:
+    stream = b""
+    for i, item in enumerate(items):
+        stream += wire.output(i, wire.STDERR, item) if isinstance(item, bytes) else wire.control("x", **item)
+    decoder = wire.Decoder()
+    frames = []
+    for start in range(0, len(stream), 7):
+        frames += decoder.feed(stream[start : start + 7])
+    assert len(frames) == len(items)
+    for i, ((kind, value), item) in enumerate(zip(frames, items)):
+        if isinstance(item, bytes):
+            assert kind == wire.OUTPUT and value == (i, wire.STDERR, item)
+        else:
+            assert kind == wire.CONTROL and value == {"op": "x", **item}
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300)
+def test_fuzz_wire_decoder_rejects_garbage_cleanly(data: bytes) -> None:
+    try:
+        wire.Decoder().feed(data)
+    except wire.FrameError:
+        pass
