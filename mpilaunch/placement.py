@@ -84,27 +84,57 @@ def _by_slot(np: int, hosts: list[Host], used: list[int], oversubscribe: bool, a
     return counts
 
 
-def _by_node_order(np: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
-    """Round robin over hosts with free slots, then over all hosts when oversubscribing."""
-    order: list[int] = []
-    counts = [0] * len(hosts)
-    for over in (False, True):
-        while len(order) < np:
-            placed = False
-            for i, host in enumerate(hosts):
-                if len(order) == np:
-                    break
-                if _capacity(host, used[i] + counts[i], over) > 0:
-                    order.append(i)
-                    counts[i] += 1
-                    placed = True
-            if not placed:
-                break
-        if len(order) == np or not oversubscribe:
-            break
-    if len(order) < np:
+def _by_node(np: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
+    """Open MPI 4.1's by-node balance: an average per host plus extras for the first hosts.
+
+    Hosts with fewer free slots than their share take what they have, and later passes place
+    the rest; when oversubscribed every host takes its share (up to max_slots here).
+    """
+    free = sum(_capacity(h, used[i], False) for i, h in enumerate(hosts))
+    over = np > free
+    if over and not oversubscribe:
         raise _not_enough(np + sum(used), hosts, argv0, oversubscribe)
-    return order
+    counts = [0] * len(hosts)
+    nnodes = len(hosts)
+    mapped = 0
+    while mapped < np:
+        before = mapped
+        left = np - mapped
+        navg = max(left // nnodes, 1)
+        balance = (left - navg * nnodes) / nnodes
+        extra = int(balance)
+        spare_nodes, add_one = 0, False
+        if balance - extra > 0:
+            spare_nodes = left - (navg + extra) * nnodes
+            extra += 1
+            add_one = True
+        for i, host in enumerate(hosts):
+            in_use = used[i] + counts[i]
+            if over:
+                take = min(navg + extra, _capacity(host, in_use, True))
+            elif _capacity(host, in_use, False) == 0:
+                continue
+            else:
+                if add_one:
+                    if spare_nodes == 0:
+                        extra -= 1
+                        add_one = False
+                    else:
+                        spare_nodes -= 1
+                take = min(_capacity(host, in_use, False), navg + extra)
+            take = min(take, np - mapped)
+            counts[i] += take
+            mapped += take
+            if mapped == np:
+                break
+        if mapped == before:
+            raise _not_enough(np + sum(used), hosts, argv0, oversubscribe)
+    return counts
+
+
+def _cycle(counts: list[int]) -> list[int]:
+    """Rank order of a by-node mapping: one rank per host per round, as Open MPI numbers them."""
+    return [i for round_ in range(max(counts, default=0)) for i, c in enumerate(counts) if c > round_]
 
 
 def _by_ppr(np: int | None, per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
@@ -147,7 +177,7 @@ def place(
                 if np == 0:
                     raise _not_enough(sum(used) + 1, hosts, argv0, oversubscribe)
             if policy == "node":
-                order = _by_node_order(np, hosts, used, oversubscribe, argv0)
+                order = _cycle(_by_node(np, hosts, used, oversubscribe, argv0))
             else:
                 counts = _by_slot(np, hosts, used, oversubscribe, argv0)
                 order = [i for i, c in enumerate(counts) for _ in range(c)]

@@ -88,6 +88,7 @@ def rank_variables(rank: Rank) -> dict[str, str]:
     """Variables that name this rank (Open MPI, PMI, PyTorch and MindSpore spellings)."""
     r, local, lsize, node = str(rank.rank), str(rank.local_rank), str(rank.local_size), str(rank.node_rank)
     return {
+        "OMPI_MCA_orte_app_num": str(rank.app),
         "OMPI_COMM_WORLD_RANK": r,
         "OMPI_COMM_WORLD_LOCAL_RANK": local,
         "OMPI_COMM_WORLD_LOCAL_SIZE": lsize,

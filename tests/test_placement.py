@@ -1,0 +1,191 @@
+"""Placement: every rank's host and OMPI_COMM_WORLD_* values equal Open MPI 4.1's mpirun.
+
+tests/data/openmpi41_truth.json was recorded from Debian's openmpi-bin 4.1 by
+tests/data/openmpi41_truth.py (run it again to re-check); test_live_openmpi compares a
+few scenarios against the real mpirun when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import Host
+from mpilaunch.launch import build_plan
+from mpilaunch.placement import place
+from mpilaunch.spec import AppContext, JobSpec, Options
+
+from .conftest import ROOT
+
+TRUTH = json.loads((ROOT / "tests" / "data" / "openmpi41_truth.json").read_text())
+# Where mpilaunch deliberately differs from Open MPI 4.1 (see docs/reference.md):
+DELIBERATE = {
+    # SPEC: a repeated hostfile host adds its slots; Open MPI 4.1 refuses the hostfile.
+    "hf_repeat_a2_a2_b2": "adds up",
+    "hf_repeat_a2_a2_b2_np5": "adds up",
+}
+
+
+def _hosts(scenario: dict) -> list[Host]:
+    hosts = []
+    for name, slots, max_slots in scenario["hosts"]:
+        if slots is None:  # -H a means one slot; a hostfile line without slots means the host's cores
+            slots = 1 if scenario["hostspec"] == "H" else TRUTH["hnp_cores"]
+        hosts.append(Host(name, slots, max_slots))
+    merged: dict[str, Host] = {}
+    for h in hosts:
+        old = merged.get(h.name)
+        merged[h.name] = h if old is None else Host(h.name, (old.slots or 0) + (h.slots or 0), None)
+    return list(merged.values())
+
+
+def _options(args: list[str]) -> tuple[dict, int | None]:
+    opts: dict = {"map_by": "slot", "npernode": None, "oversubscribe": False}
+    np = None
+    it = iter(args)
+    for word in it:
+        if word == "--map-by":
+            opts["map_by"] = next(it)
+        elif word == "--npernode":
+            opts["npernode"] = int(next(it))
+        elif word == "--oversubscribe":
+            opts["oversubscribe"] = True
+        elif word == "-np":
+            np = int(next(it))
+        else:
+            raise AssertionError(f"unexpected option {word}")
+    return opts, np
+
+
+@pytest.mark.parametrize("scenario", TRUTH["scenarios"], ids=lambda s: s["name"])
+def test_matches_open_mpi(scenario: dict) -> None:
+    if scenario["name"] in DELIBERATE:
+        pytest.skip(DELIBERATE[scenario["name"]])
+    hosts = _hosts(scenario)
+    opts, np = _options(scenario["args"])
+    apps = [(n, "prog") for n in scenario["apps"]] if scenario["apps"] else [(np, "prog")]
+    exceeds_max = scenario["returncode"] == 0 and any(
+        h.max_slots is not None and sum(1 for r in scenario["ranks"] if r["host"] == h.name) > h.max_slots
+        for h in hosts
+    )
+    if scenario["returncode"] != 0:
+        with pytest.raises(LaunchError, match="not enough slots"):
+            place(hosts, apps, **opts)
+        return
+    if exceeds_max:
+        # Open MPI 4.1 ignores max_slots; SPEC makes it a hard cap: the rest go elsewhere, or it fails.
+        try:
+            ranks = place(hosts, apps, **opts)
+        except LaunchError as exc:
+            assert "max_slots" in str(exc)
+            return
+        for index, host in enumerate(hosts):
+            assert host.max_slots is None or sum(1 for r in ranks if r.host == index) <= host.max_slots
+        assert len(ranks) == len(scenario["ranks"])
+        return
+    ranks = place(hosts, apps, **opts)
+    ours = [
+        {
+            "rank": r.rank,
+            "host": hosts[r.host].name,
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(r.local_rank),
+            "OMPI_COMM_WORLD_LOCAL_SIZE": str(r.local_size),
+            "OMPI_COMM_WORLD_NODE_RANK": str(r.local_rank),
+            "OMPI_MCA_orte_app_num": str(r.app),
+        }
+        for r in ranks
+    ]
+    theirs = [{k: rec[k] for k in ours[0]} for rec in scenario["ranks"]]
+    assert ours == theirs
+    sizes = {rec["OMPI_COMM_WORLD_SIZE"] for rec in scenario["ranks"]}
+    assert sizes == {str(len(ranks))}
+    universe = {int(rec["OMPI_UNIVERSE_SIZE"]) - TRUTH["hnp_cores"] for rec in scenario["ranks"]}
+    assert universe == {sum(h.slots or 0 for h in hosts)}
+
+
+def test_environment_of_a_planned_job_matches_open_mpi() -> None:
+    """The same through build_plan, including app-context variables, for an MPMD job."""
+    scenario = next(s for s in TRUTH["scenarios"] if s["name"] == "mpmd_1_2_3_bynode_a2b2c2d2")
+    spec = JobSpec(
+        apps=tuple(AppContext(("prog",), np=n) for n in scenario["apps"]),
+        options=Options(hosts=("a:2,b:2,c:2,d:2",), map_by="node"),
+    )
+    plan, _ = build_plan(spec, {})
+    for env, rec in zip(plan.envs, scenario["ranks"]):
+        for key in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "OMPI_NUM_APP_CTX",
+                    "OMPI_APP_CTX_NUM_PROCS", "OMPI_MCA_orte_app_num"):  # fmt: skip
+            assert env[key] == rec[key], key
+        # Open MPI 4.1 writes every first rank as 0 (a defect); we give the real ones.
+        assert env["OMPI_FIRST_RANKS"] == "0 1 3"
+
+
+def test_max_slots_is_a_hard_cap_and_others_take_the_rest() -> None:
+    hosts = [Host("a", 2, 3), Host("b", 2)]
+    ranks = place(hosts, [(8, "p")], oversubscribe=True)
+    assert [hosts[r.host].name for r in ranks].count("a") == 3
+    with pytest.raises(LaunchError, match="max_slots"):
+        place([Host("a", 2, 3)], [(4, "p")], oversubscribe=True)
+
+
+def test_not_enough_slots_message_names_the_slots() -> None:
+    with pytest.raises(LaunchError) as info:
+        place([Host("a", 2), Host("b", 1)], [(4, "python")])
+    text = str(info.value)
+    assert "There are not enough slots available in the system to satisfy the 4 slots" in text
+    assert "a:2, b:1" in text and "--oversubscribe" in text
+
+
+@given(
+    slots=st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    nps=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    policy=st.sampled_from(["slot", "node", "ppr:1:node", "ppr:2:node"]),
+    over=st.booleans(),
+)
+@settings(max_examples=300)
+def test_placement_invariants(slots: list[int], nps: list[int], policy: str, over: bool) -> None:
+    hosts = [Host(f"h{i}", s) for i, s in enumerate(slots)]
+    try:
+        ranks = place(hosts, [(n, "p") for n in nps], policy, None, over)
+    except LaunchError:
+        return
+    assert [r.rank for r in ranks] == list(range(len(ranks)))
+    if not policy.startswith("ppr"):
+        assert len(ranks) == sum(nps)
+    per_host: dict[int, list] = {}
+    for r in ranks:
+        per_host.setdefault(r.host, []).append(r)
+    for host, mine in per_host.items():
+        assert [r.local_rank for r in mine] == list(range(len(mine)))
+        assert {r.local_size for r in mine} == {len(mine)}
+        if not over:
+            assert len(mine) <= hosts[host].slots
+    assert sorted({r.node_rank for r in ranks}) == list(range(len(per_host)))
+
+
+OPENMPI = shutil.which("mpirun.openmpi") or "/usr/bin/mpirun.openmpi"
+
+
+@pytest.mark.skipif(not os.path.exists(OPENMPI), reason="Debian's openmpi-bin is not installed")
+@pytest.mark.parametrize("scenario_name", ["bynode_np5_a3b1c2", "byslot_over_np7_a3b1", "mpmd_3_3_over_a2b2"])
+def test_live_openmpi(tmp_path, scenario_name: str) -> None:
+    """Re-record a few scenarios with the real mpirun now and compare (guards the recorded file)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "data" / "openmpi41_truth.py"), "--only", scenario_name,
+         "--out", str(tmp_path / "truth.json"), "--mpirun", OPENMPI],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fresh = json.loads((tmp_path / "truth.json").read_text())["scenarios"]
+    recorded = next(s for s in TRUTH["scenarios"] if s["name"] == scenario_name)
+    assert [(r["host"], r["OMPI_COMM_WORLD_LOCAL_RANK"]) for r in fresh[0]["ranks"]] == [
+        (r["host"], r["OMPI_COMM_WORLD_LOCAL_RANK"]) for r in recorded["ranks"]
+    ]
