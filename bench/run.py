@@ -1,0 +1,202 @@
+"""Benchmarks: mpilaunch against Open MPI's mpirun and MPICH's hydra mpiexec, in one run.
+
+Run by hand (not part of the tests):  python -m bench.run [--reps 7] [--write docs/performance.md]
+Each scenario runs the three launchers alternately, several times, and reports medians and the
+ratio mpilaunch / peer. Peers that are not installed are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WRITER = ROOT / "tests" / "ranks" / "writer.py"
+LINE = re.compile(rb"rank \d{4} line \d{8} x{44}")
+ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def launchers() -> dict[str, list[str]]:
+    """Each launcher's argv prefix; the mpilaunch script is run directly (no pyenv shim)."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    found = {"mpilaunch": [str(scripts / "mpilaunch") if (scripts / "mpilaunch").exists() else "mpilaunch"]}
+    if Path("/usr/bin/mpirun.openmpi").exists():
+        found["openmpi"] = ["/usr/bin/mpirun.openmpi", "--allow-run-as-root"]
+    hydra = scripts / "mpiexec.hydra"
+    if hydra.exists():
+        found["hydra"] = [str(hydra)]
+    return found
+
+
+def oversub(name: str) -> list[str]:
+    return [] if name == "hydra" else ["--oversubscribe"]
+
+
+def timed(argv: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=ENV, **kw)
+    return time.perf_counter() - start, proc
+
+
+def scenario_true(name: str, prefix: list[str], work: Path) -> dict:
+    elapsed, proc = timed([*prefix, *oversub(name), "-n", "8", "true"], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return {"seconds": elapsed}
+
+
+def scenario_output(name: str, prefix: list[str], work: Path) -> dict:
+    out_dir = work / f"out-{name}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    files = [] if name == "hydra" else ["--output-filename", str(out_dir)]
+    argv = [*prefix, *oversub(name), *files, "-n", "4", sys.executable, str(WRITER), "100000"]
+    elapsed, proc = timed(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=300)
+    lines = proc.stdout.split(b"\n")[:-1]
+    mangled = sum(1 for line in lines if not LINE.fullmatch(line.split(b":", 1)[-1] if b"]<" in line else line))
+    in_files = 0
+    if files:
+        in_files = sum(p.read_bytes().count(b"\n") for p in out_dir.rglob("stdout"))
+    return {"seconds": elapsed, "mangled": mangled, "console_lines": len(lines), "file_lines": in_files}
+
+
+ABORT_RANK = """
+import os, sys, time
+if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")) == "1":
+    time.sleep(1.0)
+    with open(sys.argv[1], "w") as f:
+        f.write(repr(time.time()))
+    os._exit(3)
+time.sleep(30)
+"""
+
+
+def scenario_abort(name: str, prefix: list[str], work: Path) -> dict:
+    script = work / "abort_rank.py"
+    script.write_text(ABORT_RANK)
+    stamp = work / f"failed-{name}"
+    stamp.unlink(missing_ok=True)
+    tag = f"BENCH_TAG_{os.getpid()}_{time.time_ns()}"
+    env = {**ENV, "MPILAUNCH_BENCH_TAG": tag}
+    argv = [*prefix, *oversub(name), "-n", "4"]
+    if name == "openmpi":
+        argv += ["-x", "MPILAUNCH_BENCH_TAG"]
+    proc = subprocess.Popen([*argv, sys.executable, str(script), str(stamp)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        status = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        status = proc.wait()
+    exited = time.time()
+    while _tagged(tag) and time.time() - exited < 15:
+        time.sleep(0.01)
+    all_gone = time.time()
+    for pid in _tagged(tag):
+        os.kill(pid, 9)
+    failed_at = float(stamp.read_text())
+    return {"seconds": exited - failed_at, "all_gone": all_gone - failed_at, "status": status}
+
+
+def _tagged(tag: str) -> list[int]:
+    found = []
+    needle = f"MPILAUNCH_BENCH_TAG={tag}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+SCENARIOS = {
+    "true": ("`-n 8 true`, local", scenario_true),
+    "output": ("4 ranks x 100,000 lines of 70 bytes (mpirun/mpilaunch with --output-filename)", scenario_output),
+    "abort": ("abort: rank 1 exits 3 after 1 s, others sleep (time from failure to launcher exit)", scenario_abort),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
+    parser.add_argument("--write", help="write a Markdown report here")
+    args = parser.parse_args()
+    peers = launchers()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for key in args.only or SCENARIOS:
+            title, func = SCENARIOS[key]
+            results: dict[str, list[dict]] = {name: [] for name in peers}
+            reps = args.reps if key != "output" else max(3, args.reps // 2)
+            for _ in range(reps):
+                for name, prefix in peers.items():
+                    results[name].append(func(name, prefix, work))
+            rows.append((key, title, results))
+            print(report_row(key, title, results), flush=True)
+    if args.write:
+        Path(args.write).write_text(markdown(rows, args.reps))
+
+
+def median(results: list[dict], field: str = "seconds") -> float:
+    return statistics.median(r[field] for r in results)
+
+
+def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
+    ours = median(results["mpilaunch"])
+    parts = [f"{title}:"]
+    for name, res in results.items():
+        extra = ""
+        if key == "output":
+            extra = (
+                f", mangled {max(r['mangled'] for r in res)}, console lines {min(r['console_lines'] for r in res)}"
+                f", file lines {min(r['file_lines'] for r in res)}"
+            )
+        if key == "abort":
+            extra = f", all ranks gone {median(res, 'all_gone'):.3f} s, status {res[0]['status']}"
+        ratio = f" (mpilaunch/{name} = {ours / median(res):.2f}x)" if name != "mpilaunch" else ""
+        parts.append(f"  {name:10s} {median(res):.3f} s{extra}{ratio}")
+    return "\n".join(parts)
+
+
+def markdown(rows: list, reps: int) -> str:
+    lines = [
+        "# Performance",
+        "",
+        "Measured by `python -m bench.run --write docs/performance.md` on this project's machines "
+        f"({os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}); medians of {reps} alternating runs "
+        "(3 for the output scenario). Peers: Open MPI 4.1 `mpirun` (Debian `openmpi-bin`) and hydra "
+        "`mpiexec` (the `mpich` wheel). Ratios are mpilaunch / peer: below 1 is faster.",
+        "",
+        "| scenario | launcher | median | ratio | notes |",
+        "|---|---|---|---|---|",
+    ]
+    for key, title, results in rows:
+        ours = median(results["mpilaunch"])
+        for name, res in results.items():
+            notes = ""
+            if key == "output":
+                notes = (f"mangled console lines {max(r['mangled'] for r in res)}; "
+                         f"lines in files {min(r['file_lines'] for r in res) or '-'}")  # fmt: skip
+            if key == "abort":
+                notes = f"all ranks gone after {median(res, 'all_gone'):.3f} s; exit status {res[0]['status']}"
+            ratio = "" if name == "mpilaunch" else f"{ours / median(res):.2f}x"
+            lines.append(f"| {title} | {name} | {median(res):.3f} s | {ratio} | {notes} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
