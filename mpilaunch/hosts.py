@@ -109,11 +109,17 @@ def parse_hostfile_line(line: str) -> Host | None:
             raise HostSyntaxError(f"unknown key {key!r}")
     if max_slots is not None and slots is not None and max_slots < slots:
         raise HostSyntaxError(f"max_slots={max_slots} is less than slots={slots}")
+    if slots is None and max_slots:  # Open MPI: max_slots alone sets the slots too
+        slots = max_slots
     return Host(name, slots, max_slots, user, port)
 
 
 def merge_hosts(entries: list[Host]) -> list[Host]:
-    """A repeated host adds its slots, as in Open MPI; order of first mention is kept."""
+    """A repeated host adds its slots; order of first mention is kept.
+
+    As in Open MPI, a line without slots counts one slot once the host is repeated
+    (a single such line means "as many slots as cores").
+    """
     merged: dict[tuple[str, str | None, int | None], Host] = {}
     for host in entries:
         key = (host.name, host.user, host.port)
@@ -121,7 +127,7 @@ def merge_hosts(entries: list[Host]) -> list[Host]:
         if old is None:
             merged[key] = host
             continue
-        slots = None if old.slots is None and host.slots is None else (old.slots or 1) + (host.slots or 1)
+        slots = (old.slots or 1) + (host.slots or 1)
         max_slots = None if old.max_slots is None or host.max_slots is None else old.max_slots + host.max_slots
         merged[key] = replace(old, slots=slots, max_slots=max_slots)
     return list(merged.values())

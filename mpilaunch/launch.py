@@ -38,11 +38,11 @@ def resolve_hosts(options: Options) -> tuple[list[Host], str]:
     return hostlib.localhost_default(), "localhost (no hosts given)"
 
 
-def with_slots(hosts: list[Host]) -> list[Host]:
+def with_slots(hosts: list[Host], source: str) -> list[Host]:
     """Fill in core counts for hosts listed without slots (only known here for this machine)."""
     unknown = [h.name for h in hosts if h.slots is None and not hostlib.is_local(h.name)]
     if unknown:
-        raise LaunchError(f"no slot count for remote host {unknown[0]!r}; give one with slots=N or host:N")
+        raise LaunchError(f"{source}: no slot count for remote host {unknown[0]!r}; give one with slots=N or host:N")
     return hostlib.with_core_counts(hosts, {h.name: os.cpu_count() or 1 for h in hosts})
 
 
@@ -74,7 +74,7 @@ def stdin_ranks(choice: str, np: int) -> list[int]:
 def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
     options = spec.options
     hosts, source = resolve_hosts(options)
-    hosts = with_slots(hosts)
+    hosts = with_slots(hosts, source)
     ranks = place(
         hosts,
         [(app.np, app.argv[0]) for app in spec.apps],

@@ -38,6 +38,11 @@ def test_missing_slots_means_core_count_later() -> None:
     assert parse_hostfile("node1\n", "hf") == [Host("node1", None)]
 
 
+def test_open_mpi_slot_rules_for_bare_and_max_only_lines() -> None:
+    assert parse_hostfile("a\na\na\nb\n", "hf") == [Host("a", 3), Host("b", None)]
+    assert parse_hostfile("a max_slots=3\n", "hf") == [Host("a", 3, 3)]
+
+
 def test_repeated_host_adds_slots() -> None:
     assert parse_hostfile("a slots=2\nb slots=1\na slots=3\n", "hf") == [Host("a", 5), Host("b", 1)]
     assert parse_host_list("a,a,b:2") == [Host("a", 1), Host("a", 1), Host("b", 2)]

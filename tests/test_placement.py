@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host
+from mpilaunch.hosts import Host, merge_hosts, parse_host_list, parse_hostfile, with_core_counts
 from mpilaunch.launch import build_plan
 from mpilaunch.placement import place
 from mpilaunch.spec import AppContext, JobSpec, Options
@@ -35,16 +35,17 @@ DELIBERATE = {
 
 
 def _hosts(scenario: dict) -> list[Host]:
-    hosts = []
-    for name, slots, max_slots in scenario["hosts"]:
-        if slots is None:  # -H a means one slot; a hostfile line without slots means the host's cores
-            slots = 1 if scenario["hostspec"] == "H" else TRUTH["hnp_cores"]
-        hosts.append(Host(name, slots, max_slots))
-    merged: dict[str, Host] = {}
-    for h in hosts:
-        old = merged.get(h.name)
-        merged[h.name] = h if old is None else Host(h.name, (old.slots or 0) + (h.slots or 0), None)
-    return list(merged.values())
+    """The scenario's hosts through our own parsers; no slots left means the host's cores."""
+    if scenario["hostspec"] == "H":
+        words = [name if slots is None else f"{name}:{slots}" for name, slots, _ in scenario["hosts"]]
+        hosts = merge_hosts(parse_host_list(",".join(words)))
+    else:
+        lines = [
+            " ".join([name] + ([f"slots={slots}"] if slots else []) + ([f"max_slots={mx}"] if mx else []))
+            for name, slots, mx in scenario["hosts"]
+        ]
+        hosts = parse_hostfile("\n".join(lines), "hostfile")
+    return with_core_counts(hosts, {h.name: TRUTH["hnp_cores"] for h in hosts})
 
 
 def _options(args: list[str]) -> tuple[dict, int | None]:
