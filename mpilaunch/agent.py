@@ -13,9 +13,13 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from mpilaunch import wire
 from mpilaunch.binding import cpu_groups, cpus_for
+
+if TYPE_CHECKING:
+    from mpilaunch.pmi.server import PmiService
 
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
@@ -71,6 +75,7 @@ class Agent:
         self.link_open = True
         self.finishing = False
         self.stop_requested = False
+        self.pmi: PmiService | None = None
         self.host = socket.gethostname()
 
     # -- sending -------------------------------------------------------------------------
@@ -100,6 +105,10 @@ class Agent:
             for k, v in os.environ.items()
             if k not in msg.get("drop_names", ()) and not k.startswith(tuple(msg.get("drop_prefixes", ())))
         }
+        if msg.get("pmi"):
+            from mpilaunch.pmi.server import PmiService
+
+            self.pmi = PmiService(msg["pmi"], self.send)
         bind_to = msg.get("bind_to", "none")
         groups = cpu_groups(bind_to) if bind_to != "none" else []
         merge = bool(msg.get("merge"))
@@ -114,6 +123,9 @@ class Agent:
         env = dict(base)
         env.update(spec["env"])
         rank = spec["rank"]
+        pmi_pair = self.pmi.attach(rank, spec.get("app", 0)) if self.pmi else None
+        if pmi_pair:
+            env["PMI_FD"] = str(pmi_pair[1].fileno())
         try:
             proc = subprocess.Popen(
                 spec["argv"],
@@ -124,12 +136,19 @@ class Agent:
                 cwd=spec.get("wdir") or None,
                 start_new_session=True,
                 preexec_fn=_child_setup(cpus, os.getpid()),
+                pass_fds=(pmi_pair[1].fileno(),) if pmi_pair else (),
             )
         except (OSError, subprocess.SubprocessError) as exc:
+            if pmi_pair and self.pmi:
+                pmi_pair[1].close()
+                self.pmi.detach(rank)
             reason = getattr(exc, "strerror", None) or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.send(wire.control("failed", rank=rank, error=f"{spec['argv'][0]}: {reason}", code=code))
             return
+        if pmi_pair:
+            pmi_pair[1].close()
+            self.sel.register(pmi_pair[0].fileno(), selectors.EVENT_READ, "pmi")
         rp = RankProcess(rank, proc)
         self.ranks[rank] = rp
         self.by_pid[proc.pid] = rp
@@ -241,7 +260,8 @@ class Agent:
         if rp.open_fds and (now or time.monotonic()) - rp.reaped_at < EXIT_REPORT_DELAY:
             return
         rp.reported = True
-        self.send(wire.control("exited", rank=rp.rank, status=rp.status))
+        pmi = self.pmi.state_of(rp.rank) if self.pmi else "new"
+        self.send(wire.control("exited", rank=rp.rank, status=rp.status, pmi=pmi))
 
     # -- killing -------------------------------------------------------------------------
     def signal_all(self, sig: int, include_dead: bool = False) -> None:
@@ -288,6 +308,10 @@ class Agent:
                 self.kill_stragglers()
             else:
                 self.terminate_all(grace)
+        elif op == "pmi_fence_done" and self.pmi:
+            self.pmi.fence_done(msg["kvs"])
+        elif op == "pmi_name_reply" and self.pmi:
+            self.pmi.name_reply(int(msg["req"]), msg["cmd"], msg["fields"])
         elif op == "finish":
             self.finishing = True
             self.terminate_all(float(msg.get("grace", 0.5)))
@@ -337,6 +361,11 @@ class Agent:
                     self.write_stdin(rp)
                 elif tag == "link":
                     self.read_link()
+                elif tag == "pmi":
+                    assert self.pmi is not None
+                    if not self.pmi.readable(key.fd):  # type: ignore[arg-type]
+                        self.sel.unregister(key.fd)
+                        self.pmi.drop(key.fd)  # type: ignore[arg-type]
                 else:
                     try:
                         os.read(wake_r, 512)

@@ -100,6 +100,14 @@ def _env_timeout() -> float | None:
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL.",
 )
+@click.option(
+    "--mpi",
+    "-mpi",
+    "mpi",
+    type=click.Choice(["pmi1", "pmi2", "none"], case_sensitive=False),
+    default="pmi1",
+    help="PMI served to MPICH-family ranks (pmi1 over PMI_FD) or none.",
+)
 @click.option("--allow-run-as-root", "-allow-run-as-root", is_flag=True, help="Allow running as root.")
 @click.version_option(__version__, "--version", "-V", "-version", prog_name="mpilaunch", message="%(prog)s %(version)s")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
@@ -170,6 +178,9 @@ def parse_args(argv: list[str]) -> JobSpec:
     oversubscribe = bool(globals_.pop("oversubscribe"))
     if map_by.upper().endswith(":OVERSUBSCRIBE"):
         map_by, oversubscribe = map_by[: -len(":OVERSUBSCRIBE")], True
+    mpi = str(globals_.pop("mpi")).lower()
+    if mpi == "pmi2":
+        raise LaunchError("--mpi pmi2: PMI-2 is not served yet; use --mpi pmi1 (the default)")
     bind_to = str(globals_.pop("bind_to")).split(":", 1)[0].lower()
     if bind_to not in ("none", "core", "socket", "hwthread"):
         raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket or hwthread")
@@ -178,6 +189,7 @@ def parse_args(argv: list[str]) -> JobSpec:
         map_by=map_by,
         oversubscribe=oversubscribe,
         bind_to=bind_to,
+        mpi=mpi,
         **globals_,  # type: ignore[arg-type]
     )
     return JobSpec(tuple(apps), options)

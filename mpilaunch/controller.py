@@ -14,6 +14,7 @@ from mpilaunch import wire
 from mpilaunch.hosts import Host
 from mpilaunch.output import OutputSink
 from mpilaunch.placement import Rank
+from mpilaunch.pmi.kvs import JobKvs
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
 from mpilaunch.report import failure_summary
 from mpilaunch.spec import Options
@@ -36,6 +37,7 @@ class LaunchPlan:
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
     stdin_ranks: list[int]
     options: Options
+    pmi: dict | None = None  # what each agent needs to serve PMI-1, or None (--mpi none)
 
 
 @dataclass
@@ -46,6 +48,7 @@ class RankState:
     done: bool = False
     killed: bool = False
     reason: str | None = None
+    abort_code: int | None = None  # from MPI_Abort
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Controller:
         self.stdin_open = bool(plan.stdin_ranks)
         self.stdin_registered = False
         self.stdin_pollable = True
+        self.kvs = JobKvs(len({r.host for r in plan.ranks}))
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -103,6 +107,7 @@ class Controller:
                     "wdir": self.plan.wdirs[r.app],
                     "env": self.plan.envs[r.rank],
                     "stdin": r.rank in self.plan.stdin_ranks,
+                    "app": r.app,
                 }
             )
         return {
@@ -112,6 +117,7 @@ class Controller:
             "report_bindings": self.options.report_bindings,
             "drop_prefixes": list(LEAK_PREFIXES),
             "drop_names": sorted(LEAK_NAMES),
+            "pmi": self.plan.pmi,
         }
 
     def _install_signals(self) -> None:
@@ -150,19 +156,38 @@ class Controller:
         self.send(link, wire.stdin(rank, data))
 
     # -- policy --------------------------------------------------------------------------
-    def rank_exited(self, state: RankState, status: int | None, reason: str | None = None) -> None:
+    def rank_exited(self, state: RankState, status: int | None, reason: str | None = None, pmi: str = "new") -> None:
         if state.done:
             return
         state.done = True
         state.status = status
-        state.reason = reason
+        state.reason = state.reason or reason
         self.output.rank_done(state.rank.rank)
-        if status != 0:
-            self.failed.append(state.rank.rank)
-            if self.first_failure is None:
-                self.first_failure = state
+        if status == 0 and pmi == "init" and not all(s.done for s in self.ranks):
+            # Its peers would wait for it in the next barrier for ever.
+            state.reason = "exited without MPI_Finalize while other ranks run"
+            state.abort_code = 1
+            self._failed(state)
+            self.abort(self.options.kill_timeout)
+        elif status != 0:
+            self._failed(state)
             if self.options.abort_on_failure:
                 self.abort(self.options.kill_timeout)
+
+    def _failed(self, state: RankState) -> None:
+        if state.rank.rank not in self.failed:
+            self.failed.append(state.rank.rank)
+        if self.first_failure is None:
+            self.first_failure = state
+
+    def pmi_failure(self, state: RankState, code: int, reason: str) -> None:
+        """MPI_Abort or a broken PMI client: the job ends as if that rank failed with code."""
+        print(f"mpilaunch: rank {state.rank.rank} {reason}", file=sys.stderr)
+        if state.abort_code is None:
+            state.abort_code = code
+            state.reason = reason
+        self._failed(state)
+        self.abort(self.options.kill_timeout)
 
     def abort(self, grace: float) -> None:
         """Stop every rank: SIGTERM to each process group, SIGKILL after grace seconds."""
@@ -193,7 +218,20 @@ class Controller:
         if op == "started":
             self.ranks[msg["rank"]].pid = msg["pid"]
         elif op == "exited":
-            self.rank_exited(self.ranks[msg["rank"]], int(msg["status"]))
+            self.rank_exited(self.ranks[msg["rank"]], int(msg["status"]), pmi=msg.get("pmi", "new"))
+        elif op == "pmi_fence":
+            merged = self.kvs.fence(link.index, msg["kvs"])
+            if merged is not None:
+                self.broadcast(wire.control("pmi_fence_done", kvs=merged))
+        elif op == "pmi_abort":
+            state = self.ranks[msg["rank"]]
+            text = f"called MPI_Abort with code {msg['code']}" + (f": {msg['message']}" if msg["message"] else "")
+            self.pmi_failure(state, int(msg["code"]), text)
+        elif op == "pmi_error":
+            self.pmi_failure(self.ranks[msg["rank"]], 1, msg["error"])
+        elif op == "pmi_name":
+            fields = self.kvs.name(msg["cmd"], msg["service"], msg.get("port"))
+            self.send(link, wire.control("pmi_name_reply", req=msg["req"], cmd=msg["cmd"], fields=fields))
         elif op == "failed":
             state = self.ranks[msg["rank"]]
             print(f"mpilaunch: rank {msg['rank']} could not start: {msg['error']}", file=sys.stderr)
@@ -356,7 +394,9 @@ class Controller:
                     rank=rank.rank,
                     host=self.plan.hosts[rank.host].name,
                     pid=failure.pid,
-                    status=failure.status if failure.status is not None else 1,
+                    status=failure.abort_code
+                    if failure.abort_code is not None
+                    else (failure.status if failure.status is not None else 1),
                     argv=self.plan.argvs[rank.app],
                     last_lines=self.output.last_lines(rank.rank),
                     killed=killed,
@@ -374,6 +414,8 @@ class Controller:
         failure = self.first_failure
         if failure is None:
             return 0
+        if failure.abort_code is not None:
+            return failure.abort_code & 0xFF
         status = failure.status if failure.status is not None else 1
         return 128 - status if status < 0 else status
 

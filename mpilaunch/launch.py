@@ -15,6 +15,7 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host
 from mpilaunch.output import Console, LogTree, OutputSink
 from mpilaunch.placement import place
+from mpilaunch.pmi.simple import process_mapping
 from mpilaunch.rank_env import JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.report import dry_run_env, rank_map
 from mpilaunch.spec import JobSpec, Options
@@ -94,6 +95,14 @@ def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
         mca=options.mca,
     )
     common = job_variables(layout, env)
+    pmi = None
+    if options.mpi == "pmi1":
+        pmi = {
+            "size": len(ranks),
+            "universe": layout.universe_size,
+            "kvsname": f"kvs_{layout.job_id}_0",
+            "mapping": process_mapping([r.node_rank for r in ranks]),
+        }
     envs = [rank_environment(r, common, spec.apps[r.app].exports, env) for r in ranks]
     plan = LaunchPlan(
         hosts=hosts,
@@ -103,6 +112,7 @@ def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
         envs=envs,
         stdin_ranks=stdin_ranks(options.stdin, len(ranks)),
         options=options,
+        pmi=pmi,
     )
     return plan, source
 

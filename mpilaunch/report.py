@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 from collections.abc import Mapping, Sequence
 
@@ -35,7 +36,7 @@ def rank_map(hosts: Sequence[Host], ranks: Sequence[Rank], apps: Sequence[Sequen
         cap = host.max_slots if host.max_slots is not None else 0
         lines.append(f" Data for node: {host.name}\tNum slots: {host.slots}\tMax slots: {cap}\tNum procs: {len(mine)}")
         for r in mine:
-            lines.append(f" \tRank {r.rank}\tApp: {r.app} ({' '.join(apps[r.app])})\tLocal rank: {r.local_rank}")
+            lines.append(f" \tRank {r.rank}\tApp: {r.app} ({shlex.join(apps[r.app])})\tLocal rank: {r.local_rank}")
     lines.append(" =============================================================")
     return "\n".join(lines)
 
@@ -83,7 +84,7 @@ def failure_summary(
             "(abort on failure was off, so the others ran on). The first process to do so was:"
         )
     lines = [RULE, head, "", f"  Rank:      {rank}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
-    lines.append(f"  Command:   {' '.join(argv)}")
+    lines.append(f"  Command:   {shlex.join(argv)}")
     lines.append(f"  {describe_status(status)}")
     if reason:
         lines.append(f"  Reason:    {reason}")

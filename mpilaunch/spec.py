@@ -37,6 +37,7 @@ class Options:
     timeout: float | None = None
     kill_timeout: float = 2.0
     allow_run_as_root: bool = False
+    mpi: str = "pmi1"  # PMI served to the ranks: pmi1 or none
 
     @property
     def abort_on_failure(self) -> bool:

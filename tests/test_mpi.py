@@ -1,0 +1,156 @@
+"""Real MPI: mpi4py ranks over the `mpich` wheel get one COMM_WORLD from mpilaunch's PMI-1 server."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, Launcher, tagged_pids, write_script
+
+pytest.importorskip("mpi4py")
+PY = sys.executable
+RAW = str(ROOT / "tests" / "ranks" / "pmi_raw.py")
+
+COLLECTIVES = """
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+assert comm.allreduce(rank + 1) == size * (size + 1) // 2
+data = comm.bcast({"from": 0, "size": size} if rank == 0 else None, root=0)
+assert data == {"from": 0, "size": size}
+gathered = comm.gather(rank * rank, root=0)
+if rank == 0:
+    assert gathered == [r * r for r in range(size)], gathered
+    print("collectives ok", size, flush=True)
+"""
+
+
+@pytest.mark.parametrize("np", [1, 2, 4, 8, 16])
+def test_collectives_see_the_whole_job(launcher: Launcher, tmp_path: Path, np: int) -> None:
+    script = write_script(tmp_path, "coll.py", COLLECTIVES)
+    proc = launcher.run("--oversubscribe", "-n", str(np), PY, script, timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().splitlines() == [f"collectives ok {np}"]
+
+
+def test_without_pmi_ranks_are_singletons(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "size.py", "from mpi4py import MPI\nprint(MPI.COMM_WORLD.Get_size())\n")
+    proc = launcher.run("--mpi", "none", "-n", "2", PY, script, timeout=120)
+    assert proc.stdout.decode().split() == ["1", "1"]
+    proc = launcher.run("-n", "2", PY, script, timeout=120)
+    assert proc.stdout.decode().split() == ["2", "2"]
+
+
+def test_mpi4py_bench_helloworld_and_ringtest(launcher: Launcher) -> None:
+    proc = launcher.run("--oversubscribe", "-n", "4", PY, "-m", "mpi4py.bench", "helloworld", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.decode().splitlines())
+    assert lines == [f"Hello, World! I am process {r} of 4 on {lines[r].rsplit(' ', 1)[1]}" for r in range(4)]
+    proc = launcher.run("--oversubscribe", "-n", "4", PY, "-m", "mpi4py.bench", "ringtest", "-l", "10", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "time for 10 loops" in proc.stdout.decode()
+
+
+def test_mpmd_appnum_per_app(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "app.py",
+        "import sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+        "print(c.Get_rank(), c.Get_size(), c.Get_attr(MPI.APPNUM), sys.argv[1], flush=True)\n",
+    )
+    proc = launcher.run("--oversubscribe", "-n", "1", PY, script, "a", ":", "-n", "2", PY, script, "b", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.decode().splitlines()) == ["0 3 0 a", "1 3 1 b", "2 3 1 b"]
+
+
+def test_mpi_abort_ends_the_job_with_its_code(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "abort.py",
+        "import time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nc.Barrier()\n"
+        "if c.Get_rank() == 1:\n    c.Abort(7)\ntime.sleep(60)\n",
+    )
+    start = time.monotonic()
+    proc = launcher.run("--oversubscribe", "-n", "3", PY, script, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 7, err
+    assert time.monotonic() - start < 10
+    assert "rank 1 called MPI_Abort with code 7" in err and "Rank:      1" in err
+    assert "Ranks killed by mpilaunch: 0,2" in err
+    assert not tagged_pids(launcher.tag)
+
+
+def test_rank_dying_before_a_barrier_aborts_instead_of_hanging(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "die.py",
+        "import os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nif c.Get_rank() == 2:\n    os._exit(0)\nc.Barrier()\n",
+    )
+    proc = launcher.run(
+        "--oversubscribe", "-n", "3", "-mca", "orte_abort_on_non_zero_status", "0", PY, script, timeout=60
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "exited without MPI_Finalize" in err and "Rank:      2" in err
+
+
+def test_publish_and_lookup_name(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "names.py",
+        "from mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+        "if c.Get_rank() == 0:\n    MPI.Publish_name('svc', 'port-0-xyz')\n"
+        "c.Barrier()\n"
+        "print(c.Get_rank(), MPI.Lookup_name('svc'), flush=True)\n"
+        "c.Barrier()\n"
+        "if c.Get_rank() == 0:\n    MPI.Unpublish_name('svc', 'port-0-xyz')\n",
+    )
+    proc = launcher.run("-n", "2", PY, script, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.decode().splitlines()) == ["0 port-0-xyz", "1 port-0-xyz"]
+
+
+def test_many_barriers(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "barriers.py",
+        "from mpi4py import MPI\nc = MPI.COMM_WORLD\nfor i in range(200):\n    c.Barrier()\n"
+        "print('done', c.Get_rank())\n",
+    )
+    proc = launcher.run("--oversubscribe", "-n", "4", PY, script, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.decode().count("done") == 4
+
+
+def test_protocol_limits_and_errors(launcher: Launcher) -> None:
+    proc = launcher.run("-n", "2", PY, RAW, "limits", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    replies = proc.stdout.decode().splitlines()
+    assert replies.count("cmd=put_result rc=0") == 2
+    assert "cmd=put_result rc=-1 msg=key_length_out_of_range" in replies
+    assert "cmd=put_result rc=-1 msg=value_too_long" in replies
+    assert "cmd=put_result rc=-1 msg=unknown_kvsname" in replies
+    assert "cmd=get_result rc=-1 msg=key_not_found" in replies
+    assert "cmd=no_such_command_result rc=-1 msg=unknown_command" in replies
+    assert replies.count("cmd=finalize_ack rc=0") == 2
+    assert b"unknown PMI command 'no_such_command'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("scenario", "words"),
+    [
+        ("garbage", "PMI protocol error: line is not ASCII"),
+        ("long_line", "PMI protocol error: a line longer than"),
+        ("hangup", "closed its PMI connection before finalize"),
+    ],
+)
+def test_hostile_clients_abort_the_job_naming_the_rank(launcher: Launcher, scenario: str, words: str) -> None:
+    start = time.monotonic()
+    proc = launcher.run("-n", "2", PY, RAW, scenario, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 10
+    assert f"mpilaunch: rank 1 {words}" in err
+    assert "Traceback" not in err
