@@ -30,7 +30,7 @@ if scenario == "limits":
     ask(f"cmd=put kvsname={kvs} key={key} value={value}")
     ask(f"cmd=put kvsname={kvs} key={key}x value=1")
     ask(f"cmd=put kvsname={kvs} key=short value={value}v")
-    ask(f"cmd=put kvsname=other key=a value=1")
+    ask("cmd=put kvsname=other key=a value=1")
     ask("cmd=barrier_in")
     peer = f"k{1 - rank}".ljust(int(maxes["keylen_max"]), "k")
     got = ask(f"cmd=get kvsname={kvs} key={peer}")
