@@ -132,9 +132,9 @@ def _by_node(np: int, hosts: list[Host], used: list[int], oversubscribe: bool, a
     return counts
 
 
-def _cycle(counts: list[int]) -> list[int]:
-    """Rank order of a by-node mapping: one rank per host per round, as Open MPI numbers them."""
-    return [i for round_ in range(max(counts, default=0)) for i, c in enumerate(counts) if c > round_]
+def _cycle(counts: list[int], order: list[int]) -> list[int]:
+    """Rank order of a by-node mapping: one rank per host per round, hosts in job-map order."""
+    return [i for round_ in range(max(counts, default=0)) for i in order if counts[i] > round_]
 
 
 def _by_ppr(np: int | None, per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
@@ -165,22 +165,35 @@ def place(
     policy, per = parse_map_by(map_by, npernode)
     used = [0] * len(hosts)
     placed: list[tuple[int, int]] = []  # (app, host) in rank order
+    map_order: list[int] = []  # hosts in the order they first got ranks: how ranks are numbered
     for app, (np, argv0) in enumerate(apps):
         if np is not None and np < 1:
             raise LaunchError(f"-n must be at least 1, not {np}")
+        # As Open MPI 4.1 does for later app contexts: hosts with free slots first, then full
+        # ones, then oversubscribed ones (the order within each kind is kept).
+        rotation = sorted(
+            range(len(hosts)), key=lambda i: (used[i] >= (hosts[i].slots or 0)) + (used[i] > (hosts[i].slots or 0))
+        )
+        r_hosts = [hosts[i] for i in rotation]
+        r_used = [used[i] for i in rotation]
         if policy == "ppr":
-            counts = _by_ppr(np, per, hosts, used, oversubscribe, argv0)
-            order = [i for i, c in enumerate(counts) for _ in range(c)]
+            r_counts = _by_ppr(np, per, r_hosts, r_used, oversubscribe, argv0)
         else:
             if np is None:
                 np = sum(_capacity(h, used[i], False) for i, h in enumerate(hosts))
                 if np == 0:
                     raise _not_enough(sum(used) + 1, hosts, argv0, oversubscribe)
-            if policy == "node":
-                order = _cycle(_by_node(np, hosts, used, oversubscribe, argv0))
-            else:
-                counts = _by_slot(np, hosts, used, oversubscribe, argv0)
-                order = [i for i, c in enumerate(counts) for _ in range(c)]
+            spread = _by_node if policy == "node" else _by_slot
+            r_counts = spread(np, r_hosts, r_used, oversubscribe, argv0)
+        counts = [0] * len(hosts)
+        for position, host in enumerate(rotation):
+            counts[host] = r_counts[position]
+            if counts[host] and host not in map_order:
+                map_order.append(host)
+        if policy == "node":
+            order = _cycle(counts, map_order)
+        else:
+            order = [i for i in map_order for _ in range(counts[i])]
         for i in order:
             used[i] += 1
         placed.extend((app, i) for i in order)
