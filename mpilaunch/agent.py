@@ -344,7 +344,8 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_stop_signal)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A handler, not SIG_IGN: an ignored signal would stay ignored in every rank we exec.
+        signal.signal(signal.SIGINT, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.link, selectors.EVENT_READ, "link")

@@ -25,7 +25,7 @@ Everything after the program name goes to the program:
   mpilaunch -n 2 python t.py -n 5   (t.py gets its own -n 5)
 """
 
-APP_PARAMS = ("np", "exports", "wdir", "argv")
+APP_PARAMS = ("np", "wdir", "argv")
 
 
 def _stdin_choice(value: str) -> str:
@@ -158,21 +158,19 @@ def parse_args(argv: list[str]) -> JobSpec:
         if not params["argv"]:
             where = f" in app context {index + 1}" if index else ""
             raise LaunchError(f"no program given{where}; usage: mpilaunch [options] program [args]")
-        apps.append(
-            AppContext(
-                argv=tuple(params["argv"]),
-                np=params["np"],
-                exports=_exports(params["exports"]),
-                wdir=params["wdir"],
-            )
-        )
+        apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"]))
         for name, value in params.items():
             if name in APP_PARAMS:
                 continue
             if index == 0 or name in given:
-                if name in ("hosts", "mca") and index and name in globals_:
+                if name in ("hosts", "mca", "exports") and index and name in globals_:
                     value = tuple(globals_[name]) + tuple(value)  # type: ignore[arg-type]
                 globals_[name] = value
+    exports = _exports(globals_.pop("exports"))  # type: ignore[arg-type]
+    apps = [AppContext(a.argv, a.np, exports, a.wdir) for a in apps]
+    env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")
+    if env_abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
+        globals_["mca"] = (("orte_abort_on_non_zero_status", env_abort), *globals_["mca"])  # type: ignore[misc]
     timeout = globals_.pop("timeout") or _env_timeout()
     map_by = str(globals_.pop("map_by"))
     oversubscribe = bool(globals_.pop("oversubscribe"))
@@ -219,4 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         status = exc.status
     except KeyboardInterrupt:
         status = 130
+    except BrokenPipeError:  # e.g. `mpilaunch --dry-run ... | head`: the reader left, nothing is wrong here
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        status = 128 + 13
     sys.exit(status)

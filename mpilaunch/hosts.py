@@ -13,6 +13,7 @@ _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _SLOTS_KEYS = ("slots", "slot", "cpu", "cpus", "count")
 _MAX_KEYS = ("max_slots", "max-slots")
 _USER_KEYS = ("user", "username")
+HOSTFILE_MAX = 16 << 20
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
@@ -151,9 +152,11 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
 def read_hostfile(path: str) -> list[Host]:
     try:
         with open(path, "rb") as handle:
-            data = handle.read(16 * 1024 * 1024)
+            data = handle.read(HOSTFILE_MAX + 1)
     except OSError as exc:
         raise LaunchError(f"{path}: cannot read hostfile: {exc.strerror or exc}") from None
+    if len(data) > HOSTFILE_MAX:
+        raise LaunchError(f"{path}: hostfile larger than {HOSTFILE_MAX >> 20} MiB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -191,6 +194,17 @@ def is_local(name: str) -> bool:
 
     own = socket.gethostname()
     return name in (own, own.split(".")[0])
+
+
+def merge_local_aliases(hosts: list[Host]) -> list[Host]:
+    """localhost, 127.0.0.1 and this machine's name are one node: one set of local ranks and devices."""
+    first_local = next((h.name for h in hosts if h.user is None and h.port is None and is_local(h.name)), None)
+    if first_local is None:
+        return hosts
+    renamed = [
+        replace(h, name=first_local) if h.user is None and h.port is None and is_local(h.name) else h for h in hosts
+    ]
+    return merge_hosts(renamed)
 
 
 def with_core_counts(hosts: list[Host], cores_of: dict[str, int]) -> list[Host]:

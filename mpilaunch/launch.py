@@ -8,6 +8,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from mpilaunch import hosts as hostlib
 from mpilaunch.controller import Controller, LaunchPlan
@@ -27,15 +28,16 @@ def resolve_hosts(options: Options) -> tuple[list[Host], str]:
     if options.hostfile:
         from_file = hostlib.read_hostfile(options.hostfile)
         if not listed:
-            return from_file, f"hostfile {options.hostfile}"
+            return hostlib.merge_local_aliases(from_file), f"hostfile {options.hostfile}"
         names = {h.name for h in from_file}
         for host in listed:
             if host.name not in names:
                 raise LaunchError(f"-H names {host.name!r}, which is not in the hostfile {options.hostfile}")
-        wanted = {h.name for h in listed}
-        return [h for h in from_file if h.name in wanted], f"hostfile {options.hostfile} restricted by -H"
+        counts = {h.name: h.slots for h in hostlib.merge_hosts(listed)}  # -H's counts win
+        chosen = [replace(h, slots=counts[h.name]) for h in from_file if h.name in counts]
+        return chosen, f"hostfile {options.hostfile} restricted by -H"
     if listed:
-        return hostlib.merge_hosts(listed), "-H"
+        return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
     return hostlib.localhost_default(), "localhost (no hosts given)"
 
 

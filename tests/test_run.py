@@ -23,6 +23,7 @@ def load(outdir: Path, np: int) -> list[dict]:
 
 
 def test_variables_of_every_rank(launcher: Launcher, tmp_path: Path) -> None:
+    """localhost and 127.0.0.1 are the same machine: one node, local ranks 0..3, one device each."""
     out = tmp_path / "env"
     out.mkdir()
     proc = launcher.run("-H", "localhost:2,127.0.0.1:2", "-np", "4", PY, str(RANKS / "dump_env.py"), str(out))
@@ -34,32 +35,50 @@ def test_variables_of_every_rank(launcher: Launcher, tmp_path: Path) -> None:
     assert len(jobs) == 1 and jobs.pop()
     for rank, rec in enumerate(records):
         env = rec["env"]
-        local, node = rank % 2, rank // 2
         expected = {
             "OMPI_COMM_WORLD_RANK": rank,
             "OMPI_COMM_WORLD_SIZE": 4,
-            "OMPI_COMM_WORLD_LOCAL_RANK": local,
-            "OMPI_COMM_WORLD_LOCAL_SIZE": 2,
-            "OMPI_COMM_WORLD_NODE_RANK": local,
+            "OMPI_COMM_WORLD_LOCAL_RANK": rank,
+            "OMPI_COMM_WORLD_LOCAL_SIZE": 4,
+            "OMPI_COMM_WORLD_NODE_RANK": rank,
             "OMPI_UNIVERSE_SIZE": 4,
             "OMPI_NUM_APP_CTX": 1,
             "OMPI_APP_CTX_NUM_PROCS": 4,
             "OMPI_FIRST_RANKS": 0,
+            "OMPI_MCA_orte_app_num": 0,
             "PMI_RANK": rank,
             "PMI_SIZE": 4,
             "RANK": rank,
             "WORLD_SIZE": 4,
-            "LOCAL_RANK": local,
-            "LOCAL_WORLD_SIZE": 2,
-            "NODE_RANK": node,
-            "GROUP_RANK": node,
+            "LOCAL_RANK": rank,
+            "LOCAL_WORLD_SIZE": 4,
+            "NODE_RANK": 0,
+            "GROUP_RANK": 0,
             "RANK_ID": rank,
             "RANK_SIZE": 4,
-            "DEVICE_ID": local,
+            "DEVICE_ID": rank,
             "MASTER_ADDR": "127.0.0.1",
             "PYTHONUNBUFFERED": 1,
         }
         assert {k: env.get(k) for k in expected} == {k: str(v) for k, v in expected.items()}
+
+
+def test_variables_across_hosts_in_a_dry_run(launcher: Launcher) -> None:
+    proc = launcher.run("--dry-run", "-H", "a:2,b:2", "-np", "4", "--map-by", "node", "true")
+    assert proc.returncode == 0, proc.stderr
+    blocks = proc.stdout.decode().split("\nrank ")[1:]
+    got = []
+    for block in blocks:
+        env = dict(line.strip().split("=", 1) for line in block.splitlines()[1:])
+        host = block.split(" on ", 1)[1].split(":", 1)[0]
+        keys = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "DEVICE_ID", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+        got.append((host, *(env[k] for k in keys)))
+    assert got == [
+        ("a", "0", "0", "0", "0", "0", "2", "a"),
+        ("b", "1", "0", "1", "1", "0", "2", "a"),
+        ("a", "2", "1", "0", "0", "1", "2", "a"),
+        ("b", "3", "1", "1", "1", "1", "2", "a"),
+    ]
 
 
 def test_default_np_is_every_slot(launcher: Launcher, tmp_path: Path) -> None:
@@ -103,9 +122,7 @@ def test_user_values_win_and_outer_launcher_variables_do_not_leak(launcher: Laun
         assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
         assert env["OMPI_MCA_btl"] == "self,tcp"
         assert env["PMI_RANK"] == str(rank) and env["OMPI_COMM_WORLD_RANK"] == str(rank)
-        leaked = [
-            k for k in env if k.startswith("PMIX_") or k in ("OMPI_COMM_WORLD_FOO", "OMPI_MCA_orte_hnp_uri")
-        ]
+        leaked = [k for k in env if k.startswith("PMIX_") or k in ("OMPI_COMM_WORLD_FOO", "OMPI_MCA_orte_hnp_uri")]
         assert leaked == []
         assert env["PMI_FD"] != "7"  # its own PMI socket, not the outer launcher's
 
@@ -211,7 +228,7 @@ def test_mpmd_app_contexts(launcher: Launcher, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     records = load(out, 3)
     assert [r["argv"] for r in records] == [["server"], ["worker"], ["worker"]]
-    assert [r["env"].get("ROLE") for r in records] == [None, "worker", "worker"]
+    assert [r["env"].get("ROLE") for r in records] == ["worker"] * 3  # -x is job-wide wherever it is written
     for rec in records:
         env = rec["env"]
         assert env["OMPI_NUM_APP_CTX"] == "2"
