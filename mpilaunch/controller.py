@@ -16,7 +16,7 @@ from mpilaunch.output import OutputSink
 from mpilaunch.placement import Rank
 from mpilaunch.pmi.kvs import JobKvs
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
-from mpilaunch.report import failure_summary
+from mpilaunch.report import failure_summary, ranges
 from mpilaunch.spec import Options
 from mpilaunch.transport.local import LocalLink, start_local_agent
 
@@ -73,6 +73,7 @@ class Controller:
         self.aborting = False
         self.finishing = False
         self.timed_out = False
+        self.stop_signal: int | None = None  # a forwarded SIGINT/SIGTERM/SIGHUP: what ends the job now
         self.signals_seen: dict[int, int] = {}
         self.stdin_open = bool(plan.stdin_ranks)
         self.stdin_registered = False
@@ -177,8 +178,9 @@ class Controller:
     def _failed(self, state: RankState) -> None:
         if state.rank.rank not in self.failed:
             self.failed.append(state.rank.rank)
-        if self.first_failure is None:
-            self.first_failure = state
+        stopping = self.timed_out or self.stop_signal is not None
+        if self.first_failure is None and (not stopping or state.abort_code is not None):
+            self.first_failure = state  # failures after a user's signal or the timeout are its effects
 
     def pmi_failure(self, state: RankState, code: int, reason: str) -> None:
         """MPI_Abort or a broken PMI client: the job ends as if that rank failed with code."""
@@ -205,6 +207,8 @@ class Controller:
             print(f"mpilaunch: {signal.Signals(sig).name} again: killing every rank", file=sys.stderr)
             self.abort(0)
             return
+        if sig in HARD_STOP and self.stop_signal is None:
+            self.stop_signal = sig
         self.broadcast(wire.control("signal", sig=int(sig)))
 
     def on_timeout(self) -> None:
@@ -280,7 +284,7 @@ class Controller:
         host = self.plan.hosts[link.index].name
         print(f"mpilaunch: lost the agent of host {host}; its ranks are killed", file=sys.stderr)
         for state in lost:
-            if state.pid:
+            if state.pid and link.link.local:  # a pid means something only on this machine
                 try:
                     os.killpg(state.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -329,8 +333,9 @@ class Controller:
             if link.open:
                 link.open = False
                 link.link.close()
+        local = {link.index for link in self.links if link.link.local}
         for state in self.ranks:
-            if state.pid and not state.done:
+            if state.pid and not state.done and state.rank.host in local:
                 try:
                     os.killpg(state.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -386,7 +391,13 @@ class Controller:
     def finish(self) -> int:
         self.output.close()
         failure = self.first_failure
-        if failure is not None and not self.timed_out:
+        ended = [s.rank.rank for s in self.ranks if s.rank.rank in self.failed and s is not failure]
+        if failure is None and ended and self.stop_signal is not None:
+            name = signal.Signals(self.stop_signal).name
+            print(
+                f"mpilaunch: stopped by {name} (forwarded to every rank); ranks {ranges(ended)} ended", file=sys.stderr
+            )
+        if failure is not None:
             killed = [s.rank.rank for s in self.ranks if s.killed and s is not failure]
             rank = failure.rank
             print(
@@ -413,7 +424,7 @@ class Controller:
             return TIMEOUT_STATUS
         failure = self.first_failure
         if failure is None:
-            return 0
+            return 128 + self.stop_signal if self.stop_signal is not None and self.failed else 0
         if failure.abort_code is not None:
             return failure.abort_code & 0xFF
         status = failure.status if failure.status is not None else 1

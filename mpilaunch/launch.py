@@ -164,9 +164,13 @@ def run_job(spec: JobSpec) -> int:
     check_local_programs(plan, env)
     raise_fd_limit()
     tree = None
+    copy_to_console = True
     if options.output_filename:
-        tree = LogTree(options.output_filename, len(plan.ranks), options.merge_stderr_to_stdout)
+        base = options.output_filename
+        if base.endswith(":nocopy"):  # Open MPI's spelling for "files only"
+            base, copy_to_console = base[: -len(":nocopy")], False
+        tree = LogTree(base, len(plan.ranks), options.merge_stderr_to_stdout)
         print(f"mpilaunch: rank output goes to {tree.root}/rank.N", file=sys.stderr, flush=True)
-    console = Console(options.tag_output, options.timestamp_output)
+    console = Console(options.tag_output, options.timestamp_output) if copy_to_console else None
     sink = OutputSink(console, tree, options.merge_stderr_to_stdout)
     return Controller(plan, sink).run()

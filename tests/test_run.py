@@ -370,3 +370,16 @@ def test_bind_to_core_sets_affinity(launcher: Launcher, tmp_path: Path) -> None:
     assert b"MCW rank 0 bound to CPUs" in proc.stderr and b"MCW rank 1 bound to CPUs" in proc.stderr
     proc = launcher.run("-n", "2", "-bind-to", "none", PY, str(RANKS / "dump_env.py"), str(out))
     assert [r["affinity"] for r in load(out, 2)] == [sorted(os.sched_getaffinity(0))] * 2
+
+
+def test_output_filename_nocopy_keeps_the_console_quiet(launcher: Launcher, tmp_path: Path) -> None:
+    proc = launcher.run("-np", "2", "--output-filename", "quiet:nocopy", "sh", "-c", "echo out $RANK; echo err >&2")
+    assert proc.returncode == 0 and proc.stdout == b""
+    assert b"err" not in proc.stderr
+    assert (tmp_path / "quiet" / "1" / "rank.1" / "stdout").read_bytes() == b"out 1\n"
+
+
+def test_dry_run_into_a_closed_pipe_is_quiet(launcher: Launcher) -> None:
+    cmd = " ".join(launcher.argv("--dry-run", "--oversubscribe", "-np", "64", "true"))
+    proc = subprocess.run(["bash", "-c", f"{cmd} | head -1"], capture_output=True, env=launcher.env, timeout=60)
+    assert proc.stdout.count(b"\n") == 1 and b"Traceback" not in proc.stderr

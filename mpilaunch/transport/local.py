@@ -10,6 +10,8 @@ import sys
 class LocalLink:
     """A connected agent process on this machine."""
 
+    local = True  # pids it reports are pids here
+
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
         self.pid = pid
