@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from mpilaunch.pmi.server import PmiService
 
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
+HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -48,10 +49,11 @@ def _child_setup(cpus: list[int] | None, parent: int):
 
 
 class RankProcess:
-    """One rank as this agent sees it."""
+    """One rank as this agent sees it, known by its process id (unique over the run's jobs)."""
 
-    def __init__(self, rank: int, proc: subprocess.Popen) -> None:
-        self.rank = rank
+    def __init__(self, ident: int, job: int, proc: subprocess.Popen) -> None:
+        self.ident = ident
+        self.job = job
         self.proc = proc
         self.pid = proc.pid
         self.open_fds: set[int] = set()
@@ -75,7 +77,9 @@ class Agent:
         self.link_open = True
         self.finishing = False
         self.stop_requested = False
-        self.pmi: PmiService | None = None
+        self.pmi: dict[int, PmiService] = {}  # by job
+        self.pmi_fds: dict[int, PmiService] = {}  # by rank socket
+        self.hangups: dict[int, float] = {}  # process id -> when it closed its PMI socket early
         self.host = socket.gethostname()
 
     # -- sending -------------------------------------------------------------------------
@@ -105,10 +109,11 @@ class Agent:
             for k, v in os.environ.items()
             if k not in msg.get("drop_names", ()) and not k.startswith(tuple(msg.get("drop_prefixes", ())))
         }
-        if msg.get("pmi"):
+        job = int(msg.get("job", 1))
+        if msg.get("pmi") and job not in self.pmi:
             from mpilaunch.pmi.server import PmiService
 
-            self.pmi = PmiService(msg["pmi"], self.send)
+            self.pmi[job] = PmiService(msg["pmi"], self.send, self.pmi_hangup)
         bind_to = msg.get("bind_to", "none")
         groups = cpu_groups(bind_to) if bind_to != "none" else []
         merge = bool(msg.get("merge"))
@@ -117,13 +122,14 @@ class Agent:
             if msg.get("report_bindings"):
                 where = f"bound to CPUs {','.join(map(str, cpus))}" if cpus else "not bound"
                 self.send(wire.control("note", text=f"[{self.host}:{os.getpid()}] MCW rank {spec['rank']} {where}"))
-            self.spawn(spec, base, merge, cpus)
+            self.spawn(job, spec, base, merge, cpus)
 
-    def spawn(self, spec: dict, base: dict[str, str], merge: bool, cpus: list[int] | None) -> None:
+    def spawn(self, job: int, spec: dict, base: dict[str, str], merge: bool, cpus: list[int] | None) -> None:
         env = dict(base)
         env.update(spec["env"])
-        rank = spec["rank"]
-        pmi_pair = self.pmi.attach(rank, spec.get("app", 0)) if self.pmi else None
+        ident = spec["proc"]
+        service = self.pmi.get(job)
+        pmi_pair = service.attach(ident, spec.get("app", 0)) if service else None
         if pmi_pair:
             env["PMI_FD"] = str(pmi_pair[1].fileno())
         try:
@@ -139,18 +145,19 @@ class Agent:
                 pass_fds=(pmi_pair[1].fileno(),) if pmi_pair else (),
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            if pmi_pair and self.pmi:
+            if pmi_pair and service:
                 pmi_pair[1].close()
-                self.pmi.detach(rank)
+                service.detach(ident)
             reason = getattr(exc, "strerror", None) or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
-            self.send(wire.control("failed", rank=rank, error=f"{spec['argv'][0]}: {reason}", code=code))
+            self.send(wire.control("failed", proc=ident, error=f"{spec['argv'][0]}: {reason}", code=code))
             return
-        if pmi_pair:
+        if pmi_pair and service:
             pmi_pair[1].close()
+            self.pmi_fds[pmi_pair[0].fileno()] = service
             self.sel.register(pmi_pair[0].fileno(), selectors.EVENT_READ, "pmi")
-        rp = RankProcess(rank, proc)
-        self.ranks[rank] = rp
+        rp = RankProcess(ident, job, proc)
+        self.ranks[ident] = rp
         self.by_pid[proc.pid] = rp
         for stream, pipe in ((wire.STDOUT, proc.stdout), (wire.STDERR, proc.stderr)):
             if pipe is not None:
@@ -161,7 +168,7 @@ class Agent:
         if proc.stdin is not None:
             rp.stdin_fd = proc.stdin.fileno()
             os.set_blocking(rp.stdin_fd, False)
-        self.send(wire.control("started", rank=rank, pid=proc.pid))
+        self.send(wire.control("started", proc=ident, pid=proc.pid))
 
     # -- rank output and stdin -----------------------------------------------------------
     def read_output(self, fd: int) -> None:
@@ -171,7 +178,7 @@ class Agent:
         except OSError:
             data = b""
         if data:
-            self.send(wire.output(rp.rank, stream, data))
+            self.send(wire.output(rp.ident, stream, data))
             return
         self.sel.unregister(fd)
         del self.fd_owner[fd]
@@ -260,8 +267,9 @@ class Agent:
         if rp.open_fds and (now or time.monotonic()) - rp.reaped_at < EXIT_REPORT_DELAY:
             return
         rp.reported = True
-        pmi = self.pmi.state_of(rp.rank) if self.pmi else "new"
-        self.send(wire.control("exited", rank=rp.rank, status=rp.status, pmi=pmi))
+        service = self.pmi.get(rp.job)
+        pmi = service.state_of(rp.ident) if service else "new"
+        self.send(wire.control("exited", proc=rp.ident, status=rp.status, pmi=pmi))
 
     # -- killing -------------------------------------------------------------------------
     def signal_all(self, sig: int, include_dead: bool = False) -> None:
@@ -308,10 +316,10 @@ class Agent:
                 self.kill_stragglers()
             else:
                 self.terminate_all(grace)
-        elif op == "pmi_fence_done" and self.pmi:
-            self.pmi.fence_done(msg["kvs"])
-        elif op == "pmi_name_reply" and self.pmi:
-            self.pmi.name_reply(int(msg["req"]), msg["cmd"], msg["fields"])
+        elif op in ("pmi_fence_done", "pmi_name_reply", "pmi_spawn_reply"):
+            service = self.pmi.get(int(msg["job"]))
+            if service is not None:
+                service.from_controller(msg)
         elif op == "finish":
             self.finishing = True
             self.terminate_all(float(msg.get("grace", 0.5)))
@@ -363,10 +371,11 @@ class Agent:
                 elif tag == "link":
                     self.read_link()
                 elif tag == "pmi":
-                    assert self.pmi is not None
-                    if not self.pmi.readable(key.fd):  # type: ignore[arg-type]
+                    service = self.pmi_fds[key.fd]  # type: ignore[index]
+                    if not service.readable(key.fd):  # type: ignore[arg-type]
                         self.sel.unregister(key.fd)
-                        self.pmi.drop(key.fd)  # type: ignore[arg-type]
+                        service.drop(key.fd)  # type: ignore[arg-type]
+                        del self.pmi_fds[key.fd]  # type: ignore[arg-type]
                 else:
                     try:
                         os.read(wake_r, 512)
@@ -379,6 +388,7 @@ class Agent:
             now = time.monotonic()
             for rp in self.ranks.values():
                 self.maybe_report(rp, now)
+            self.check_hangups(now)
             if self.kill_deadline is not None and now >= self.kill_deadline:
                 self.kill_deadline = None
                 self.kill_stragglers()
@@ -386,6 +396,21 @@ class Agent:
         self.send(wire.control("bye"))
         self.reap()
         return 0
+
+    def pmi_hangup(self, ident: int) -> None:
+        self.hangups[ident] = time.monotonic()
+
+    def check_hangups(self, now: float) -> None:
+        """A rank that closed its PMI socket before finalize: if it is dying its exit says why;
+        if it is still running after HANGUP_GRACE, its peers would wait for it, so say so."""
+        for ident, since in list(self.hangups.items()):
+            rp = self.ranks.get(ident)
+            if rp is None or rp.status is not None:
+                del self.hangups[ident]
+            elif now - since >= HANGUP_GRACE:
+                del self.hangups[ident]
+                error = "closed its PMI connection before finalize"
+                self.send(wire.control("pmi_error", proc=ident, error=error))
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -396,6 +421,7 @@ class Agent:
         ]
         if self.kill_deadline is not None:
             deadlines.append(self.kill_deadline)
+        deadlines.extend(since + HANGUP_GRACE for since in self.hangups.values())
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())

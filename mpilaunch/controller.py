@@ -1,4 +1,9 @@
-"""The job's event loop: one state table of ranks, one place where policy is decided."""
+"""The run's event loop: one table of processes, one place where policy is decided.
+
+Processes are known by a process id, their index in the table, unique over every job of the
+run (job 1 is the one launched; MPI_Comm_spawn adds jobs 2, 3, ...). Agents and the wire use
+process ids; ranks are numbers within a job.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,13 @@ import time
 from dataclasses import dataclass, field
 
 from mpilaunch import wire
-from mpilaunch.hosts import Host
+from mpilaunch.errors import LaunchError
 from mpilaunch.output import OutputSink
 from mpilaunch.placement import Rank
-from mpilaunch.pmi.kvs import JobKvs
+from mpilaunch.plan import JobPlan, LaunchPlan, spawn_plan
+from mpilaunch.pmi.kvs import JobKvs, NameService
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
 from mpilaunch.report import failure_summary, ranges
-from mpilaunch.spec import Options
 from mpilaunch.transport.local import LocalLink, start_local_agent
 
 STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher stops reading
@@ -25,23 +30,13 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
 TIMEOUT_STATUS = 124
 
-
-@dataclass
-class LaunchPlan:
-    """Everything the controller needs, computed before any process starts."""
-
-    hosts: list[Host]
-    ranks: list[Rank]
-    argvs: list[tuple[str, ...]]  # per app
-    wdirs: list[str]  # per app
-    envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
-    stdin_ranks: list[int]
-    options: Options
-    pmi: dict | None = None  # what each agent needs to serve PMI-1, or None (--mpi none)
+__all__ = ["Controller", "LaunchPlan"]
 
 
 @dataclass
 class RankState:
+    proc: int
+    job: int
     rank: Rank
     pid: int | None = None
     status: int | None = None
@@ -65,9 +60,12 @@ class Controller:
         self.plan = plan
         self.options = plan.options
         self.output = output
-        self.ranks = [RankState(r) for r in plan.ranks]
+        self.procs: list[RankState] = []
+        self.jobs: dict[int, JobPlan] = {}
+        self.kvs: dict[int, JobKvs] = {}
+        self.names = NameService()
         self.sel = selectors.DefaultSelector()
-        self.links: list[HostLink] = []
+        self.links: dict[int, HostLink] = {}
         self.first_failure: RankState | None = None
         self.failed: list[int] = []
         self.aborting = False
@@ -75,51 +73,68 @@ class Controller:
         self.timed_out = False
         self.stop_signal: int | None = None  # a forwarded SIGINT/SIGTERM/SIGHUP: what ends the job now
         self.signals_seen: dict[int, int] = {}
-        self.stdin_open = bool(plan.stdin_ranks)
+        self.stdin_procs = list(plan.stdin_ranks)  # job 1's process ids are its ranks
+        self.stdin_open = bool(self.stdin_procs)
         self.stdin_registered = False
         self.stdin_pollable = True
-        self.kvs = JobKvs(len({r.host for r in plan.ranks}))
+        self.add_job(plan.job)
 
-    # -- start ---------------------------------------------------------------------------
+    # -- jobs -----------------------------------------------------------------------------
+    def add_job(self, job: JobPlan) -> list[int]:
+        first = len(self.procs)
+        self.procs.extend(RankState(first + i, job.job, r) for i, r in enumerate(job.ranks))
+        self.jobs[job.job] = job
+        self.kvs[job.job] = JobKvs(len({r.host for r in job.ranks}))
+        return list(range(first, len(self.procs)))
+
+    def procs_of(self, job: int) -> list[RankState]:
+        return [s for s in self.procs if s.job == job]
+
+    def launch(self, job: JobPlan) -> None:
+        """Start an agent where there is none yet, then hand each agent its share of the job."""
+        states = self.procs_of(job.job)
+        for index in sorted({s.rank.host for s in states}):
+            link = self.links.get(index)
+            if link is None:
+                link = self.links[index] = HostLink(index, start_local_agent())
+                link.link.sock.setblocking(False)
+                self.sel.register(link.link.sock, selectors.EVENT_READ, link)
+            specs = [
+                {
+                    "proc": s.proc,
+                    "rank": s.rank.rank,
+                    "local_rank": s.rank.local_rank,
+                    "app": s.rank.app,
+                    "argv": list(job.argvs[s.rank.app]),
+                    "wdir": job.wdirs[s.rank.app],
+                    "env": job.envs[s.rank.rank],
+                    "stdin": s.proc in self.stdin_procs,
+                }
+                for s in states
+                if s.rank.host == index
+            ]
+            self.send(
+                link,
+                wire.control(
+                    "launch",
+                    job=job.job,
+                    ranks=specs,
+                    merge=self.options.merge_stderr_to_stdout,
+                    bind_to=self.options.bind_to,
+                    report_bindings=self.options.report_bindings,
+                    drop_prefixes=list(LEAK_PREFIXES),
+                    drop_names=sorted(LEAK_NAMES),
+                    pmi=job.pmi,
+                ),
+            )
+
     def start(self) -> None:
-        for index in sorted({r.host for r in self.plan.ranks}):
-            link = HostLink(index, start_local_agent())
-            self.links.append(link)
-            link.link.sock.setblocking(False)
-            self.sel.register(link.link.sock, selectors.EVENT_READ, link)
         self._install_signals()
-        for link in self.links:
-            self.send(link, wire.control("launch", **self._launch_message(link.index)))
+        self.launch(self.plan.job)
         if self.stdin_open and not _stdin_usable():
             self.stdin_open = False
-            for rank in self.plan.stdin_ranks:
-                self._send_stdin(rank, b"")
-
-    def _launch_message(self, host: int) -> dict:
-        specs = []
-        for r in self.plan.ranks:
-            if r.host != host:
-                continue
-            specs.append(
-                {
-                    "rank": r.rank,
-                    "local_rank": r.local_rank,
-                    "argv": list(self.plan.argvs[r.app]),
-                    "wdir": self.plan.wdirs[r.app],
-                    "env": self.plan.envs[r.rank],
-                    "stdin": r.rank in self.plan.stdin_ranks,
-                    "app": r.app,
-                }
-            )
-        return {
-            "ranks": specs,
-            "merge": self.options.merge_stderr_to_stdout,
-            "bind_to": self.options.bind_to,
-            "report_bindings": self.options.report_bindings,
-            "drop_prefixes": list(LEAK_PREFIXES),
-            "drop_names": sorted(LEAK_NAMES),
-            "pmi": self.plan.pmi,
-        }
+            for proc in self.stdin_procs:
+                self._send_stdin(proc, b"")
 
     def _install_signals(self) -> None:
         self.wake_r, self.wake_w = socket.socketpair()
@@ -144,17 +159,16 @@ class Controller:
             sock.setblocking(False)
 
     def broadcast(self, frame: bytes) -> None:
-        for link in self.links:
+        for link in self.links.values():
             self.send(link, frame)
 
-    def _link_of(self, rank: int) -> HostLink:
-        host = self.plan.ranks[rank].host
-        return next(link for link in self.links if link.index == host)
+    def _link_of(self, proc: int) -> HostLink:
+        return self.links[self.procs[proc].rank.host]
 
-    def _send_stdin(self, rank: int, data: bytes) -> None:
-        link = self._link_of(rank)
+    def _send_stdin(self, proc: int, data: bytes) -> None:
+        link = self._link_of(proc)
         link.inflight += len(data)
-        self.send(link, wire.stdin(rank, data))
+        self.send(link, wire.stdin(proc, data))
 
     # -- policy --------------------------------------------------------------------------
     def rank_exited(self, state: RankState, status: int | None, reason: str | None = None, pmi: str = "new") -> None:
@@ -163,8 +177,8 @@ class Controller:
         state.done = True
         state.status = status
         state.reason = state.reason or reason
-        self.output.rank_done(state.rank.rank)
-        if status == 0 and pmi == "init" and not all(s.done for s in self.ranks):
+        self.output.rank_done(state.proc)
+        if status == 0 and pmi == "init" and not all(s.done for s in self.procs):
             # Its peers would wait for it in the next barrier for ever.
             state.reason = "exited without MPI_Finalize while other ranks run"
             state.abort_code = 1
@@ -176,25 +190,28 @@ class Controller:
                 self.abort(self.options.kill_timeout)
 
     def _failed(self, state: RankState) -> None:
-        if state.rank.rank not in self.failed:
-            self.failed.append(state.rank.rank)
+        if state.proc not in self.failed:
+            self.failed.append(state.proc)
         stopping = self.timed_out or self.stop_signal is not None
         if self.first_failure is None and (not stopping or state.abort_code is not None):
             self.first_failure = state  # failures after a user's signal or the timeout are its effects
 
     def pmi_failure(self, state: RankState, code: int, reason: str) -> None:
         """MPI_Abort or a broken PMI client: the job ends as if that rank failed with code."""
-        print(f"mpilaunch: rank {state.rank.rank} {reason}", file=sys.stderr)
+        print(f"mpilaunch: {self.describe(state)} {reason}", file=sys.stderr)
         if state.abort_code is None:
             state.abort_code = code
             state.reason = reason
         self._failed(state)
         self.abort(self.options.kill_timeout)
 
+    def describe(self, state: RankState) -> str:
+        return f"rank {state.rank.rank}" + (f" of spawned job {state.job}" if state.job != 1 else "")
+
     def abort(self, grace: float) -> None:
         """Stop every rank: SIGTERM to each process group, SIGKILL after grace seconds."""
         if not self.aborting or grace <= 0:
-            for state in self.ranks:
+            for state in self.procs:
                 if not state.done:
                     state.killed = True
             self.broadcast(wire.control("kill", grace=grace))
@@ -216,36 +233,61 @@ class Controller:
         print(f"mpilaunch: the job exceeded --timeout {self.options.timeout:g} s; killing every rank", file=sys.stderr)
         self.abort(self.options.kill_timeout)
 
+    def on_spawn(self, link: HostLink, msg: dict) -> None:
+        """MPI_Comm_spawn: a new job on free slots, with its own ranks, KVS and log directory."""
+        parent = self.procs[msg["proc"]]
+        job_no = max(self.jobs) + 1
+        in_use = [0] * len(self.plan.hosts)
+        for state in self.procs:
+            if not state.done:
+                in_use[state.rank.host] += 1
+        preput: dict[str, str] = {}
+        for app in msg["apps"]:
+            preput.update(app.get("preput", {}))
+        try:
+            if self.aborting or self.finishing:
+                raise LaunchError("the job is ending")
+            child = spawn_plan(self.plan, job_no, msg["apps"], in_use, preput)
+            procs = self.add_job(child)
+            self.output.add_job(job_no, procs)
+        except LaunchError as exc:
+            print(f"mpilaunch: MPI_Comm_spawn from {self.describe(parent)} refused: {exc}", file=sys.stderr)
+            self.send(link, wire.control("pmi_spawn_reply", job=msg["job"], req=msg["req"], rc=-1, msg=str(exc)))
+            return
+        self.launch(child)
+        self.send(link, wire.control("pmi_spawn_reply", job=msg["job"], req=msg["req"], rc=0))
+
     # -- events from agents ----------------------------------------------------------------
     def on_control(self, link: HostLink, msg: dict) -> None:
         op = msg["op"]
         if op == "started":
-            self.ranks[msg["rank"]].pid = msg["pid"]
+            self.procs[msg["proc"]].pid = msg["pid"]
         elif op == "exited":
-            self.rank_exited(self.ranks[msg["rank"]], int(msg["status"]), pmi=msg.get("pmi", "new"))
-        elif op == "pmi_fence":
-            merged = self.kvs.fence(link.index, msg["kvs"])
-            if merged is not None:
-                self.broadcast(wire.control("pmi_fence_done", kvs=merged))
-        elif op == "pmi_abort":
-            state = self.ranks[msg["rank"]]
-            text = f"called MPI_Abort with code {msg['code']}" + (f": {msg['message']}" if msg["message"] else "")
-            self.pmi_failure(state, int(msg["code"]), text)
-        elif op == "pmi_error":
-            self.pmi_failure(self.ranks[msg["rank"]], 1, msg["error"])
-        elif op == "pmi_name":
-            fields = self.kvs.name(msg["cmd"], msg["service"], msg.get("port"))
-            self.send(link, wire.control("pmi_name_reply", req=msg["req"], cmd=msg["cmd"], fields=fields))
+            self.rank_exited(self.procs[msg["proc"]], int(msg["status"]), pmi=msg.get("pmi", "new"))
         elif op == "failed":
-            state = self.ranks[msg["rank"]]
-            print(f"mpilaunch: rank {msg['rank']} could not start: {msg['error']}", file=sys.stderr)
+            state = self.procs[msg["proc"]]
+            print(f"mpilaunch: {self.describe(state)} could not start: {msg['error']}", file=sys.stderr)
             self.rank_exited(state, int(msg.get("code", 127)), msg["error"])
         elif op == "stdin_ack":
             link.inflight -= int(msg["n"])
         elif op == "note":
             print(msg["text"], file=sys.stderr)
-        elif op in ("hello", "bye"):
-            pass
+        elif op == "pmi_fence":
+            merged = self.kvs[msg["job"]].fence(link.index, msg["kvs"])
+            if merged is not None:
+                self.broadcast(wire.control("pmi_fence_done", job=msg["job"], kvs=merged))
+        elif op == "pmi_abort":
+            state = self.procs[msg["proc"]]
+            text = f"called MPI_Abort with code {msg['code']}" + (f": {msg['message']}" if msg["message"] else "")
+            self.pmi_failure(state, int(msg["code"]), text)
+        elif op == "pmi_error":
+            self.pmi_failure(self.procs[msg["proc"]], 1, msg["error"])
+        elif op == "pmi_name":
+            fields = self.names.request(msg["cmd"], msg["service"], msg.get("port"))
+            reply = wire.control("pmi_name_reply", job=msg["job"], req=msg["req"], cmd=msg["cmd"], fields=fields)
+            self.send(link, reply)
+        elif op == "pmi_spawn":
+            self.on_spawn(link, msg)
 
     def read_link(self, link: HostLink, now: float) -> None:
         try:
@@ -268,8 +310,8 @@ class Controller:
             return
         for kind, value in frames:
             if kind == wire.OUTPUT:
-                rank, stream, chunk = value  # type: ignore[misc]
-                self.output.write(rank, stream, chunk, now)
+                proc, stream, chunk = value  # type: ignore[misc]
+                self.output.write(proc, stream, chunk, now)
             elif kind == wire.CONTROL:
                 self.on_control(link, value)  # type: ignore[arg-type]
 
@@ -278,7 +320,7 @@ class Controller:
         self.sel.unregister(link.link.sock)
         link.link.close()
         link.link.wait()
-        lost = [s for s in self.ranks if s.rank.host == link.index and not s.done]
+        lost = [s for s in self.procs if s.rank.host == link.index and not s.done]
         if not lost:
             return
         host = self.plan.hosts[link.index].name
@@ -295,7 +337,7 @@ class Controller:
     # -- stdin ----------------------------------------------------------------------------
     def update_stdin(self) -> bool:
         """(Un)register stdin by the flow-control window; True when it must be read without polling."""
-        want = self.stdin_open and all(self._link_of(r).inflight < STDIN_WINDOW for r in self.plan.stdin_ranks)
+        want = self.stdin_open and all(self._link_of(p).inflight < STDIN_WINDOW for p in self.stdin_procs)
         if want and not self.stdin_registered and self.stdin_pollable:
             try:
                 self.sel.register(0, selectors.EVENT_READ, "stdin")
@@ -316,9 +358,9 @@ class Controller:
             data = b""
         if not data:
             self.stdin_open = False
-        for rank in self.plan.stdin_ranks:
-            if not self.ranks[rank].done or not data:
-                self._send_stdin(rank, data)
+        for proc in self.stdin_procs:
+            if not self.procs[proc].done or not data:
+                self._send_stdin(proc, data)
 
     # -- loop -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -329,26 +371,26 @@ class Controller:
 
     def _emergency_stop(self) -> None:
         """On any way out, no rank may outlive the launcher: kill what is still recorded as running."""
-        for link in self.links:
+        for link in self.links.values():
             if link.open:
                 link.open = False
                 link.link.close()
-        local = {link.index for link in self.links if link.link.local}
-        for state in self.ranks:
+        local = {index for index, link in self.links.items() if link.link.local}
+        for state in self.procs:
             if state.pid and not state.done and state.rank.host in local:
                 try:
                     os.killpg(state.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        for link in self.links:
+        for link in self.links.values():
             link.link.wait()
 
     def _run(self) -> int:
         start = time.monotonic()
         deadline = start + self.options.timeout if self.options.timeout else None
         self.start()
-        while any(link.open for link in self.links):
-            if not self.finishing and all(s.done for s in self.ranks):
+        while any(link.open for link in self.links.values()):
+            if not self.finishing and all(s.done for s in self.procs):
                 self.finishing = True
                 self.broadcast(wire.control("finish", grace=0.5))
             read_stdin_now = self.update_stdin()
@@ -369,7 +411,7 @@ class Controller:
                     self._drain_signals()
             self.output.flush_idle(now)
             if deadline is not None and now >= deadline and not self.timed_out:
-                if not all(s.done for s in self.ranks):
+                if not all(s.done for s in self.procs):
                     self.on_timeout()
                 deadline = None
         self._restore_signals()
@@ -391,26 +433,27 @@ class Controller:
     def finish(self) -> int:
         self.output.close()
         failure = self.first_failure
-        ended = [s.rank.rank for s in self.ranks if s.rank.rank in self.failed and s is not failure]
+        ended = [s.proc for s in self.procs if s.proc in self.failed and s is not failure]
         if failure is None and ended and self.stop_signal is not None:
             name = signal.Signals(self.stop_signal).name
             print(
                 f"mpilaunch: stopped by {name} (forwarded to every rank); ranks {ranges(ended)} ended", file=sys.stderr
             )
         if failure is not None:
-            killed = [s.rank.rank for s in self.ranks if s.killed and s is not failure]
-            rank = failure.rank
+            killed = [s.proc for s in self.procs if s.killed and s is not failure]
+            job = self.jobs[failure.job]
+            status = failure.abort_code if failure.abort_code is not None else failure.status
             print(
                 failure_summary(
-                    rank=rank.rank,
-                    host=self.plan.hosts[rank.host].name,
+                    rank=failure.rank.rank,
+                    job=failure.job,
+                    host=self.plan.hosts[failure.rank.host].name,
                     pid=failure.pid,
-                    status=failure.abort_code
-                    if failure.abort_code is not None
-                    else (failure.status if failure.status is not None else 1),
-                    argv=self.plan.argvs[rank.app],
-                    last_lines=self.output.last_lines(rank.rank),
-                    killed=killed,
+                    status=status if status is not None else 1,
+                    argv=job.argvs[failure.rank.app],
+                    last_lines=self.output.last_lines(failure.proc),
+                    killed=[self.procs[p].rank.rank for p in killed if self.procs[p].job == 1],
+                    killed_other=len([p for p in killed if self.procs[p].job != 1]),
                     aborted=self.options.abort_on_failure,
                     failed_total=len(self.failed),
                     reason=failure.reason,

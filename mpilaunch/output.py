@@ -28,10 +28,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class LogTree:
-    """DIR/1/rank.N/{stdout,stderr}, files opened without following symlinks."""
+    """DIR/JOB/rank.N/{stdout,stderr} (JOB is 1, then 2... for spawned jobs), no symlinks followed."""
 
-    def __init__(self, base: str, np: int, merge: bool) -> None:
-        self.root = os.path.abspath(os.path.join(base, "1"))
+    def __init__(self, base: str, np: int, merge: bool, job: int = 1) -> None:
+        self.root = os.path.abspath(os.path.join(base, str(job)))
         self.fds: dict[tuple[int, int], int] = {}
         streams = (STDOUT,) if merge else (STDOUT, STDERR)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -74,6 +74,7 @@ class Console:
         self.since: dict[tuple[int, int], float] = {}
         self.open_line: tuple[int, int] | None = None  # whose partial line the console ends with
         self.broken: set[int] = set()
+        self.labels: dict[int, tuple[int, int]] = {}  # process id -> (job, rank) for tags
 
     def feed(self, rank: int, stream: int, data: bytes, now: float) -> None:
         key = (rank, stream)
@@ -123,12 +124,13 @@ class Console:
             self._emit(self.open_line[1], b"\n")
             self.open_line = None
 
-    def _prefix(self, rank: int, stream: int) -> bytes:
+    def _prefix(self, proc: int, stream: int) -> bytes:
         parts = []
         if self.timestamp:
-            parts.append(time.strftime("%a %b %d %H:%M:%S %Y"))
+            parts.append(time.strftime("%a %b %e %H:%M:%S %Y"))
         if self.tag:
-            parts.append(f"[1,{rank}]<{_STREAM_NAMES[stream]}>:")
+            job, rank = self.labels.get(proc, (1, proc))
+            parts.append(f"[{job},{rank}]<{_STREAM_NAMES[stream]}>:")
         elif self.timestamp:
             parts.append(f"<{_STREAM_NAMES[stream]}>:")
         return "".join(parts).encode()
@@ -157,27 +159,47 @@ class Console:
 
 
 class OutputSink:
-    """Everything a rank writes: to its log files, to the console, and a stderr tail for reports."""
+    """Everything a rank writes: to its log files, to the console, and a stderr tail for reports.
 
-    def __init__(self, console: Console | None, tree: LogTree | None, merged: bool) -> None:
+    Ranks are known by process id (unique over all jobs of the run); add_job says which job
+    and rank each id is.
+    """
+
+    def __init__(self, console: Console | None, log_dir: str | None, merged: bool) -> None:
         self.console = console
-        self.tree = tree
+        self.log_dir = log_dir
         self.merged = merged
+        self.trees: dict[int, LogTree] = {}
+        self.where: dict[int, tuple[int, int]] = {}
         self.tails: dict[int, bytearray] = {}
 
-    def write(self, rank: int, stream: int, data: bytes, now: float) -> None:
-        if self.tree is not None:
-            self.tree.write(rank, stream, data)
+    def add_job(self, job: int, procs: list[int]) -> str | None:
+        """Register a job's process ids (rank order); returns its log directory, if any."""
+        for rank, proc in enumerate(procs):
+            self.where[proc] = (job, rank)
+            if self.console is not None:
+                self.console.labels[proc] = (job, rank)
+        if self.log_dir is None:
+            return None
+        tree = LogTree(self.log_dir, len(procs), self.merged, job)
+        self.trees[job] = tree
+        return tree.root
+
+    def write(self, proc: int, stream: int, data: bytes, now: float) -> None:
+        job, rank = self.where[proc]
+        tree = self.trees.get(job)
+        if tree is not None:
+            tree.write(rank, stream, data)
         if self.console is not None:
-            self.console.feed(rank, stream, data, now)
-        tail = self.tails.setdefault(rank, bytearray())
+            self.console.feed(proc, stream, data, now)
         if stream == STDERR or self.merged:
+            tail = self.tails.setdefault(proc, bytearray())
             tail += data
             if len(tail) > TAIL_BYTES:
                 del tail[: len(tail) - TAIL_BYTES]
 
-    def last_lines(self, rank: int, count: int = 10) -> list[str]:
-        text = bytes(self.tails.get(rank, b"")).decode("utf-8", "replace")
+    def last_lines(self, proc: int, count: int = 10) -> list[str]:
+        text = bytes(self.tails.get(proc, b"")).decode("utf-8", "replace")
         return [line for line in text.splitlines() if line.strip()][-count:]
 
     def next_deadline(self) -> float | None:
@@ -187,12 +209,12 @@ class OutputSink:
         if self.console:
             self.console.flush_idle(now)
 
-    def rank_done(self, rank: int) -> None:
+    def rank_done(self, proc: int) -> None:
         if self.console:
-            self.console.flush_rank(rank)
+            self.console.flush_rank(proc)
 
     def close(self) -> None:
         if self.console:
             self.console.finish()
-        if self.tree:
-            self.tree.close()
+        for tree in self.trees.values():
+            tree.close()

@@ -158,12 +158,16 @@ def place(
     map_by: str = "slot",
     npernode: int | None = None,
     oversubscribe: bool = False,
+    in_use: list[int] | None = None,
 ) -> list[Rank]:
-    """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun."""
+    """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun.
+
+    in_use counts slots already taken per host (by the running jobs, when MPI_Comm_spawn asks).
+    """
     if any(h.slots is None for h in hosts):
         raise ValueError("place() needs every host's slot count")
     policy, per = parse_map_by(map_by, npernode)
-    used = [0] * len(hosts)
+    used = list(in_use) if in_use is not None else [0] * len(hosts)
     placed: list[tuple[int, int]] = []  # (app, host) in rank order
     map_order: list[int] = []  # hosts in the order they first got ranks: how ranks are numbered
     for app, (np, argv0) in enumerate(apps):

@@ -63,12 +63,14 @@ def describe_status(status: int) -> str:
 def failure_summary(
     *,
     rank: int,
+    job: int = 1,
     host: str,
     pid: int | None,
     status: int,
     argv: Sequence[str],
     last_lines: Sequence[str],
     killed: Sequence[int],
+    killed_other: int = 0,
     aborted: bool,
     failed_total: int,
     reason: str | None = None,
@@ -83,7 +85,8 @@ def failure_summary(
             f"mpilaunch detected that {failed_total} process(es) exited with non-zero status "
             "(abort on failure was off, so the others ran on). The first process to do so was:"
         )
-    lines = [RULE, head, "", f"  Rank:      {rank}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
+    where = f"{rank}" if job == 1 else f"{rank} of spawned job {job}"
+    lines = [RULE, head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
     lines.append(f"  Command:   {shlex.join(argv)}")
     lines.append(f"  {describe_status(status)}")
     if reason:
@@ -91,8 +94,9 @@ def failure_summary(
     if last_lines:
         lines.append("  Last stderr lines:")
         lines.extend(f"    {line}" for line in last_lines)
-    if killed:
+    if killed or killed_other:
         lines.append("")
-        lines.append(f"Ranks killed by mpilaunch: {ranges(killed)}")
+        spawned = f" (and {killed_other} rank(s) of spawned jobs)" if killed_other else ""
+        lines.append(f"Ranks killed by mpilaunch: {ranges(killed) or 'none of job 1'}{spawned}")
     lines.append(RULE)
     return "\n".join(lines)

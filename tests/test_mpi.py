@@ -154,3 +154,78 @@ def test_hostile_clients_abort_the_job_naming_the_rank(launcher: Launcher, scena
     assert time.monotonic() - start < 10
     assert f"mpilaunch: rank 1 {words}" in err
     assert "Traceback" not in err
+
+
+PARENT = """
+import sys
+from mpi4py import MPI
+child = MPI.COMM_SELF.Spawn(sys.executable, args=[sys.argv[1]], maxprocs=int(sys.argv[2]))
+answers = child.gather(None, root=MPI.ROOT)
+print("parent got", answers, flush=True)
+child.Disconnect()
+"""
+CHILD = """
+import os
+from mpi4py import MPI
+parent = MPI.Comm.Get_parent()
+world = MPI.COMM_WORLD
+print("child", world.Get_rank(), "says hi", flush=True)
+parent.gather((world.Get_rank(), world.Get_size(), os.environ["PMI_SPAWNED"]), root=0)
+parent.Disconnect()
+"""
+
+
+def test_spawned_children_reply_to_their_parent(launcher: Launcher, tmp_path: Path) -> None:
+    parent = write_script(tmp_path, "parent.py", PARENT)
+    child = write_script(tmp_path, "child.py", CHILD)
+    proc = launcher.run(
+        "--oversubscribe", "--tag-output", "--output-filename", "logs", "-n", "1", PY, parent, child, "3", timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode().splitlines()
+    assert "[1,0]<stdout>:parent got [(0, 3, '1'), (1, 3, '1'), (2, 3, '1')]" in out
+    assert sorted(line for line in out if "says hi" in line) == [f"[2,{r}]<stdout>:child {r} says hi" for r in range(3)]
+    for r in range(3):
+        assert (tmp_path / "logs" / "2" / f"rank.{r}" / "stdout").read_text() == f"child {r} says hi\n"
+    assert not tagged_pids(launcher.tag)
+
+
+def test_spawn_multiple(launcher: Launcher, tmp_path: Path) -> None:
+    child = write_script(tmp_path, "child.py", CHILD)
+    parent = write_script(
+        tmp_path,
+        "multi.py",
+        "import sys\nfrom mpi4py import MPI\n"
+        f"c = MPI.COMM_SELF.Spawn_multiple([sys.executable] * 2, [[{child!r}], [{child!r}]], [1, 2])\n"
+        "print('sizes', c.Get_remote_size(), sorted(c.gather(None, root=MPI.ROOT)), flush=True)\n"
+        "c.Disconnect()\n",
+    )
+    proc = launcher.run("--oversubscribe", "-n", "1", PY, parent, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "sizes 3 [(0, 3, '1'), (1, 3, '1'), (2, 3, '1')]" in proc.stdout.decode()
+
+
+def test_spawn_without_free_slots_is_refused_cleanly(launcher: Launcher, tmp_path: Path) -> None:
+    parent = write_script(tmp_path, "parent.py", PARENT)
+    child = write_script(tmp_path, "child.py", CHILD)
+    proc = launcher.run("-H", "localhost:2", "-n", "1", PY, parent, child, "4", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "MPI_Comm_spawn from rank 0 refused: There are not enough slots" in err
+    assert not tagged_pids(launcher.tag)
+
+
+def test_a_failing_child_aborts_the_whole_run(launcher: Launcher, tmp_path: Path) -> None:
+    parent = write_script(tmp_path, "parent.py", PARENT)
+    child = write_script(
+        tmp_path,
+        "bad_child.py",
+        "import os\nfrom mpi4py import MPI\nparent = MPI.Comm.Get_parent()\n"
+        "if MPI.COMM_WORLD.Get_rank() == 1:\n    os._exit(9)  # a crash: no MPI_Finalize\n"
+        "parent.gather(0, root=0)\n",
+    )
+    proc = launcher.run("--oversubscribe", "-n", "1", PY, parent, child, "2", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 9, err
+    assert "Rank:      1 of spawned job 2" in err
+    assert not tagged_pids(launcher.tag)

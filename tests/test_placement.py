@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host, merge_hosts, parse_host_list, parse_hostfile, with_core_counts
-from mpilaunch.launch import build_plan
 from mpilaunch.placement import place
+from mpilaunch.plan import build_plan
 from mpilaunch.spec import AppContext, JobSpec, Options
 
 from .conftest import ROOT
@@ -120,7 +120,7 @@ def test_environment_of_a_planned_job_matches_open_mpi() -> None:
         options=Options(hosts=("a:2,b:2,c:2,d:2",), map_by="node"),
     )
     plan, _ = build_plan(spec, {})
-    for env, rec in zip(plan.envs, scenario["ranks"]):
+    for env, rec in zip(plan.job.envs, scenario["ranks"]):
         for key in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "OMPI_NUM_APP_CTX",
                     "OMPI_APP_CTX_NUM_PROCS", "OMPI_MCA_orte_app_num"):  # fmt: skip

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 
 class JobKvs:
-    """Collects each host's puts at a barrier; once every host is in, all of them go to all."""
+    """Collects each host's puts at a barrier of one job; once every host is in, all go to all."""
 
     def __init__(self, hosts: int) -> None:
         self.hosts = hosts
         self.entered: set[int] = set()
         self.batch: dict[str, str] = {}
-        self.names: dict[str, str] = {}
 
     def fence(self, host: int, kvs: dict[str, str]) -> dict[str, str] | None:
         """Record one host's arrival; the merged puts when it was the last one, else None."""
@@ -21,7 +20,14 @@ class JobKvs:
         merged, self.batch, self.entered = self.batch, {}, set()
         return merged
 
-    def name(self, cmd: str, service: str, port: str | None) -> dict[str, object]:
+
+class NameService:
+    """MPI_Publish_name and friends, shared by every job of the run."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def request(self, cmd: str, service: str, port: str | None) -> dict[str, object]:
         """MPI_Publish_name / Unpublish_name / Lookup_name, as PMI-1 result fields."""
         if not service:
             return {"rc": -1, "msg": "no_service_name"}

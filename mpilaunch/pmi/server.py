@@ -2,8 +2,9 @@
 
 Everything a rank can be answered locally is: maxima, appnum, kvsname, universe size, its
 host's puts and every key fenced so far. Only job-wide steps go up the link: a barrier once
-all local ranks entered it (with the puts made since the last one), abort, and the name
-service. The controller answers a barrier by sending every rank's puts to every agent.
+all local ranks of the job entered it (with the puts made since the last one), abort, the
+name service and spawn. The controller answers a barrier by sending every rank's puts to
+every agent of the job. One service per job: spawned jobs have their own KVS and barriers.
 """
 
 from __future__ import annotations
@@ -15,54 +16,63 @@ from mpilaunch import wire
 from mpilaunch.pmi.simple import KEYLEN_MAX, KVSNAME_MAX, LINE_MAX, VALLEN_MAX, ProtocolError, format_reply, parse_line
 
 NEW, INITIALIZED, FINALIZED = "new", "init", "finalized"
+NAME_RESULTS = {"publish_name": "publish_result", "unpublish_name": "unpublish_result", "lookup_name": "lookup_result"}
 
 
 class PmiClient:
-    """One rank's end of the protocol."""
+    """One rank's end of the protocol; ident is its process id (unique over the run's jobs)."""
 
-    def __init__(self, rank: int, app: int, sock: socket.socket) -> None:
-        self.rank = rank
+    def __init__(self, ident: int, app: int, sock: socket.socket) -> None:
+        self.ident = ident
         self.app = app
         self.sock = sock
         self.buf = bytearray()
         self.state = NEW
         self.in_barrier = False
+        self.spawn_block: dict[str, str] | None = None  # lines of an `mcmd=spawn` being read
+        self.spawn_apps: list[dict] = []  # MPI_Comm_spawn_multiple sends one block per app
 
 
 class PmiService:
-    def __init__(self, job: dict, send_up: Callable[[bytes], None]) -> None:
+    def __init__(
+        self, job: dict, send_up: Callable[[bytes], None], on_hangup: Callable[[int], None] | None = None
+    ) -> None:
+        self.job = int(job.get("job", 1))
+        self.on_hangup = on_hangup  # told when an initialized rank closes its socket
         self.size = int(job["size"])
         self.universe = int(job["universe"])
         self.kvsname = str(job["kvsname"])
-        self.mapping = str(job["mapping"])
         self.send_up = send_up
-        self.kvs: dict[str, str] = {"PMI_process_mapping": self.mapping}
+        self.kvs: dict[str, str] = {"PMI_process_mapping": str(job["mapping"]), **job.get("preput", {})}
         self.pending: dict[str, str] = {}
         self.clients: dict[int, PmiClient] = {}  # by socket fd
-        self.by_rank: dict[int, PmiClient] = {}
-        self.waiting: dict[int, PmiClient] = {}  # name-service requests by id
+        self.by_ident: dict[int, PmiClient] = {}
+        self.waiting: dict[int, PmiClient] = {}  # name-service and spawn requests by id
         self.next_request = 0
 
     # -- wiring ---------------------------------------------------------------------------
-    def attach(self, rank: int, app: int) -> tuple[socket.socket, socket.socket]:
+    def attach(self, ident: int, app: int) -> tuple[socket.socket, socket.socket]:
         """A socket pair for a rank about to start: (ours, the one it inherits as PMI_FD)."""
         ours, theirs = socket.socketpair()
         ours.setblocking(False)
-        client = PmiClient(rank, app, ours)
+        client = PmiClient(ident, app, ours)
         self.clients[ours.fileno()] = client
-        self.by_rank[rank] = client
+        self.by_ident[ident] = client
         return ours, theirs
 
-    def detach(self, rank: int) -> None:
+    def detach(self, ident: int) -> None:
         """The rank could not start: it takes no part in barriers."""
-        client = self.by_rank.pop(rank, None)
+        client = self.by_ident.pop(ident, None)
         if client is not None:
             self.clients.pop(client.sock.fileno(), None)
             client.sock.close()
 
-    def state_of(self, rank: int) -> str:
-        client = self.by_rank.get(rank)
+    def state_of(self, ident: int) -> str:
+        client = self.by_ident.get(ident)
         return client.state if client else NEW
+
+    def rank_of(self, client: PmiClient) -> str:
+        return str(client.ident) if self.job == 1 else f"{client.ident} (spawned job {self.job})"
 
     # -- reading ------------------------------------------------------------------------
     def readable(self, fd: int) -> bool:
@@ -75,10 +85,8 @@ class PmiService:
         except OSError:
             data = b""
         if not data:
-            if client.state == INITIALIZED:  # its peers would wait for it in the next barrier
-                self.send_up(
-                    wire.control("pmi_error", rank=client.rank, error="closed its PMI connection before finalize")
-                )
+            if client.state == INITIALIZED and self.on_hangup is not None:
+                self.on_hangup(client.ident)  # its peers would wait for it in the next barrier
             return False
         client.buf += data
         while True:
@@ -90,7 +98,10 @@ class PmiService:
             line = bytes(client.buf[:end])
             del client.buf[: end + 1]
             try:
-                self.handle(client, parse_line(line))
+                if client.spawn_block is not None:
+                    self.spawn_line(client, line)
+                else:
+                    self.handle(client, parse_line(line))
             except ProtocolError as exc:
                 return self.refuse(client, str(exc))
 
@@ -101,7 +112,7 @@ class PmiService:
             client.sock.close()
 
     def refuse(self, client: PmiClient, why: str) -> bool:
-        self.send_up(wire.control("pmi_error", rank=client.rank, error=f"PMI protocol error: {why}"))
+        self.send_up(wire.control("pmi_error", proc=client.ident, error=f"PMI protocol error: {why}"))
         return False
 
     def reply(self, client: PmiClient, cmd: str, **fields: object) -> None:
@@ -144,20 +155,16 @@ class PmiService:
             self.reply(client, "finalize_ack", rc=0)
         elif cmd == "abort":
             code = msg.get("exitcode", "1")
-            self.send_up(
-                wire.control(
-                    "pmi_abort",
-                    rank=client.rank,
-                    code=int(code) if code.lstrip("-").isdigit() else 1,
-                    message=msg.get("error_msg", msg.get("msg", ""))[:VALLEN_MAX],
-                )
-            )
-        elif cmd in ("publish_name", "unpublish_name", "lookup_name"):
-            self.name_request(client, cmd, msg)
+            message = msg.get("error_msg", msg.get("msg", ""))[:VALLEN_MAX]
+            number = int(code) if code.lstrip("-").isdigit() else 1
+            self.send_up(wire.control("pmi_abort", proc=client.ident, code=number, message=message))
+        elif cmd in NAME_RESULTS:
+            self.request(client, "pmi_name", cmd=cmd, service=msg.get("service", ""), port=msg.get("port"))
+        elif cmd == "spawn":
+            client.spawn_block = {}
         else:
-            self.send_up(
-                wire.control("note", text=f"mpilaunch: rank {client.rank} sent unknown PMI command {cmd[:40]!r}")
-            )
+            text = f"mpilaunch: rank {self.rank_of(client)} sent unknown PMI command {cmd[:40]!r}"
+            self.send_up(wire.control("note", text=text))
             self.reply(client, f"{cmd[:40]}_result", rc=-1, msg="unknown_command")
 
     def put(self, client: PmiClient, msg: dict[str, str]) -> None:
@@ -186,30 +193,73 @@ class PmiService:
         if client.in_barrier:
             return
         client.in_barrier = True
-        if all(c.in_barrier for c in self.by_rank.values()):
-            self.send_up(wire.control("pmi_fence", kvs=self.pending))
+        if all(c.in_barrier for c in self.by_ident.values()):
+            self.send_up(wire.control("pmi_fence", job=self.job, kvs=self.pending))
             self.kvs.update(self.pending)
             self.pending = {}
 
-    def fence_done(self, kvs: dict[str, str]) -> None:
-        """The controller saw every host enter the barrier: here are all keys put before it."""
-        self.kvs.update(kvs)
-        for client in self.by_rank.values():
-            if client.in_barrier:
-                client.in_barrier = False
-                self.reply(client, "barrier_out", rc=0)
-
-    def name_request(self, client: PmiClient, cmd: str, msg: dict[str, str]) -> None:
+    def request(self, client: PmiClient, op: str, **fields: object) -> None:
+        """A job-wide request to the controller; its answer comes back through from_controller."""
         self.next_request += 1
         self.waiting[self.next_request] = client
-        self.send_up(
-            wire.control(
-                "pmi_name", req=self.next_request, cmd=cmd, service=msg.get("service", ""), port=msg.get("port")
-            )
-        )
+        self.send_up(wire.control(op, job=self.job, proc=client.ident, req=self.next_request, **fields))
 
-    def name_reply(self, req: int, cmd: str, fields: dict[str, object]) -> None:
-        client = self.waiting.pop(req, None)
-        if client is not None and client.sock.fileno() in self.clients:
-            result = {"publish_name": "publish_result", "unpublish_name": "unpublish_result"}.get(cmd, "lookup_result")
-            self.reply(client, result, **fields)
+    # -- MPI_Comm_spawn --------------------------------------------------------------------
+    def spawn_line(self, client: PmiClient, line: bytes) -> None:
+        """One `key=value` line of an `mcmd=spawn` block; `endcmd` closes the block."""
+        block = client.spawn_block
+        assert block is not None
+        text = line.decode("ascii", "replace").strip()
+        if text != "endcmd":
+            key, eq, value = text.partition("=")
+            if not eq or len(block) > 4096:
+                raise ProtocolError(f"bad line in a spawn command: {text[:40]!r}")
+            block[key] = value
+            return
+        client.spawn_block = None
+        try:
+            app = spawn_app(block)
+            total, so_far = int(block.get("totspawns", "1")), int(block.get("spawnssofar", "1"))
+        except (KeyError, ValueError) as exc:
+            client.spawn_apps = []
+            self.reply(client, "spawn_result", rc=-1, errmsg=f"bad_spawn_command:{exc}")
+            return
+        client.spawn_apps.append(app)
+        if so_far < total:
+            return
+        apps, client.spawn_apps = client.spawn_apps, []
+        self.request(client, "pmi_spawn", apps=apps)
+
+    # -- answers from the controller -------------------------------------------------------
+    def from_controller(self, msg: dict) -> None:
+        op = msg["op"]
+        if op == "pmi_fence_done":
+            self.kvs.update(msg["kvs"])
+            for client in self.by_ident.values():
+                if client.in_barrier:
+                    client.in_barrier = False
+                    self.reply(client, "barrier_out", rc=0)
+            return
+        client = self.waiting.pop(int(msg["req"]), None)
+        if client is None or client.sock.fileno() not in self.clients:
+            return
+        if op == "pmi_name_reply":
+            self.reply(client, NAME_RESULTS.get(msg["cmd"], "lookup_result"), **msg["fields"])
+        elif msg["rc"] == 0:
+            self.reply(client, "spawn_result", rc=0)
+        else:
+            self.reply(client, "spawn_result", rc=-1, errmsg=str(msg.get("msg", "refused")).replace(" ", "_"))
+
+
+def spawn_app(block: dict[str, str]) -> dict:
+    """An `mcmd=spawn` block as the controller wants it: nprocs, argv, preput keys, info."""
+    nprocs = int(block["nprocs"])
+    if not 0 < nprocs <= 1 << 16:
+        raise ValueError("nprocs out of range")
+    args = [block[f"arg{i}"] for i in range(1, int(block.get("argcnt", "0")) + 1)]
+    preput = {block[f"preput_key_{i}"]: block[f"preput_val_{i}"] for i in range(int(block.get("preput_num", "0")))}
+    info = {block[f"info_key_{i}"]: block[f"info_val_{i}"] for i in range(int(block.get("info_num", "0")))}
+    app: dict = {"nprocs": nprocs, "argv": [block["execname"], *args], "preput": preput, "info": info}
+    if "wdir" in info:
+        app["wdir"] = info["wdir"]
+    return app

@@ -1,0 +1,201 @@
+"""Planning, before any process starts: hosts, placement and every rank's environment.
+
+Pure functions of the JobSpec and the launcher's environment; MPI_Comm_spawn plans its new
+jobs with the same code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from mpilaunch import hosts as hostlib
+from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import Host
+from mpilaunch.placement import Rank, place
+from mpilaunch.pmi.simple import process_mapping
+from mpilaunch.rank_env import JobLayout, job_variables, rank_environment
+from mpilaunch.spec import JobSpec, Options
+
+
+@dataclass
+class JobPlan:
+    """One job: the launched one is job 1, each MPI_Comm_spawn adds one."""
+
+    job: int
+    ranks: list[Rank]
+    argvs: list[tuple[str, ...]]  # per app
+    wdirs: list[str]  # per app
+    envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
+    pmi: dict | None = None  # what agents need to serve this job PMI-1, or None (--mpi none)
+
+
+@dataclass
+class LaunchPlan:
+    """Everything the controller needs, computed before any process starts."""
+
+    hosts: list[Host]
+    job: JobPlan
+    stdin_ranks: list[int]
+    options: Options
+    job_id: str = ""
+    master: tuple[str, int] = ("127.0.0.1", 0)
+    exports: tuple[tuple[str, str | None], ...] = ()
+    launcher_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def resolve_hosts(options: Options) -> tuple[list[Host], str]:
+    """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names."""
+    listed = [h for value in options.hosts for h in hostlib.parse_host_list(value)]
+    if options.hostfile:
+        from_file = hostlib.read_hostfile(options.hostfile)
+        if not listed:
+            return hostlib.merge_local_aliases(from_file), f"hostfile {options.hostfile}"
+        names = {h.name for h in from_file}
+        for host in listed:
+            if host.name not in names:
+                raise LaunchError(f"-H names {host.name!r}, which is not in the hostfile {options.hostfile}")
+        counts = {h.name: h.slots for h in hostlib.merge_hosts(listed)}  # -H's counts win
+        chosen = [replace(h, slots=counts[h.name]) for h in from_file if h.name in counts]
+        return chosen, f"hostfile {options.hostfile} restricted by -H"
+    if listed:
+        return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
+    return hostlib.localhost_default(), "localhost (no hosts given)"
+
+
+def with_slots(hosts: list[Host], source: str) -> list[Host]:
+    """Fill in core counts for hosts listed without slots (only known here for this machine)."""
+    unknown = [h.name for h in hosts if h.slots is None and not hostlib.is_local(h.name)]
+    if unknown:
+        raise LaunchError(f"{source}: no slot count for remote host {unknown[0]!r}; give one with slots=N or host:N")
+    return hostlib.with_core_counts(hosts, {h.name: os.cpu_count() or 1 for h in hosts})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
+    name = hosts[rank0_host].name
+    if hostlib.is_local(name):
+        all_local = all(hostlib.is_local(hosts[i].name) for i in used)
+        return "127.0.0.1" if all_local else socket.gethostname()
+    return name
+
+
+def stdin_ranks(choice: str, np: int) -> list[int]:
+    if choice == "none":
+        return []
+    if choice == "all":
+        return list(range(np))
+    rank = int(choice)
+    if rank >= np:
+        raise LaunchError(f"--stdin {rank}: the job has only {np} ranks")
+    return [rank]
+
+
+def job_plan(
+    job: int,
+    hosts: list[Host],
+    ranks: list[Rank],
+    apps: Sequence[tuple[tuple[str, ...], str]],  # (argv, wdir) per app
+    *,
+    job_id: str,
+    master: tuple[str, int],
+    options: Options,
+    exports: Sequence[tuple[str, str | None]],
+    env: Mapping[str, str],
+    extra: Mapping[str, str] | None = None,
+) -> JobPlan:
+    """Environments and PMI data of one job's ranks."""
+    app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
+    layout = JobLayout(
+        ranks=ranks,
+        app_sizes=app_sizes,
+        universe_size=sum(h.slots or 0 for h in hosts),
+        job_id=job_id if job == 1 else f"{job_id}.{job}",
+        master_addr=master[0],
+        master_port=master[1],
+        mca=options.mca,
+    )
+    common = job_variables(layout, env)
+    if extra:
+        common.update(extra)
+    envs = [rank_environment(r, common, exports, env) for r in ranks]
+    pmi = None
+    if options.mpi == "pmi1":
+        pmi = {
+            "job": job,
+            "size": len(ranks),
+            "universe": layout.universe_size,
+            "kvsname": f"kvs_{layout.job_id}_{job}",
+            "mapping": process_mapping([r.node_rank for r in ranks]),
+            "preput": {},
+        }
+    return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi)
+
+
+def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
+    options = spec.options
+    hosts, source = resolve_hosts(options)
+    hosts = with_slots(hosts, source)
+    ranks = place(
+        hosts,
+        [(app.np, app.argv[0]) for app in spec.apps],
+        options.map_by,
+        options.npernode,
+        options.oversubscribe,
+    )
+    job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
+    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else free_port()
+    master = (master_address(hosts, {r.host for r in ranks}, ranks[0].host), port)
+    exports = spec.apps[0].exports
+    apps = [(app.argv, os.path.abspath(app.wdir) if app.wdir else os.getcwd()) for app in spec.apps]
+    job = job_plan(1, hosts, ranks, apps, job_id=job_id, master=master, options=options, exports=exports, env=env)
+    plan = LaunchPlan(
+        hosts=hosts,
+        job=job,
+        stdin_ranks=stdin_ranks(options.stdin, len(ranks)),
+        options=options,
+        job_id=job_id,
+        master=master,
+        exports=exports,
+        launcher_env=dict(env),
+    )
+    return plan, source
+
+
+def spawn_plan(
+    plan: LaunchPlan, job: int, apps: Sequence[dict], in_use: list[int], preput: Mapping[str, str]
+) -> JobPlan:
+    """A job asked for by MPI_Comm_spawn(_multiple): ranks on free slots, PMI_SPAWNED set."""
+    options = plan.options
+    ranks = place(
+        plan.hosts,
+        [(int(app["nprocs"]), app["argv"][0]) for app in apps],
+        options.map_by,
+        None,
+        options.oversubscribe,
+        in_use=in_use,
+    )
+    app_dirs = [(tuple(app["argv"]), app.get("wdir") or plan.job.wdirs[0]) for app in apps]
+    child = job_plan(
+        job,
+        plan.hosts,
+        ranks,
+        app_dirs,
+        job_id=plan.job_id,
+        master=plan.master,
+        options=options,
+        exports=plan.exports,
+        env=plan.launcher_env,
+        extra={"PMI_SPAWNED": "1"},
+    )
+    if child.pmi is not None:
+        child.pmi["preput"] = dict(preput)
+    return child
