@@ -119,11 +119,35 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+BARRIER = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()"
+
+
+def scenario_barrier(size: int):
+    """mpi4py wire-up: every rank initialises MPI (PMI) and passes one barrier."""
+
+    def run(name: str, prefix: list[str], work: Path) -> dict:
+        elapsed, proc = timed(
+            [*prefix, *oversub(name), "-n", str(size), sys.executable, "-c", BARRIER], capture_output=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {"seconds": elapsed}
+
+    return run
+
+
 SCENARIOS = {
     "true": ("`-n 8 true`, local", scenario_true),
     "output": ("4 ranks x 100,000 lines of 70 bytes (mpirun/mpilaunch with --output-filename)", scenario_output),
     "abort": ("abort: rank 1 exits 3 after 1 s, others sleep (time from failure to launcher exit)", scenario_abort),
+    **{
+        f"barrier{n}": (
+            f"mpi4py wire-up + barrier, {n} ranks (hydra only: Open MPI cannot run MPICH ranks)",
+            scenario_barrier(n),
+        )
+        for n in (2, 4, 8, 16, 32)
+    },
 }
+MPICH_ONLY = {key for key in SCENARIOS if key.startswith("barrier")}
 
 
 def main() -> None:
@@ -139,9 +163,11 @@ def main() -> None:
         for key in args.only or SCENARIOS:
             title, func = SCENARIOS[key]
             results: dict[str, list[dict]] = {name: [] for name in peers}
-            reps = args.reps if key != "output" else max(3, args.reps // 2)
+            reps = args.reps if key != "output" and key not in ("barrier16", "barrier32") else max(3, args.reps // 2)
+            runners = {n: p for n, p in peers.items() if not (key in MPICH_ONLY and n == "openmpi")}
+            results = {name: [] for name in runners}
             for _ in range(reps):
-                for name, prefix in peers.items():
+                for name, prefix in runners.items():
                     results[name].append(func(name, prefix, work))
             rows.append((key, title, results))
             print(report_row(key, title, results), flush=True)

@@ -80,6 +80,10 @@ class Agent:
         self.pmi: dict[int, PmiService] = {}  # by job
         self.pmi_fds: dict[int, PmiService] = {}  # by rank socket
         self.hangups: dict[int, float] = {}  # process id -> when it closed its PMI socket early
+        self.pmi_tcp = False
+        self.pmi_listener: socket.socket | None = None
+        self.pmi_ids: dict[int, tuple[PmiService, int]] = {}  # secret PMI_ID -> (service, process id)
+        self.pmi_hello: dict[int, tuple[socket.socket, bytearray]] = {}  # TCP clients yet to present an id
         self.host = socket.gethostname()
 
     # -- sending -------------------------------------------------------------------------
@@ -110,6 +114,7 @@ class Agent:
             if k not in msg.get("drop_names", ()) and not k.startswith(tuple(msg.get("drop_prefixes", ())))
         }
         job = int(msg.get("job", 1))
+        self.pmi_tcp = bool(msg.get("pmi") and msg["pmi"].get("tcp"))
         if msg.get("pmi") and job not in self.pmi:
             from mpilaunch.pmi.server import PmiService
 
@@ -129,8 +134,15 @@ class Agent:
         env.update(spec["env"])
         ident = spec["proc"]
         service = self.pmi.get(job)
-        pmi_pair = service.attach(ident, spec.get("app", 0)) if service else None
-        if pmi_pair:
+        pmi_pair = None
+        if service is not None and self.pmi_tcp:
+            secret = self.new_pmi_id()
+            service.expect(ident, spec["rank"], spec.get("app", 0))
+            self.pmi_ids[secret] = (service, ident)
+            env["PMI_PORT"] = f"127.0.0.1:{self.pmi_port()}"
+            env["PMI_ID"] = str(secret)
+        elif service is not None:
+            pmi_pair = service.attach(ident, spec["rank"], spec.get("app", 0))
             env["PMI_FD"] = str(pmi_pair[1].fileno())
         try:
             proc = subprocess.Popen(
@@ -145,8 +157,9 @@ class Agent:
                 pass_fds=(pmi_pair[1].fileno(),) if pmi_pair else (),
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            if pmi_pair and service:
-                pmi_pair[1].close()
+            if service:
+                if pmi_pair:
+                    pmi_pair[1].close()
                 service.detach(ident)
             reason = getattr(exc, "strerror", None) or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -370,6 +383,10 @@ class Agent:
                     self.write_stdin(rp)
                 elif tag == "link":
                     self.read_link()
+                elif tag == "pmi_listen":
+                    self.pmi_accept()
+                elif tag == "pmi_hello":
+                    self.pmi_hello_readable(key.fd)  # type: ignore[arg-type]
                 elif tag == "pmi":
                     service = self.pmi_fds[key.fd]  # type: ignore[index]
                     if not service.readable(key.fd):  # type: ignore[arg-type]
@@ -396,6 +413,62 @@ class Agent:
         self.send(wire.control("bye"))
         self.reap()
         return 0
+
+    # -- PMI over TCP (PMI_PORT + PMI_ID) ---------------------------------------------------
+    def pmi_port(self) -> int:
+        """A listener on loopback only: ranks are on this host, nobody else needs to reach it."""
+        if self.pmi_listener is None:
+            self.pmi_listener = socket.socket()
+            self.pmi_listener.bind(("127.0.0.1", 0))
+            self.pmi_listener.listen(128)
+            self.pmi_listener.setblocking(False)
+            self.sel.register(self.pmi_listener, selectors.EVENT_READ, "pmi_listen")
+        return self.pmi_listener.getsockname()[1]
+
+    def new_pmi_id(self) -> int:
+        """An unguessable id per rank (the client parses it as an int): its only credential."""
+        while True:
+            secret = int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF
+            if secret > 1 and secret not in self.pmi_ids:
+                return secret
+
+    def pmi_accept(self) -> None:
+        assert self.pmi_listener is not None
+        try:
+            sock, _ = self.pmi_listener.accept()
+        except OSError:
+            return
+        sock.setblocking(False)
+        self.pmi_hello[sock.fileno()] = (sock, bytearray())
+        self.sel.register(sock, selectors.EVENT_READ, "pmi_hello")
+
+    def pmi_hello_readable(self, fd: int) -> None:
+        """The first line of a TCP client must be `cmd=initack pmiid=<its PMI_ID>`; else it is refused."""
+        sock, buf = self.pmi_hello[fd]
+        try:
+            data = sock.recv(512)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        buf += data
+        if data and b"\n" not in buf and len(buf) < 512:
+            return
+        self.sel.unregister(sock)
+        del self.pmi_hello[fd]
+        words = dict(w.split("=", 1) for w in buf.split(b"\n", 1)[0].decode("ascii", "replace").split() if "=" in w)
+        claimed = words.get("pmiid", "")
+        entry = self.pmi_ids.pop(int(claimed), None) if words.get("cmd") == "initack" and claimed.isdigit() else None
+        if entry is None:
+            sock.close()
+            self.send(
+                wire.control("note", text="mpilaunch: refused a PMI connection that did not present a valid PMI_ID")
+            )
+            return
+        service, ident = entry
+        service.connect(ident, sock)
+        self.pmi_fds[sock.fileno()] = service
+        self.sel.register(sock, selectors.EVENT_READ, "pmi")
 
     def pmi_hangup(self, ident: int) -> None:
         self.hangups[ident] = time.monotonic()

@@ -108,6 +108,12 @@ def _env_timeout() -> float | None:
     default="pmi1",
     help="PMI served to MPICH-family ranks (pmi1 over PMI_FD) or none.",
 )
+@click.option(
+    "--pmi-tcp",
+    "-pmi-tcp",
+    is_flag=True,
+    help="Serve PMI over loopback TCP (PMI_PORT + a secret PMI_ID) for ranks that cannot inherit PMI_FD.",
+)
 @click.option("--allow-run-as-root", "-allow-run-as-root", is_flag=True, help="Allow running as root.")
 @click.version_option(__version__, "--version", "-V", "-version", prog_name="mpilaunch", message="%(prog)s %(version)s")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)

@@ -136,6 +136,7 @@ def job_plan(
             "kvsname": f"kvs_{layout.job_id}_{job}",
             "mapping": process_mapping([r.node_rank for r in ranks]),
             "preput": {},
+            "tcp": options.pmi_tcp,
         }
     return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi)
 

@@ -229,3 +229,37 @@ def test_a_failing_child_aborts_the_whole_run(launcher: Launcher, tmp_path: Path
     assert proc.returncode == 9, err
     assert "Rank:      1 of spawned job 2" in err
     assert not tagged_pids(launcher.tag)
+
+
+def test_pmi_over_tcp(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "coll.py", "import os\nassert 'PMI_FD' not in os.environ\n" + COLLECTIVES)
+    proc = launcher.run("--pmi-tcp", "--oversubscribe", "-n", "4", PY, script, timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().splitlines() == ["collectives ok 4"]
+
+
+def test_pmi_tcp_refuses_a_wrong_id(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "intruder.py",
+        "import os, socket\n"
+        "host, port = os.environ['PMI_PORT'].split(':')\n"
+        "s = socket.create_connection((host, int(port)))\n"
+        "s.sendall(b'cmd=initack pmiid=%d\\n' % (int(os.environ['PMI_ID']) ^ 1))\n"
+        "print('intruder got', s.recv(100), flush=True)\n"
+        "from mpi4py import MPI\n"
+        "print('then MPI size', MPI.COMM_WORLD.Get_size(), flush=True)\n",
+    )
+    proc = launcher.run("--pmi-tcp", "-n", "2", PY, script, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode().splitlines()
+    assert out.count("intruder got b''") == 2 and out.count("then MPI size 2") == 2
+    assert proc.stderr.decode().count("refused a PMI connection that did not present a valid PMI_ID") == 2
+
+
+def test_spawn_over_tcp(launcher: Launcher, tmp_path: Path) -> None:
+    parent = write_script(tmp_path, "parent.py", PARENT)
+    child = write_script(tmp_path, "child.py", CHILD)
+    proc = launcher.run("--pmi-tcp", "--oversubscribe", "-n", "1", PY, parent, child, "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "parent got [(0, 2, '1'), (1, 2, '1')]" in proc.stdout.decode()

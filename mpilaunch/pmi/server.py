@@ -22,10 +22,11 @@ NAME_RESULTS = {"publish_name": "publish_result", "unpublish_name": "unpublish_r
 class PmiClient:
     """One rank's end of the protocol; ident is its process id (unique over the run's jobs)."""
 
-    def __init__(self, ident: int, app: int, sock: socket.socket) -> None:
+    def __init__(self, ident: int, rank: int, app: int, sock: socket.socket | None) -> None:
         self.ident = ident
+        self.rank = rank
         self.app = app
-        self.sock = sock
+        self.sock = sock  # None until a TCP client has presented its id
         self.buf = bytearray()
         self.state = NEW
         self.in_barrier = False
@@ -51,19 +52,32 @@ class PmiService:
         self.next_request = 0
 
     # -- wiring ---------------------------------------------------------------------------
-    def attach(self, ident: int, app: int) -> tuple[socket.socket, socket.socket]:
+    def attach(self, ident: int, rank: int, app: int) -> tuple[socket.socket, socket.socket]:
         """A socket pair for a rank about to start: (ours, the one it inherits as PMI_FD)."""
         ours, theirs = socket.socketpair()
         ours.setblocking(False)
-        client = PmiClient(ident, app, ours)
+        client = PmiClient(ident, rank, app, ours)
         self.clients[ours.fileno()] = client
         self.by_ident[ident] = client
         return ours, theirs
 
+    def expect(self, ident: int, rank: int, app: int) -> None:
+        """A rank that will connect over TCP (PMI_PORT) and present its PMI_ID."""
+        self.by_ident[ident] = PmiClient(ident, rank, app, None)
+
+    def connect(self, ident: int, sock: socket.socket) -> None:
+        """The rank's TCP connection presented the right id: answer as hydra does, then serve it."""
+        client = self.by_ident[ident]
+        client.sock = sock
+        self.clients[sock.fileno()] = client
+        self.reply(client, "initack", rc=0)
+        for key, value in (("size", self.size), ("rank", client.rank), ("debug", 0)):
+            self.reply(client, "set", **{key: value})
+
     def detach(self, ident: int) -> None:
         """The rank could not start: it takes no part in barriers."""
         client = self.by_ident.pop(ident, None)
-        if client is not None:
+        if client is not None and client.sock is not None:
             self.clients.pop(client.sock.fileno(), None)
             client.sock.close()
 
@@ -116,6 +130,8 @@ class PmiService:
         return False
 
     def reply(self, client: PmiClient, cmd: str, **fields: object) -> None:
+        if client.sock is None:
+            return
         try:
             client.sock.sendall(format_reply(cmd, **fields))
         except BlockingIOError:
@@ -241,7 +257,7 @@ class PmiService:
                     self.reply(client, "barrier_out", rc=0)
             return
         client = self.waiting.pop(int(msg["req"]), None)
-        if client is None or client.sock.fileno() not in self.clients:
+        if client is None or client.sock is None or client.sock.fileno() not in self.clients:
             return
         if op == "pmi_name_reply":
             self.reply(client, NAME_RESULTS.get(msg["cmd"], "lookup_result"), **msg["fields"])
