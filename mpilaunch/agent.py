@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
 HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
+MAX_REFUSED = 16  # wrong PMI_IDs before the TCP PMI port is closed
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -81,6 +82,7 @@ class Agent:
         self.pmi_fds: dict[int, PmiService] = {}  # by rank socket
         self.hangups: dict[int, float] = {}  # process id -> when it closed its PMI socket early
         self.pmi_tcp = False
+        self.refused = 0  # TCP PMI connections that presented a wrong id
         self.pmi_listener: socket.socket | None = None
         self.pmi_ids: dict[int, tuple[PmiService, int]] = {}  # secret PMI_ID -> (service, process id)
         self.pmi_hello: dict[int, tuple[socket.socket, bytearray]] = {}  # TCP clients yet to present an id
@@ -461,14 +463,27 @@ class Agent:
         entry = self.pmi_ids.pop(int(claimed), None) if words.get("cmd") == "initack" and claimed.isdigit() else None
         if entry is None:
             sock.close()
-            self.send(
-                wire.control("note", text="mpilaunch: refused a PMI connection that did not present a valid PMI_ID")
-            )
+            self.refused += 1
+            text = "mpilaunch: refused a PMI connection that did not present a valid PMI_ID"
+            self.send(wire.control("note", text=text))
+            if self.refused == MAX_REFUSED:  # someone is guessing ids: close the door for this job
+                self.close_pmi_port()
             return
         service, ident = entry
         service.connect(ident, sock)
         self.pmi_fds[sock.fileno()] = service
         self.sel.register(sock, selectors.EVENT_READ, "pmi")
+
+    def close_pmi_port(self) -> None:
+        """Stop listening; ranks that have not connected yet can no longer, so the job must end."""
+        if self.pmi_listener is not None:
+            self.sel.unregister(self.pmi_listener)
+            self.pmi_listener.close()
+            self.pmi_listener = None
+        error = f"PMI port closed after {MAX_REFUSED} connections with a wrong PMI_ID"
+        for _, ident in self.pmi_ids.values():
+            self.send(wire.control("pmi_error", proc=ident, error=error))
+        self.pmi_ids.clear()
 
     def pmi_hangup(self, ident: int) -> None:
         self.hangups[ident] = time.monotonic()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import is_local
 from mpilaunch.output import OutputSink
 from mpilaunch.placement import Rank
 from mpilaunch.plan import JobPlan, LaunchPlan, spawn_plan
@@ -248,6 +249,9 @@ class Controller:
             if self.aborting or self.finishing:
                 raise LaunchError("the job is ending")
             child = spawn_plan(self.plan, job_no, msg["apps"], in_use, preput)
+            remote = [self.plan.hosts[r.host].name for r in child.ranks if not is_local(self.plan.hosts[r.host].name)]
+            if remote:
+                raise LaunchError(f"it would place ranks on {remote[0]!r}, and remote hosts are not reachable yet")
             procs = self.add_job(child)
             self.output.add_job(job_no, procs)
         except LaunchError as exc:
@@ -433,16 +437,20 @@ class Controller:
     def finish(self) -> int:
         self.output.close()
         failure = self.first_failure
-        ended = [s.proc for s in self.procs if s.proc in self.failed and s is not failure]
+        ended = [s for s in self.procs if s.proc in self.failed and s is not failure]
         if failure is None and ended and self.stop_signal is not None:
             name = signal.Signals(self.stop_signal).name
+            first_job = ranges([s.rank.rank for s in ended if s.job == 1]) or "none of job 1"
+            others = sum(1 for s in ended if s.job != 1)
+            spawned = f" and {others} rank(s) of spawned jobs" if others else ""
             print(
-                f"mpilaunch: stopped by {name} (forwarded to every rank); ranks {ranges(ended)} ended", file=sys.stderr
+                f"mpilaunch: stopped by {name} (forwarded to every rank); ranks {first_job}{spawned} ended",
+                file=sys.stderr,
             )
         if failure is not None:
             killed = [s.proc for s in self.procs if s.killed and s is not failure]
             job = self.jobs[failure.job]
-            status = failure.abort_code if failure.abort_code is not None else failure.status
+            status = abort_status(failure.abort_code) if failure.abort_code is not None else failure.status
             print(
                 failure_summary(
                     rank=failure.rank.rank,
@@ -454,7 +462,7 @@ class Controller:
                     last_lines=self.output.last_lines(failure.proc),
                     killed=[self.procs[p].rank.rank for p in killed if self.procs[p].job == 1],
                     killed_other=len([p for p in killed if self.procs[p].job != 1]),
-                    aborted=self.options.abort_on_failure,
+                    aborted=self.options.abort_on_failure or self.aborting,
                     failed_total=len(self.failed),
                     reason=failure.reason,
                 ),
@@ -469,7 +477,7 @@ class Controller:
         if failure is None:
             return 128 + self.stop_signal if self.stop_signal is not None and self.failed else 0
         if failure.abort_code is not None:
-            return failure.abort_code & 0xFF
+            return abort_status(failure.abort_code)
         status = failure.status if failure.status is not None else 1
         return 128 - status if status < 0 else status
 
@@ -486,3 +494,8 @@ def _stdin_usable() -> bool:
         except OSError:
             return False
     return True
+
+
+def abort_status(code: int) -> int:
+    """The launcher's exit status for MPI_Abort(code): its low byte, but never 0 (success)."""
+    return code & 0xFF or 1

@@ -58,9 +58,11 @@ def resolve_hosts(options: Options) -> tuple[list[Host], str]:
         for host in listed:
             if host.name not in names:
                 raise LaunchError(f"-H names {host.name!r}, which is not in the hostfile {options.hostfile}")
-        counts = {h.name: h.slots for h in hostlib.merge_hosts(listed)}  # -H's counts win
-        chosen = [replace(h, slots=counts[h.name]) for h in from_file if h.name in counts]
-        return chosen, f"hostfile {options.hostfile} restricted by -H"
+        counts = {h.name: h.slots or 1 for h in hostlib.merge_hosts(listed)}  # -H's counts win, up to max_slots
+        chosen = [
+            replace(h, slots=min(counts[h.name], h.max_slots or counts[h.name])) for h in from_file if h.name in counts
+        ]
+        return hostlib.merge_local_aliases(chosen), f"hostfile {options.hostfile} restricted by -H"
     if listed:
         return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
     return hostlib.localhost_default(), "localhost (no hosts given)"

@@ -143,6 +143,7 @@ def test_protocol_limits_and_errors(launcher: Launcher) -> None:
     [
         ("garbage", "PMI protocol error: line is not ASCII"),
         ("long_line", "PMI protocol error: a line longer than"),
+        ("long_line_nl", "PMI protocol error: a line longer than"),
         ("hangup", "closed its PMI connection before finalize"),
     ],
 )
@@ -263,3 +264,49 @@ def test_spawn_over_tcp(launcher: Launcher, tmp_path: Path) -> None:
     proc = launcher.run("--pmi-tcp", "--oversubscribe", "-n", "1", PY, parent, child, "2", timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     assert "parent got [(0, 2, '1'), (1, 2, '1')]" in proc.stdout.decode()
+
+
+@pytest.mark.parametrize(("code", "status"), [(7, 7), (0, 1), (256, 1), (-1, 255)])
+def test_mpi_abort_status_is_never_success(launcher: Launcher, tmp_path: Path, code: int, status: int) -> None:
+    script = write_script(
+        tmp_path,
+        "abort.py",
+        f"import time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() == 0:\n    MPI.COMM_WORLD.Abort({code})\n"
+        "time.sleep(30)\n",
+    )
+    proc = launcher.run("-n", "2", PY, script, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == status, err
+    assert f"called MPI_Abort with code {code}" in err and f"Exit code: {status}" in err
+
+
+def test_spawn_onto_a_remote_host_is_refused(launcher: Launcher, tmp_path: Path) -> None:
+    parent = write_script(tmp_path, "parent.py", PARENT)
+    child = write_script(tmp_path, "child.py", CHILD)
+    proc = launcher.run("-H", "localhost:1,far-away-host:4", "-n", "1", PY, parent, child, "2", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "refused: it would place ranks on 'far-away-host'" in err
+    assert not tagged_pids(launcher.tag)
+
+
+def test_guessing_pmi_ids_closes_the_port(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "guess.py",
+        "import os, socket, time\n"
+        "if os.environ['PMI_RANK'] == '1':\n"
+        "    host, port = os.environ['PMI_PORT'].split(':')\n"
+        "    for guess in range(20):\n"
+        "        try:\n"
+        "            s = socket.create_connection((host, int(port)))\n"
+        "            s.sendall(b'cmd=initack pmiid=%d\\n' % (guess + 2))\n"
+        "            s.recv(10)\n"
+        "        except OSError:\n"
+        "            break\n"
+        "time.sleep(30)\n",
+    )
+    proc = launcher.run("--pmi-tcp", "-n", "2", PY, script, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "PMI port closed after 16 connections with a wrong PMI_ID" in err

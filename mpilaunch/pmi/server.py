@@ -109,6 +109,8 @@ class PmiService:
                 if len(client.buf) > LINE_MAX:
                     return self.refuse(client, f"a line longer than {LINE_MAX} bytes")
                 return True
+            if end > LINE_MAX:
+                return self.refuse(client, f"a line longer than {LINE_MAX} bytes")
             line = bytes(client.buf[:end])
             del client.buf[: end + 1]
             try:

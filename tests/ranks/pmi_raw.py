@@ -47,6 +47,10 @@ elif scenario == "long_line":
     if rank == 1:
         sock.sendall(b"cmd=put " + b"x" * 100000)
     time.sleep(30)
+elif scenario == "long_line_nl":
+    if rank == 1:
+        sock.sendall(b"cmd=put key=" + b"x" * 6000 + b"\n")
+    time.sleep(30)
 elif scenario == "hangup":
     ask("cmd=init pmi_version=1 pmi_subversion=1")
     if rank == 1:
