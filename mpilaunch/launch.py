@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from mpilaunch import hosts as hostlib
 from mpilaunch.controller import Controller
 from mpilaunch.errors import LaunchError
+from mpilaunch.mpi_family import open_mpi_library
 from mpilaunch.output import Console, OutputSink
 from mpilaunch.plan import LaunchPlan, build_plan
 from mpilaunch.rank_env import inherited
@@ -34,6 +35,13 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str]) -> None:
             raise LaunchError(f"program {program!r} not found (PATH and working directory {wdir})")
         if not os.access(target, os.X_OK):
             raise LaunchError(f"program {program!r} is not executable")
+        library = open_mpi_library(target) if plan.options.mpi != "none" else None
+        if library:
+            raise LaunchError(
+                f"program {program!r} is linked with Open MPI ({library}); Open MPI ranks need a PMIx server, "
+                "which mpilaunch does not provide, so each would run alone as a singleton of size 1. "
+                "Use Open MPI's mpirun, rebuild with MPICH, or pass --mpi none to start it anyway"
+            )
 
 
 def raise_fd_limit() -> None:

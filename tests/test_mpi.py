@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mpilaunch.mpi_family import needed_libraries
 
 from .conftest import ROOT, Launcher, tagged_pids, write_script
 
@@ -310,3 +316,64 @@ def test_guessing_pmi_ids_closes_the_port(launcher: Launcher, tmp_path: Path) ->
     err = proc.stderr.decode()
     assert proc.returncode == 1, err
     assert "PMI port closed after 16 connections with a wrong PMI_ID" in err
+
+
+HELLO_C = r"""
+#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    printf("rank %d of %d\n", rank, size);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def _compile(compiler: str, tmp_path: Path, name: str) -> str:
+    source = tmp_path / "hello.c"
+    source.write_text(HELLO_C)
+    out = tmp_path / name
+    subprocess.run([compiler, "-o", str(out), str(source)], check=True, capture_output=True, timeout=120)
+    return str(out)
+
+
+WHEEL_MPICC = Path(sysconfig.get_path("scripts")) / "mpicc"
+OPENMPI_MPICC = Path("/usr/bin/mpicc.openmpi")
+
+
+@pytest.mark.skipif(not WHEEL_MPICC.exists(), reason="the mpich wheel's mpicc is not installed")
+def test_a_c_program_built_with_mpich(launcher: Launcher, tmp_path: Path) -> None:
+    program = _compile(str(WHEEL_MPICC), tmp_path, "hello_mpich")
+    assert "libmpi.so.12" in needed_libraries(program)
+    proc = launcher.run("-n", "2", program, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.decode().splitlines()) == ["rank 0 of 2", "rank 1 of 2"]
+
+
+@pytest.mark.skipif(not OPENMPI_MPICC.exists(), reason="Debian's libopenmpi-dev is not installed")
+def test_an_open_mpi_program_is_refused_instead_of_running_as_singletons(launcher: Launcher, tmp_path: Path) -> None:
+    program = _compile(str(OPENMPI_MPICC), tmp_path, "hello_ompi")
+    proc = launcher.run("-n", "2", program, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and proc.stdout == b"", err
+    assert "is linked with Open MPI (libmpi.so.40)" in err and "singleton" in err and len(err.splitlines()) == 1
+    proc = launcher.run("--mpi", "none", "-n", "2", program, timeout=60)  # the user's explicit choice
+    assert proc.stdout.decode().splitlines() == ["rank 0 of 1", "rank 0 of 1"]
+
+
+def test_elf_reader_on_real_files_and_garbage(tmp_path: Path) -> None:
+    assert "libc.so.6" in needed_libraries(sys.executable) or needed_libraries("/bin/true") == ["libc.so.6"]
+    assert needed_libraries(str(ROOT / "README.md")) == []
+    assert needed_libraries(str(tmp_path / "missing")) == []
+
+
+@given(st.binary(max_size=400))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzz_elf_reader_never_raises(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(b"\x7fELF\x02\x01" + data)
+    assert isinstance(needed_libraries(str(path)), list)

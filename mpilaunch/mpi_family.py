@@ -1,0 +1,79 @@
+"""Which MPI library a program is linked with, read from its ELF DT_NEEDED entries (stdlib only).
+
+Open MPI ranks find their job through PMIx, which mpilaunch does not serve; started here they
+would each run alone as a singleton of size 1, which must never happen silently.
+"""
+
+from __future__ import annotations
+
+import struct
+
+OPEN_MPI_LIBRARIES = ("libmpi.so.40", "libopen-rte.so", "libopen-pal.so", "libmpi_mpifh.so.40", "libmpi_cxx.so.40")
+PT_LOAD, PT_DYNAMIC = 1, 2
+DT_NULL, DT_NEEDED, DT_STRTAB = 0, 1, 5
+MAX_HEADERS = 4096
+
+
+def needed_libraries(path: str) -> list[str]:
+    """The shared libraries an ELF file asks for; [] for anything that is not a readable ELF."""
+    try:
+        with open(path, "rb") as handle:
+            return _needed(handle)
+    except (OSError, struct.error, ValueError):
+        return []
+
+
+def _needed(handle) -> list[str]:  # type: ignore[no-untyped-def]
+    ident = handle.read(64)
+    if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        return []
+    wide = ident[4] == 2
+    order = "<" if ident[5] == 1 else ">"
+    if wide:
+        (phoff,) = struct.unpack_from(order + "Q", ident, 0x20)
+        phentsize, phnum = struct.unpack_from(order + "HH", ident, 0x36)
+        phdr, dyn = struct.Struct(order + "IIQQQQQQ"), struct.Struct(order + "qQ")
+    else:
+        (phoff,) = struct.unpack_from(order + "I", ident, 0x1C)
+        phentsize, phnum = struct.unpack_from(order + "HH", ident, 0x2A)
+        phdr, dyn = struct.Struct(order + "IIIIIIII"), struct.Struct(order + "iI")
+    if phnum > MAX_HEADERS or phentsize < phdr.size:
+        return []
+    loads, dynamic = [], None
+    for index in range(phnum):
+        handle.seek(phoff + index * phentsize)
+        fields = phdr.unpack(handle.read(phdr.size))
+        if wide:
+            p_type, _, offset, vaddr, _, filesz, _, _ = fields
+        else:
+            p_type, offset, vaddr, _, filesz, _, _, _ = fields
+        if p_type == PT_LOAD:
+            loads.append((vaddr, filesz, offset))
+        elif p_type == PT_DYNAMIC:
+            dynamic = (offset, filesz)
+    if dynamic is None:
+        return []
+    handle.seek(dynamic[0])
+    raw = handle.read(min(dynamic[1], MAX_HEADERS * dyn.size))
+    needed, strtab = [], None
+    for position in range(0, len(raw) - dyn.size + 1, dyn.size):
+        tag, value = dyn.unpack_from(raw, position)
+        if tag == DT_NULL:
+            break
+        if tag == DT_NEEDED:
+            needed.append(value)
+        elif tag == DT_STRTAB:
+            strtab = value
+    base = next((off + strtab - va for va, size, off in loads if strtab is not None and va <= strtab < va + size), None)
+    if base is None:
+        return []
+    names = []
+    for offset in needed:
+        handle.seek(base + offset)
+        names.append(handle.read(256).split(b"\0", 1)[0].decode("utf-8", "replace"))
+    return names
+
+
+def open_mpi_library(path: str) -> str | None:
+    """The Open MPI library this program needs, or None."""
+    return next((lib for lib in needed_libraries(path) if lib.startswith(OPEN_MPI_LIBRARIES)), None)
