@@ -25,7 +25,6 @@ EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close befor
 HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 MAX_REFUSED = 16  # wrong PMI_IDs before the TCP PMI port is closed
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -38,15 +37,23 @@ def _prctl(option: int, value: int) -> None:
         pass
 
 
-def _child_setup(cpus: list[int] | None, parent: int):
-    def setup() -> None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the agent died between fork and prctl
-            os._exit(137)
-        if cpus:
-            os.sched_setaffinity(0, cpus)
+class _Affinity:
+    """Bind the next child by binding ourselves around its fork: the child inherits the mask, so
+    it is bound from its first instruction, and no Python runs in the child (which would cost a
+    full fork instead of vfork: 3 ms instead of 0.6 ms a rank)."""
 
-    return setup
+    def __init__(self, cpus: list[int] | None) -> None:
+        self.cpus = cpus
+        self.saved: set[int] | None = None
+
+    def __enter__(self) -> None:
+        if self.cpus:
+            self.saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self.cpus)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            os.sched_setaffinity(0, self.saved)
 
 
 class RankProcess:
@@ -147,17 +154,17 @@ class Agent:
             pmi_pair = service.attach(ident, spec["rank"], spec.get("app", 0))
             env["PMI_FD"] = str(pmi_pair[1].fileno())
         try:
-            proc = subprocess.Popen(
-                spec["argv"],
-                stdin=subprocess.PIPE if spec.get("stdin") else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT if merge else subprocess.PIPE,
-                env=env,
-                cwd=spec.get("wdir") or None,
-                start_new_session=True,
-                preexec_fn=_child_setup(cpus, os.getpid()),
-                pass_fds=(pmi_pair[1].fileno(),) if pmi_pair else (),
-            )
+            with _Affinity(cpus):
+                proc = subprocess.Popen(
+                    spec["argv"],
+                    stdin=subprocess.PIPE if spec.get("stdin") else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                    env=env,
+                    cwd=spec.get("wdir") or None,
+                    start_new_session=True,
+                    pass_fds=(pmi_pair[1].fileno(),) if pmi_pair else (),
+                )
         except (OSError, subprocess.SubprocessError) as exc:
             if service:
                 if pmi_pair:
