@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import is_local
 from mpilaunch.output import OutputSink
 from mpilaunch.placement import Rank
-from mpilaunch.plan import JobPlan, LaunchPlan, spawn_plan
+from mpilaunch.plan import JobPlan, LaunchPlan, remote_hosts, spawn_plan
 from mpilaunch.pmi.kvs import JobKvs, NameService
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
 from mpilaunch.report import failure_summary, ranges
@@ -30,8 +29,6 @@ STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
 TIMEOUT_STATUS = 124
-
-__all__ = ["Controller", "LaunchPlan"]
 
 
 @dataclass
@@ -249,7 +246,7 @@ class Controller:
             if self.aborting or self.finishing:
                 raise LaunchError("the job is ending")
             child = spawn_plan(self.plan, job_no, msg["apps"], in_use, preput)
-            remote = [self.plan.hosts[r.host].name for r in child.ranks if not is_local(self.plan.hosts[r.host].name)]
+            remote = remote_hosts(self.plan.hosts, child.ranks)
             if remote:
                 raise LaunchError(f"it would place ranks on {remote[0]!r}, and remote hosts are not reachable yet")
             procs = self.add_job(child)
@@ -329,12 +326,7 @@ class Controller:
             return
         host = self.plan.hosts[link.index].name
         print(f"mpilaunch: lost the agent of host {host}; its ranks are killed", file=sys.stderr)
-        for state in lost:
-            if state.pid and link.link.local:  # a pid means something only on this machine
-                try:
-                    os.killpg(state.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        self._kill_groups(lost)
         for state in lost:
             self.rank_exited(state, -signal.SIGKILL, f"agent of host {host} lost")
 
@@ -379,15 +371,20 @@ class Controller:
             if link.open:
                 link.open = False
                 link.link.close()
+        self._kill_groups([s for s in self.procs if not s.done])
+        for link in self.links.values():
+            link.link.wait()
+
+    def _kill_groups(self, states: list[RankState]) -> None:
+        """SIGKILL these ranks' process groups by recorded pid, for ranks on this machine only
+        (a pid an agent reported means something only on its own host)."""
         local = {index for index, link in self.links.items() if link.link.local}
-        for state in self.procs:
-            if state.pid and not state.done and state.rank.host in local:
+        for state in states:
+            if state.pid and state.rank.host in local:
                 try:
                     os.killpg(state.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        for link in self.links.values():
-            link.link.wait()
 
     def _run(self) -> int:
         start = time.monotonic()

@@ -7,12 +7,11 @@ import shutil
 import sys
 from collections.abc import Mapping
 
-from mpilaunch import hosts as hostlib
 from mpilaunch.controller import Controller
 from mpilaunch.errors import LaunchError
 from mpilaunch.mpi_family import open_mpi_library
 from mpilaunch.output import Console, OutputSink
-from mpilaunch.plan import LaunchPlan, build_plan
+from mpilaunch.plan import LaunchPlan, build_plan, remote_hosts
 from mpilaunch.rank_env import inherited
 from mpilaunch.report import dry_run_env, rank_map
 from mpilaunch.spec import JobSpec
@@ -66,7 +65,7 @@ def run_job(spec: JobSpec) -> int:
     if options.dry_run:
         print(dry_run_env(job.ranks, plan.hosts, job.envs), flush=True)
         return 0
-    remote = sorted({plan.hosts[r.host].name for r in job.ranks if not hostlib.is_local(plan.hosts[r.host].name)})
+    remote = remote_hosts(plan.hosts, job.ranks)
     if remote:
         raise LaunchError(f"host {remote[0]!r} is remote; launching over SSH is not available in this version")
     check_local_programs(plan, env)

@@ -90,6 +90,13 @@ def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
     return name
 
 
+def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[str]:
+    """Names of the hosts these ranks would run on that are not this machine."""
+    return sorted(
+        {hosts[i].name for i in {r.host for r in ranks}} - {h.name for h in hosts if hostlib.is_local(h.name)}
+    )
+
+
 def stdin_ranks(choice: str, np: int) -> list[int]:
     if choice == "none":
         return []
