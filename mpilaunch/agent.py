@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from mpilaunch import wire
 from mpilaunch.binding import cpu_groups, cpus_for
+from mpilaunch.mpi_family import OpenMpiWatch
 
 if TYPE_CHECKING:
     from mpilaunch.pmi.server import PmiService
@@ -94,6 +95,7 @@ class Agent:
         self.pmi_ids: dict[int, tuple[PmiService, int]] = {}  # secret PMI_ID -> (service, process id)
         self.pmi_hello: dict[int, tuple[socket.socket, bytearray]] = {}  # TCP clients yet to present an id
         self.host = socket.gethostname()
+        self.open_mpi = OpenMpiWatch()  # ranks that may be Open MPI singletons
 
     # -- sending -------------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -153,6 +155,9 @@ class Agent:
         elif service is not None:
             pmi_pair = service.attach(ident, spec["rank"], spec.get("app", 0))
             env["PMI_FD"] = str(pmi_pair[1].fileno())
+        if service is not None:
+            for name, value in self.open_mpi.rank_env().items():
+                env.setdefault(name, value)  # a user's -mca or -x wins
         try:
             with _Affinity(cpus):
                 proc = subprocess.Popen(
@@ -191,6 +196,8 @@ class Agent:
             rp.stdin_fd = proc.stdin.fileno()
             os.set_blocking(rp.stdin_fd, False)
         self.send(wire.control("started", proc=ident, pid=proc.pid))
+        if service is not None:
+            self.open_mpi.watch(ident, proc.pid, time.monotonic())
 
     # -- rank output and stdin -----------------------------------------------------------
     def read_output(self, fd: int) -> None:
@@ -415,6 +422,7 @@ class Agent:
             for rp in self.ranks.values():
                 self.maybe_report(rp, now)
             self.check_hangups(now)
+            self.check_open_mpi(now)
             if self.kill_deadline is not None and now >= self.kill_deadline:
                 self.kill_deadline = None
                 self.kill_stragglers()
@@ -507,6 +515,18 @@ class Agent:
                 error = "closed its PMI connection before finalize"
                 self.send(wire.control("pmi_error", proc=ident, error=error))
 
+    def check_open_mpi(self, now: float) -> None:
+        """A rank found loading Open MPI ends the job with a message instead of running as a singleton."""
+        found = self.open_mpi.look(now, self._pmi_silent)
+        if found is not None:
+            self.send(wire.control("pmi_error", proc=found[0], error=found[1]))
+
+    def _pmi_silent(self, ident: int) -> bool:
+        """Alive, served PMI and never sent `init`: only such a rank can be an Open MPI singleton."""
+        rp = self.ranks.get(ident)
+        service = self.pmi.get(rp.job) if rp else None
+        return rp is not None and rp.status is None and service is not None and service.state_of(ident) == "new"
+
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True
 
@@ -517,6 +537,9 @@ class Agent:
         if self.kill_deadline is not None:
             deadlines.append(self.kill_deadline)
         deadlines.extend(since + HANGUP_GRACE for since in self.hangups.values())
+        look = self.open_mpi.next_deadline()
+        if look is not None:
+            deadlines.append(look)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
