@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from mpilaunch import wire
 from mpilaunch.binding import cpu_groups, cpus_for
+from mpilaunch.programs import merge_host_environment, probe_port, program_problem
 
 if TYPE_CHECKING:
     from mpilaunch.pmi.server import PmiService
@@ -73,9 +74,29 @@ class RankProcess:
         self.reported = False
 
 
+class PipeLink:
+    """The link of a remote agent: its stdin and stdout, which sshd joins to the SSH channel."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self.read_fd, size)
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.write_fd, view) :]
+
+
 class Agent:
-    def __init__(self, link: socket.socket) -> None:
+    def __init__(self, link: socket.socket | PipeLink) -> None:
         self.link = link
+        self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
         self.sel = selectors.DefaultSelector()
         self.decoder = wire.Decoder()
         self.ranks: dict[int, RankProcess] = {}
@@ -119,7 +140,7 @@ class Agent:
     def launch(self, msg: dict) -> None:
         base = {
             k: v
-            for k, v in os.environ.items()
+            for k, v in self.host_env.items()
             if k not in msg.get("drop_names", ()) and not k.startswith(tuple(msg.get("drop_prefixes", ())))
         }
         job = int(msg.get("job", 1))
@@ -191,6 +212,22 @@ class Agent:
             rp.stdin_fd = proc.stdin.fileno()
             os.set_blocking(rp.stdin_fd, False)
         self.send(wire.control("started", proc=ident, pid=proc.pid))
+
+    def check(self, msg: dict) -> None:
+        """Before anything starts: take the launcher's paths, and say whether each program and
+        directory exists here and whether a MASTER_PORT is free (or pick one)."""
+        self.host_env = merge_host_environment(dict(os.environ), msg.get("carried", {}))
+        problems = []
+        for app in msg.get("apps", ()):
+            path = app.get("path") or self.host_env.get("PATH", os.defpath)
+            problem = program_problem(app["program"], app["wdir"], path, bool(msg.get("mpi")))
+            if problem and problem not in problems:
+                problems.append(problem)
+        port = int(msg.get("port", -1))
+        port_free = None
+        if port >= 0:
+            port, port_free = probe_port(port)
+        self.send(wire.control("checked", problems=problems, port=port, port_free=port_free))
 
     # -- rank output and stdin -----------------------------------------------------------
     def read_output(self, fd: int) -> None:
@@ -330,6 +367,8 @@ class Agent:
         op = msg["op"]
         if op == "launch":
             self.launch(msg)
+        elif op == "check":
+            self.check(msg)
         elif op == "signal":
             self.signal_all(int(msg["sig"]))
         elif op == "kill":
@@ -379,7 +418,9 @@ class Agent:
         signal.set_wakeup_fd(wake_w)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.link, selectors.EVENT_READ, "link")
-        self.send(wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid()))
+        version = ".".join(map(str, sys.version_info[:3]))
+        hello = wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid(), python=version)
+        self.send(hello)
         while not (self.finishing and self.all_done()):
             timeout = self.next_timeout()
             for key, _ in self.sel.select(timeout):
@@ -545,3 +586,14 @@ def _children_of(pid: int) -> list[int]:
 def serve(link: socket.socket) -> int:
     """Run an agent on an already connected link until the job ends."""
     return Agent(link).run()
+
+
+def serve_stdio() -> int:
+    """Run as a remote host's agent: the link is stdin/stdout (the SSH channel). They are moved
+    to private descriptors, so no rank inherits them and a stray print cannot corrupt a frame."""
+    read_fd, write_fd = os.dup(0), os.dup(1)  # dup'd descriptors are not inherited
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    return Agent(PipeLink(read_fd, write_fd)).run()

@@ -90,11 +90,38 @@ def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
     return name
 
 
-def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[str]:
-    """Names of the hosts these ranks would run on that are not this machine."""
-    return sorted(
-        {hosts[i].name for i in {r.host for r in ranks}} - {h.name for h in hosts if hostlib.is_local(h.name)}
+def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[int]:
+    """Indices of the hosts these ranks would run on that are not this machine (reached over SSH)."""
+    return sorted(i for i in {r.host for r in ranks} if not hostlib.is_local(hosts[i].name))
+
+
+def host_checks(job: JobPlan, host: int) -> list[dict]:
+    """What must exist on one host before launch: each program placed there, in its working
+    directory, found on the PATH the user exported (-x PATH) or else the host's own."""
+    checks = []
+    for app in sorted({r.app for r in job.ranks if r.host == host}):
+        rank = next(r for r in job.ranks if r.app == app and r.host == host)
+        checks.append({"program": job.argvs[app][0], "wdir": job.wdirs[app], "path": job.envs[rank.rank].get("PATH")})
+    return checks
+
+
+def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
+    """Job 1 again with MASTER_ADDR/PORT known only once the hosts were reached (the address
+    rank 0's host was reached at, a port free there)."""
+    job = plan.job
+    apps = list(zip(job.argvs, job.wdirs))
+    rebuilt = job_plan(
+        1,
+        plan.hosts,
+        job.ranks,
+        apps,
+        job_id=plan.job_id,
+        master=master,
+        options=plan.options,
+        exports=plan.exports,
+        env=plan.launcher_env,
     )
+    return replace(plan, job=rebuilt, master=master)
 
 
 def stdin_ranks(choice: str, np: int) -> list[int]:
@@ -150,10 +177,14 @@ def job_plan(
     return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi)
 
 
-def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
+def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
+    """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
-    hosts, source = resolve_hosts(options)
-    hosts = with_slots(hosts, source)
+    if hosts is None:
+        hosts, source = resolve_hosts(options)
+        hosts = with_slots(hosts, source)
+    else:
+        source = "the host list"
     ranks = place(
         hosts,
         [(app.np, app.argv[0]) for app in spec.apps],
