@@ -57,6 +57,66 @@ class _Affinity:
             os.sched_setaffinity(0, self.saved)
 
 
+class Guardian:
+    """A forked watcher that kills the ranks' process groups if this agent dies without doing so
+    (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
+    preexec_fn there is no PR_SET_PDEATHSIG for the ranks, and this costs one fork per host."""
+
+    def __init__(self) -> None:
+        read_fd, self.fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(self.fd)
+                _guard(read_fd)
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+
+    def watch(self, pid: int) -> None:
+        try:
+            os.write(self.fd, pid.to_bytes(4, "big"))
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Every rank is gone: the guardian leaves without killing anything."""
+        try:
+            os.write(self.fd, bytes(4))
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _guard(read_fd: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
+    os.closerange(read_fd + 1, 1 << 16)
+    groups: list[int] = []
+    buf = b""
+    while True:
+        try:
+            data = os.read(read_fd, 4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return
+        buf += data
+        while len(buf) >= 4:
+            pid, buf = int.from_bytes(buf[:4], "big"), buf[4:]
+            if pid == 0:
+                return
+            groups.append(pid)
+
+
 class RankProcess:
     """One rank as this agent sees it, known by its process id (unique over the run's jobs)."""
 
@@ -115,6 +175,7 @@ class Agent:
         self.pmi_ids: dict[int, tuple[PmiService, int]] = {}  # secret PMI_ID -> (service, process id)
         self.pmi_hello: dict[int, tuple[socket.socket, bytearray]] = {}  # TCP clients yet to present an id
         self.host = socket.gethostname()
+        self.guardian: Guardian | None = None
 
     # -- sending -------------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -199,6 +260,8 @@ class Agent:
             pmi_pair[1].close()
             self.pmi_fds[pmi_pair[0].fileno()] = service
             self.sel.register(pmi_pair[0].fileno(), selectors.EVENT_READ, "pmi")
+        if self.guardian is not None:
+            self.guardian.watch(proc.pid)
         rp = RankProcess(ident, job, proc)
         self.ranks[ident] = rp
         self.by_pid[proc.pid] = rp
@@ -349,8 +412,9 @@ class Agent:
         """SIGKILL every rank's process group and every orphan this agent adopted."""
         self.signal_all(signal.SIGKILL, include_dead=True)
         me = os.getpid()
+        guardian = self.guardian.pid if self.guardian else None
         for pid in _children_of(me):
-            if pid not in self.by_pid:
+            if pid not in self.by_pid and pid != guardian:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -407,6 +471,7 @@ class Agent:
 
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.guardian = Guardian()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -460,6 +525,7 @@ class Agent:
                 self.kill_deadline = None
                 self.kill_stragglers()
         self.kill_stragglers()
+        self.guardian.release()
         self.send(wire.control("bye"))
         self.reap()
         return 0
