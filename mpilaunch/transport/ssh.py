@@ -32,6 +32,20 @@ ATTEMPTS = 5  # for connections dropped before the banner (sshd MaxStartups)
 STRICT_ACCEPTING = ("no", "off", "false", "accept-new")
 
 
+def import_paramiko():  # -> the paramiko module
+    """paramiko without `invoke`: paramiko.config imports it only to run `Match exec`, and it
+    costs about 100 ms, half of paramiko's import. `Match exec` is therefore not supported."""
+    if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+        sys.modules["invoke"] = None  # type: ignore[assignment]  # makes `import invoke` fail at once
+        try:
+            import paramiko
+        finally:
+            del sys.modules["invoke"]
+    import paramiko
+
+    return paramiko
+
+
 class SshError(Exception):
     """Why one host cannot be used; stage is what failed: resolve, connect, host key, auth, agent."""
 
@@ -72,7 +86,7 @@ class SshTarget:
 
 
 def load_config(path: str | None):  # -> paramiko.SSHConfig
-    import paramiko
+    paramiko = import_paramiko()
 
     if path is None:
         default = os.path.expanduser("~/.ssh/config")
@@ -89,7 +103,10 @@ def load_config(path: str | None):  # -> paramiko.SSHConfig
 
 def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarget:
     """Apply the ssh config to one host; the hostfile's user@ and port= win over it."""
-    entry = config.lookup(name)
+    try:
+        entry = config.lookup(name)
+    except ImportError:
+        raise SshError("resolve", "the ssh config uses `Match exec`, which mpilaunch does not support") from None
     user = user or entry.get("user") or getpass.getuser()
     try:
         check_user_name(user)
@@ -136,7 +153,7 @@ _known_hosts_lock = threading.Lock()
 
 def _client_for(target: SshTarget, accept_new: bool):
     """A paramiko client that knows the host keys of known_hosts and our policy for new ones."""
-    import paramiko
+    paramiko = import_paramiko()
 
     client = paramiko.SSHClient()
     if os.path.isfile("/etc/ssh/ssh_known_hosts"):
@@ -170,7 +187,7 @@ def _client_for(target: SshTarget, accept_new: bool):
 
 def connect_client(target: SshTarget, options: SshOptions, sock=None):  # -> paramiko.SSHClient
     """Connect and authenticate, retrying connections that sshd dropped before its banner."""
-    import paramiko
+    paramiko = import_paramiko()
 
     for attempt in range(ATTEMPTS):
         client = _client_for(target, options.accept_new)
@@ -323,7 +340,7 @@ class SshLink:
 
 
 def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | None) -> tuple[SshLink, dict | None]:
-    """Connect, ship and start the agent, wait for its hello; then send `first` and return its reply."""
+    """Connect, ship and start the agent with `first` queued behind it; return its hello and reply."""
     client, jumps = open_connection(target, options, config)
     link = SshLink(target.name, client, None, jumps)
     try:
@@ -338,7 +355,7 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
             chan = transport.open_session(timeout=target.timeout)
             link.chan = chan
             chan.exec_command(agent_command(options.python))
-            chan.sendall(agent_payload())
+            chan.sendall(agent_payload() + (first or b""))  # the check waits in the pipe: no round trip
             hello = read_frame(chan, target.timeout)
         except (socket.timeout, TimeoutError):
             raise SshError("agent", f"the agent did not answer within {target.timeout:g} s") from None
@@ -355,7 +372,6 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
         link.hello = hello
         reply = None
         if first is not None:
-            chan.sendall(first)
             reply = read_frame(chan, target.timeout)
             if reply is None:
                 raise SshError("agent", "the agent closed the connection")
