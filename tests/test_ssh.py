@@ -417,3 +417,12 @@ def test_concurrent_jobs_share_the_bed(launcher: Launcher, bed: SshBed, tmp_path
     for proc in results:
         assert proc.returncode == 0, proc.stderr.decode()
         assert sorted(proc.stdout.decode().split("\n")[:4]) == ["0 4", "1 4", "2 4", "3 4"]
+
+
+def test_match_exec_is_refused_clearly(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(f'Match exec "true"\n    User nobody\n\n{bed.config.read_text()}')
+    proc = ssh(launcher, bed, "-H", "node1:1", "-n", "1", "true", config=config)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "node1: the ssh config uses `Match exec`, which mpilaunch does not support" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -168,3 +169,43 @@ def test_fuzz_wire_decoder_rejects_garbage_cleanly(data: bytes) -> None:
         wire.Decoder().feed(data)
     except wire.FrameError:
         pass
+
+
+def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -> None:
+    from mpilaunch.programs import carried_environment, merge_host_environment
+
+    here, gone = str(tmp_path), str(tmp_path / "gone")
+    carried = carried_environment(
+        {"PATH": f"{gone}:{here}:/usr/bin", "VIRTUAL_ENV": gone, "CONDA_PREFIX": here, "HOME": "/x"}
+        | {"LD_LIBRARY_PATH": ""}
+    )
+    assert set(carried) == {"PATH", "VIRTUAL_ENV", "CONDA_PREFIX"}  # only what locates programs, never empty
+    merged = merge_host_environment({"PATH": "/usr/bin:/bin", "HOME": "/root"}, carried)
+    assert merged["PATH"] == f"{here}:/usr/bin:/bin"
+    assert merged["CONDA_PREFIX"] == here and "VIRTUAL_ENV" not in merged and merged["HOME"] == "/root"
+
+
+def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path) -> None:
+    from mpilaunch.transport.ssh import SshError, load_config, parse_jump, ssh_target
+
+    config_file = tmp_path / "config"
+    config_file.write_text(
+        "Host n1\n  HostName 10.0.0.1\n  Port 2200\n  User alice\n  IdentityFile ~/k1\n  IdentitiesOnly yes\n"
+        "  ProxyJump bob@gate:2022\n  StrictHostKeyChecking accept-new\n  UserKnownHostsFile /tmp/kh1 /tmp/kh2\n"
+        "  ConnectTimeout 3\n"
+    )
+    config = load_config(str(config_file))
+    target = ssh_target("n1", None, None, config)
+    assert (target.hostname, target.port, target.user, target.timeout) == ("10.0.0.1", 2200, "alice", 3.0)
+    assert target.identity_files == (os.path.expanduser("~/k1"),) and target.identities_only
+    assert target.proxy_jump == "bob@gate:2022" and target.strict == "accept-new"
+    assert target.known_hosts == ("/tmp/kh1", "/tmp/kh2") and target.key_name == "[10.0.0.1]:2200"
+    override = ssh_target("n1", "carol", 22, config)
+    assert (override.user, override.port, override.key_name) == ("carol", 22, "10.0.0.1")
+    assert ssh_target("other", None, None, config).hostname == "other"
+    assert parse_jump("bob@gate:2022") == ("bob", "gate", 2022) and parse_jump("gate") == (None, "gate", None)
+    for bad in ("-oProxyCommand=x", "a;b", "u$@h", "h:port"):
+        with pytest.raises(SshError):
+            parse_jump(bad)
+    with pytest.raises(SshError):
+        ssh_target("n1", "-evil", None, config)
