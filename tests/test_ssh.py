@@ -426,3 +426,83 @@ def test_match_exec_is_refused_clearly(launcher: Launcher, bed: SshBed, tmp_path
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert "node1: the ssh config uses `Match exec`, which mpilaunch does not support" in err
+
+
+def test_connections_dropped_before_the_banner_are_retried(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """What sshd's MaxStartups does to a burst: accept, then close before the banner. A proxy in
+    front of node1 drops the first two connections, then forwards; the launch must succeed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.9", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    accepted: list[int] = []
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            if len(accepted) <= 2:
+                client.close()
+                continue
+            upstream = socket.create_connection((bed.address("node1"), bed.port))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.9]:{port} {bed.host_key('node1')}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host flaky\n    HostName 127.0.0.9\n    Port {port}\n    User {bed.user}\n    IdentityFile {bed.identity}\n"
+        f"    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n"
+    )
+    try:
+        proc = ssh(launcher, bed, "-H", "flaky:1", "-n", "1", "echo", "through", config=config)
+    finally:
+        listener.close()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode() == "through\n" and len(accepted) == 3
+
+
+def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "trap.py",
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: (print('usr1', flush=True), sys.exit(5)))\n"
+        "print('up', flush=True)\ntime.sleep(60)\n",
+    )
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script)
+    assert proc.stdout is not None
+    for _ in range(2):
+        assert proc.stdout.readline() == b"up\n"
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert out == b"usr1\nusr1\n", err
+    assert proc.returncode == 5
+
+
+def test_stdin_reaches_a_remote_rank_zero(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    data = b"".join(b"line %d\n" % i for i in range(20000))
+    proc = subprocess.run(
+        launcher.argv("--ssh-config", str(bed.config), "-H", "node2:2", "-n", "2", "sh", "-c", "wc -c"),
+        input=data, capture_output=True, env=launcher.env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().split()) == ["0", str(len(data))]
