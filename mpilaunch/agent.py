@@ -7,6 +7,7 @@ Python 3. It exits, killing its ranks, when its link to the controller closes.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import socket
@@ -176,6 +177,9 @@ class Agent:
         self.pmi_hello: dict[int, tuple[socket.socket, bytearray]] = {}  # TCP clients yet to present an id
         self.host = socket.gethostname()
         self.guardian: Guardian | None = None
+        self.heartbeat: float | None = None  # remote agents: seconds of silence before the launcher counts as gone
+        self.heard = time.monotonic()
+        self.next_ping = 0.0
 
     # -- sending -------------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -280,6 +284,8 @@ class Agent:
         """Before anything starts: take the launcher's paths, and say whether each program and
         directory exists here and whether a MASTER_PORT is free (or pick one)."""
         self.host_env = merge_host_environment(dict(os.environ), msg.get("carried", {}))
+        if msg.get("heartbeat"):
+            self.heartbeat = float(msg["heartbeat"])
         problems = []
         for app in msg.get("apps", ()):
             path = app.get("path") or self.host_env.get("PATH", os.defpath)
@@ -457,6 +463,7 @@ class Agent:
         if not data:
             self.link_lost()
             return
+        self.heard = time.monotonic()
         try:
             frames = self.decoder.feed(data)
         except wire.FrameError as exc:
@@ -521,6 +528,8 @@ class Agent:
             for rp in self.ranks.values():
                 self.maybe_report(rp, now)
             self.check_hangups(now)
+            if self.heartbeat and self.link_open:
+                self.keep_alive(now)
             if self.kill_deadline is not None and now >= self.kill_deadline:
                 self.kill_deadline = None
                 self.kill_stragglers()
@@ -614,6 +623,17 @@ class Agent:
                 error = "closed its PMI connection before finalize"
                 self.send(wire.control("pmi_error", proc=ident, error=error))
 
+    def keep_alive(self, now: float) -> None:
+        """A remote agent pings the launcher and stops when it has heard nothing for a heartbeat
+        timeout: after a network cut without a reset, the channel would never close."""
+        assert self.heartbeat is not None
+        if now >= self.next_ping:
+            self.next_ping = now + self.heartbeat / 6
+            self.send(wire.control("ping"))
+        if now - self.heard > self.heartbeat and not select.select([self.link], [], [], 0)[0]:
+            print(f"mpilaunch agent: no word from the launcher for {self.heartbeat:g} s; stopping", file=sys.stderr)
+            self.link_lost()
+
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True
 
@@ -624,6 +644,8 @@ class Agent:
         if self.kill_deadline is not None:
             deadlines.append(self.kill_deadline)
         deadlines.extend(since + HANGUP_GRACE for since in self.hangups.values())
+        if self.heartbeat and self.link_open:
+            deadlines += [self.next_ping, self.heard + self.heartbeat]
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())

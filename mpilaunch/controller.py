@@ -34,6 +34,7 @@ STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
 TIMEOUT_STATUS = 124
+PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
 
 
 @dataclass
@@ -56,6 +57,7 @@ class HostLink:
     decoder: wire.Decoder = field(default_factory=wire.Decoder)
     inflight: int = 0
     open: bool = True
+    heard: float = 0.0  # when the agent last sent anything (remote links are declared lost after a silence)
 
 
 class Controller:
@@ -70,8 +72,6 @@ class Controller:
         self.names = NameService()
         self.sel = selectors.DefaultSelector()
         self.links: dict[int, HostLink] = {}
-        for index, link in (links or {}).items():  # agents started before the run (remote hosts)
-            self._add_link(index, link)
         self.first_failure: RankState | None = None
         self.failed: list[int] = []
         self.aborting = False
@@ -83,6 +83,11 @@ class Controller:
         self.stdin_open = bool(self.stdin_procs)
         self.stdin_registered = False
         self.stdin_pollable = True
+        self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
+        for index, link in (links or {}).items():  # agents started before the run (remote hosts)
+            self._add_link(index, link)
+            if not link.local:
+                link.ping_every(self.heartbeat / PINGS_PER_TIMEOUT, wire.control("ping"))
         self.add_job(plan.job)
 
     # -- jobs -----------------------------------------------------------------------------
@@ -133,7 +138,7 @@ class Controller:
             )
 
     def _add_link(self, index: int, agent: LocalLink | SshLink) -> HostLink:
-        link = self.links[index] = HostLink(index, agent)
+        link = self.links[index] = HostLink(index, agent, heard=time.monotonic())
         self.sel.register(agent.fileno(), selectors.EVENT_READ, link)
         return link
 
@@ -302,6 +307,7 @@ class Controller:
         data = link.link.recv()
         if data is None:
             return
+        link.heard = now
         if not data:
             self.link_closed(link)
             return
@@ -321,7 +327,19 @@ class Controller:
             elif kind == wire.CONTROL:
                 self.on_control(link, value)  # type: ignore[arg-type]
 
-    def link_closed(self, link: HostLink) -> None:
+    def keep_alive(self, now: float) -> None:
+        """Give up on a remote agent that said nothing for a whole heartbeat timeout (its pings
+        come every timeout/6): a network cut that sends no reset would otherwise leave the job
+        waiting for ever. Pings to the agents go from a thread of each link, so a launcher
+        stuck on a full console pipe does not make the agents give up."""
+        for link in list(self.links.values()):
+            if link.open and not link.link.local and now - link.heard > self.heartbeat:
+                if link.link.readable():  # it did speak, while this loop was busy elsewhere
+                    self.read_link(link, now)
+                else:
+                    self.link_closed(link, f"no word from it for {self.heartbeat:g} s")
+
+    def link_closed(self, link: HostLink, why: str = "") -> None:
         link.open = False
         self.sel.unregister(link.link.fileno())
         link.link.close()
@@ -330,7 +348,8 @@ class Controller:
         if not lost:
             return
         host = self.plan.hosts[link.index].name
-        print(f"mpilaunch: lost the agent of host {host}; its ranks are killed", file=sys.stderr)
+        because = f" ({why})" if why else ""
+        print(f"mpilaunch: lost the agent of host {host}{because}; its ranks are killed", file=sys.stderr)
         self._kill_groups(lost)
         for state in lost:
             self.rank_exited(state, -signal.SIGKILL, f"agent of host {host} lost")
@@ -401,7 +420,10 @@ class Controller:
                 self.broadcast(wire.control("finish", grace=0.5))
             read_stdin_now = self.update_stdin()
             now = time.monotonic()
-            timers = [t for t in (deadline, self.output.next_deadline()) if t is not None]
+            remote = [link.heard + self.heartbeat for link in self.links.values() if link.open and not link.link.local]
+            if remote:
+                self.keep_alive(now)
+            timers = [t for t in (deadline, self.output.next_deadline(), *remote) if t is not None]
             timeout = max(0.0, min(timers) - now) if timers else None
             if read_stdin_now:
                 self.read_stdin()

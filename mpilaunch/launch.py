@@ -49,6 +49,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
             carried=carried,
             mpi=options.mpi != "none",
             port=0 if pick_port and index == rank0 else -1,
+            heartbeat=plan.heartbeat,
         )
 
     hosts = {i: (plan.hosts[i].name, plan.hosts[i].user, plan.hosts[i].port) for i in remote}

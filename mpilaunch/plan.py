@@ -45,6 +45,7 @@ class LaunchPlan:
     master: tuple[str, int] = ("127.0.0.1", 0)
     exports: tuple[tuple[str, str | None], ...] = ()
     launcher_env: Mapping[str, str] = field(default_factory=dict)
+    heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
 
 
 def resolve_hosts(options: Options) -> tuple[list[Host], str]:
@@ -177,6 +178,18 @@ def job_plan(
     return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi)
 
 
+def heartbeat_timeout(env: Mapping[str, str]) -> float:
+    """MPILAUNCH_HEARTBEAT_TIMEOUT, in seconds (default 30)."""
+    raw = env.get("MPILAUNCH_HEARTBEAT_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError:
+        raise LaunchError(f"MPILAUNCH_HEARTBEAT_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not 0.5 <= value <= 86400:
+        raise LaunchError(f"MPILAUNCH_HEARTBEAT_TIMEOUT={raw!r} must be between 0.5 and 86400 seconds")
+    return value
+
+
 def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
@@ -207,6 +220,7 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
         master=master,
         exports=exports,
         launcher_env=dict(env),
+        heartbeat=heartbeat_timeout(env),
     )
     return plan, source
 

@@ -506,3 +506,61 @@ def test_stdin_reaches_a_remote_rank_zero(launcher: Launcher, bed: SshBed, tmp_p
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
     assert sorted(proc.stdout.decode().split()) == ["0", str(len(data))]
+
+
+def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """SIGSTOP of node2's sshd sessions: the TCP connection stays up and carries nothing, as in a
+    network cut without a reset. The launcher declares node2 lost after the heartbeat timeout,
+    and node2's agent, hearing nothing either, kills its ranks on its own."""
+    script = write_script(tmp_path, "quiet.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    proc = launcher.popen(
+        "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script,
+        env={"MPILAUNCH_HEARTBEAT_TIMEOUT": "2"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for _ in range(2):
+        assert proc.stdout.readline() == b"up\n"
+    time.sleep(2.5)  # longer than the timeout: the pings keep a healthy job alive
+    assert proc.poll() is None
+    sessions = session_sshd(bed, "node2")
+    stopped = [p for p in bed.leftover_pids() if p in sessions or (_parent_in(p, sessions) and _comm(p) == "sshd")]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 6
+        assert proc.returncode != 0
+        assert "lost the agent of host node2 (no word from it for 2 s)" in err.decode()
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and _ranks_running(script):
+            time.sleep(0.1)
+        assert not _ranks_running(script), "node2's agent did not stop its rank on its own"
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _parent_in(pid: int, parents: list[int]) -> bool:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) in parents
+    except OSError:
+        return False
+
+
+def _ranks_running(script: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if script.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found

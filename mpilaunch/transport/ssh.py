@@ -300,6 +300,8 @@ class SshLink:
     hello: dict = field(default_factory=dict)
     local: bool = False
     _err: bytearray = field(default_factory=bytearray)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # frames from two threads never interleave
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     def fileno(self) -> int:
         return self.chan.fileno()  # type: ignore[attr-defined]
@@ -325,10 +327,29 @@ class SshLink:
             if line.strip():
                 print(f"mpilaunch: agent on {self.name}: {line.decode(errors='replace')}", file=sys.stderr)
 
+    def readable(self) -> bool:
+        chan = self.chan
+        return chan.recv_ready() or chan.recv_stderr_ready() or chan.closed or chan.eof_received  # type: ignore[attr-defined]
+
     def send(self, frame: bytes) -> None:
-        self.chan.sendall(frame)  # type: ignore[attr-defined]
+        with self._lock:
+            self.chan.sendall(frame)  # type: ignore[attr-defined]
+
+    def ping_every(self, interval: float, frame: bytes) -> None:
+        """Keep the agent's heartbeat from a thread: the event loop may be blocked (a console
+        pipe nobody reads), and the agent must not take that for a lost launcher."""
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.send(frame)
+                except Exception:
+                    return
+
+        threading.Thread(target=loop, name=f"ping {self.name}", daemon=True).start()
 
     def close(self) -> None:
+        self._stop.set()
         for thing in (self.chan, self.client, *self.jumps):
             try:
                 thing.close()  # type: ignore[attr-defined]
