@@ -4,6 +4,8 @@ written to disk, or left behind, and no value of the job ever appears on a comma
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
 import os
 import shlex
 import sys
@@ -34,37 +36,42 @@ def r(n):
 exec(compile(r(int(r(10))), "<mpilaunch-loader>", "exec"))
 """
 
-# Stage 2, sent over the channel: an in-memory importer for the bundled modules.
+# Stage 2, sent over the channel: an in-memory importer for the bundled modules, which follow
+# as one more length-prefixed blob (marshal: a dict of strings and bytes, readable by any
+# Python 3). Where the host's Python has our bytecode magic, modules load precompiled.
 LOADER = """import sys
 if sys.version_info < MIN_PYTHON:
     sys.stderr.write("mpilaunch: the agent needs Python %d.%d or newer; this host runs %s\\n"
                      % (MIN_PYTHON + (sys.version.split()[0],)))
     raise SystemExit(4)
-import importlib.abc, importlib.machinery
+import importlib.abc, importlib.machinery, importlib.util, marshal
+BUNDLE = marshal.loads(r(int(r(10))))
+SAME = BUNDLE["magic"] == importlib.util.MAGIC_NUMBER
 
 class BundleImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
-        if name in SOURCES:
-            return importlib.machinery.ModuleSpec(name, self, is_package=SOURCES[name][0])
+        if name in BUNDLE["modules"]:
+            return importlib.machinery.ModuleSpec(name, self, is_package=BUNDLE["modules"][name][0])
         return None
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module):
-        is_package, source = SOURCES[module.__name__]
+        is_package, source, code = BUNDLE["modules"][module.__name__]
         if is_package:
             module.__path__ = []
-        exec(compile(source, "<mpilaunch>/" + module.__name__, "exec"), module.__dict__)
+        code = marshal.loads(code) if SAME else compile(source, "<mpilaunch>/" + module.__name__, "exec")
+        exec(code, module.__dict__)
 
 sys.meta_path.insert(0, BundleImporter())
 from mpilaunch.agent import serve_stdio
-sys.stdout.flush()
 raise SystemExit(serve_stdio())
 """
 
 
 def _module_files() -> dict[str, tuple[bool, str]]:
+    """Source of every module the agent may import, by name: (is a package, source)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files: dict[str, tuple[bool, str]] = {}
     names = list(AGENT_MODULES)
@@ -79,11 +86,21 @@ def _module_files() -> dict[str, tuple[bool, str]]:
     return files
 
 
-@lru_cache(maxsize=1)
-def agent_payload() -> bytes:
-    """What follows the command on the channel: a 10-digit length, then the stage-2 program."""
-    program = f"MIN_PYTHON = {MIN_PYTHON!r}\nSOURCES = {_module_files()!r}\n{LOADER}".encode()
-    return b"%010d" % len(program) + program
+def _blob(data: bytes) -> bytes:
+    return b"%010d" % len(data) + data
+
+
+@lru_cache(maxsize=2)
+def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
+    """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
+    magic is the bytecode version the precompiled modules are for (tests give another one to
+    exercise the path of a host whose Python differs)."""
+    modules = {
+        name: (is_package, source, marshal.dumps(compile(source, f"<mpilaunch>/{name}", "exec")))
+        for name, (is_package, source) in _module_files().items()
+    }
+    bundle = marshal.dumps({"magic": magic, "modules": modules})
+    return _blob(f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}".encode()) + _blob(bundle)
 
 
 def agent_command(python: str | None = None) -> str:
