@@ -125,6 +125,61 @@ def test_fuzz_parser_only_raises_protocol_error(data: bytes) -> None:
             assert not isinstance(exc, UnicodeError)
 
 
+# -- the server in this process, fuzzed --------------------------------------------------------
+JOB = {"job": 1, "size": 2, "universe": 2, "kvsname": "kvs_t_1", "mapping": "(vector,(0,1,2))"}
+FIELD_KEYS = ["key", "value", "wait", "name", "port", "jobid", "exitcode", "message", "thrid", "ncmds", "subcmd"]
+FIELD_KEYS += ["maxprocs", "argc", "argv0", "preputcount", "ppkey0", "ppval0", "infokeycount", "pmirank", "srcid"]
+COMMANDS = ["fullinit", "job-getid", "kvs-put", "kvs-get", "kvs-fence", "info-putnodeattr", "info-getnodeattr"]
+COMMANDS += ["info-getjobattr", "finalize", "abort", "name-publish", "name-lookup", "spawn", "job-connect", "bogus"]
+FIELD_VALUES = st.sampled_from(["", "0", "1", "-1", "--5", "TRUE", "x;y", "9" * 30])
+REQUESTS = st.builds(
+    pmi2.format_frame,
+    st.sampled_from(COMMANDS),
+    st.lists(st.tuples(st.sampled_from(FIELD_KEYS), FIELD_VALUES), max_size=8),
+)
+
+
+V1_COMMANDS = ["init", "get_maxes", "put", "get", "barrier_in", "abort", "publish_name", "lookup_name", "spawn"]
+V1_KEYS = ["kvsname", "key", "value", "exitcode", "service", "port", "pmi_version", "nprocs", "execname", "totspawns"]
+V1_LINES = st.builds(
+    lambda cmd, pairs: (f"cmd={cmd} " + " ".join(f"{k}={v}" for k, v in pairs) + "\n").encode(),
+    st.sampled_from(V1_COMMANDS),
+    st.lists(st.tuples(st.sampled_from(V1_KEYS), st.sampled_from(["", "1", "--5", "2", "kvs_t_1", "a b"])), max_size=5),
+)
+
+
+@given(
+    st.lists(st.one_of(REQUESTS, V1_LINES, st.sampled_from([b"endcmd\n"]), st.binary(max_size=80)), max_size=8),
+    st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_fuzz_server_answers_or_refuses_but_never_raises(messages: list[bytes], init_line: bool) -> None:
+    """Whatever a rank sends, PmiService answers it or reports the rank (pmi_error); it never raises."""
+    from mpilaunch import wire
+    from mpilaunch.pmi.server import PmiService
+
+    sent: list[bytes] = []
+    service = PmiService(JOB, sent.append)
+    ours, theirs = service.attach(0, 0, 0)
+    theirs.setblocking(False)
+    try:
+        for data in [b"cmd=init pmi_version=2 pmi_subversion=0\n"] * init_line + messages:
+            theirs.sendall(data)
+            alive = service.readable(ours.fileno())
+            try:
+                while theirs.recv(1 << 16):
+                    pass
+            except BlockingIOError:
+                pass
+            if not alive:
+                errors = [f for f in wire.Decoder().feed(b"".join(sent)) if f[1]["op"] == "pmi_error"]
+                assert errors and errors[-1][1]["error"].startswith("PMI protocol error: ")
+                break
+    finally:
+        ours.close()
+        theirs.close()
+
+
 # -- the server, with real ranks ---------------------------------------------------------------
 @pytest.mark.parametrize("mpi", ["pmi1", "pmi2"])
 def test_a_pmi2_session_against_the_server(launcher: Launcher, mpi: str) -> None:
