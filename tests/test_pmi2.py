@@ -251,6 +251,34 @@ def test_hostile_pmi2_clients_abort_the_job_naming_the_rank(launcher: Launcher, 
     assert "Rank:      1" in err and "Traceback" not in err
 
 
+TCP_PMI2 = """
+import os, socket
+host, port = os.environ["PMI_PORT"].split(":")
+sock = socket.create_connection((host, int(port)))
+reader = sock.makefile("rb")
+sock.sendall(f"cmd=initack pmiid={os.environ['PMI_ID']}\\n".encode())
+for _ in range(4):
+    reader.readline()
+sock.sendall(b"cmd=init pmi_version=2 pmi_subversion=0\\n")
+print(reader.readline().decode().strip())
+for body in (b"cmd=fullinit;pmirank=0;", b"cmd=finalize;"):
+    sock.sendall(b"%6d" % len(body) + body)
+    print(reader.read(int(reader.read(6))).decode())
+"""
+
+
+def test_pmi2_over_tcp_after_the_initack_line(launcher: Launcher, tmp_path: Path) -> None:
+    """--pmi-tcp serves a PMI-2 client that presents its PMI_ID first (MPICH's own does not)."""
+    script = write_script(tmp_path, "tcp2.py", TCP_PMI2)
+    proc = launcher.run("--pmi-tcp", "-n", "1", PY, script, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().splitlines() == [
+        "cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0",
+        "cmd=fullinit-response;rc=0;pmi-version=2;pmi-subversion=0;rank=0;size=1;appnum=0;debugged=FALSE;pmiverbose=FALSE;",
+        "cmd=finalize-response;rc=0;",
+    ]
+
+
 def test_mpi_pmi2_tells_mpich_unless_the_user_did(launcher: Launcher) -> None:
     def variables(*args: str, env: dict | None = None) -> list[str]:
         proc = launcher.run("--dry-run", *args, "-n", "1", "true", env=env)
