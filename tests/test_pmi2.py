@@ -279,6 +279,17 @@ def test_pmi2_over_tcp_after_the_initack_line(launcher: Launcher, tmp_path: Path
     ]
 
 
+def test_a_rank_that_never_reads_its_replies_cannot_stall_the_agent(launcher: Launcher) -> None:
+    """Rank 1 floods requests without reading: after 5 s of a full socket the agent reports it."""
+    start = time.monotonic()
+    proc = launcher.run("-n", "2", PY, RAW2, "flood", timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 20
+    assert err.splitlines()[0] == "mpilaunch: rank 1 did not read its PMI replies for 5 s"
+    assert "Traceback" not in err
+
+
 def test_mpi_pmi2_tells_mpich_unless_the_user_did(launcher: Launcher) -> None:
     def variables(*args: str, env: dict | None = None) -> list[str]:
         proc = launcher.run("--dry-run", *args, "-n", "1", "true", env=env)

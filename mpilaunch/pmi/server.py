@@ -25,6 +25,7 @@ from mpilaunch.pmi.simple import KEYLEN_MAX, KVSNAME_MAX, LINE_MAX, VALLEN_MAX, 
 NEW, INITIALIZED, FINALIZED = "new", "init", "finalized"
 NAME_RESULTS = {"publish_name": "publish_result", "unpublish_name": "unpublish_result", "lookup_name": "lookup_result"}
 NAMES_V2 = {"name-publish": "publish_name", "name-unpublish": "unpublish_name", "name-lookup": "lookup_name"}
+SEND_TIMEOUT = 5.0  # a rank that leaves its replies unread this long is cut off, so the agent never stalls
 
 
 class PmiClient:
@@ -39,6 +40,7 @@ class PmiClient:
         self.state = NEW
         self.version = 1  # 2 once it asked for PMI-2: frames from then on
         self.in_barrier = False
+        self.stalled = False  # it stopped reading its replies: it is reported and served no more
         self.fence_thrid: str | None = None  # PMI-2: the thrid to echo when the fence completes
         self.spawn_block: dict[str, str] | None = None  # lines of an `mcmd=spawn` being read
         self.spawn_apps: list[dict] = []  # MPI_Comm_spawn_multiple sends one block per app
@@ -105,6 +107,8 @@ class PmiService:
     def readable(self, fd: int) -> bool:
         """Handle what a rank sent; False when its socket must be dropped (closed or misbehaving)."""
         client = self.clients[fd]
+        if client.stalled:
+            return False
         try:
             data = client.sock.recv(LINE_MAX)
         except BlockingIOError:
@@ -117,11 +121,11 @@ class PmiService:
             return False
         client.buf += data
         try:
-            while self.next_message(client):
+            while not client.stalled and self.next_message(client):
                 pass
         except ProtocolError as exc:
             return self.refuse(client, str(exc))
-        return True
+        return not client.stalled
 
     def next_message(self, client: PmiClient) -> bool:
         """Handle one whole message from the client's buffer; False when more bytes are needed."""
@@ -163,18 +167,24 @@ class PmiService:
         self.send(client, format_reply(cmd, **fields))
 
     def send(self, client: PmiClient, data: bytes) -> None:
-        if client.sock is None or client.sock.fileno() not in self.clients:
+        """Blocking, but for SEND_TIMEOUT at most: replies are short, so only a rank that does
+        not read them makes it wait, and it is then reported (the job ends) and dropped."""
+        if client.sock is None or client.stalled or client.sock.fileno() not in self.clients:
             return
         try:
+            client.sock.settimeout(SEND_TIMEOUT)
             client.sock.sendall(data)
-        except BlockingIOError:
-            client.sock.setblocking(True)  # replies are short; a rank that does not read them stalls only itself
-            try:
-                client.sock.sendall(data)
-            finally:
-                client.sock.setblocking(False)
+        except socket.timeout:
+            client.stalled = True
+            error = f"did not read its PMI replies for {SEND_TIMEOUT:g} s"
+            self.send_up(wire.control("pmi_error", proc=client.ident, error=error))
         except OSError:
             pass
+        finally:
+            try:
+                client.sock.setblocking(False)
+            except OSError:
+                pass
 
     # -- the commands ---------------------------------------------------------------------
     def handle(self, client: PmiClient, msg: dict[str, str]) -> None:

@@ -220,6 +220,17 @@ elif scenario == "mid_frame":
         sock.sendall(b"    60cmd=kvs-put;key=")  # 60 bytes announced, 12 sent: then it hangs up
         sock.close()
     time.sleep(30)
+elif scenario == "flood":
+    init_line()
+    fullinit()
+    if rank == 1:  # requests, and never a read: the replies pile up in the agent's socket
+        request = frame("job-getid") * 1000
+        try:
+            while True:
+                sock.sendall(request)
+        except OSError:  # the agent gave up on us
+            pass
+    time.sleep(30)
 elif scenario == "abort":
     init_line()
     fullinit()
