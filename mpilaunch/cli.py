@@ -106,7 +106,7 @@ def _env_timeout() -> float | None:
     "mpi",
     type=click.Choice(["pmi1", "pmi2", "none"], case_sensitive=False),
     default="pmi1",
-    help="PMI served to MPICH-family ranks (pmi1 over PMI_FD) or none.",
+    help="PMI for MPICH-family ranks: pmi1 (PMI-1 and PMI-2 served), pmi2 (also tell MPICH to use PMI-2) or none.",
 )
 @click.option(
     "--pmi-tcp",
@@ -190,8 +190,11 @@ def parse_args(argv: list[str]) -> JobSpec:
     if map_by.upper().endswith(":OVERSUBSCRIBE"):
         map_by, oversubscribe = map_by[: -len(":OVERSUBSCRIBE")], True
     mpi = str(globals_.pop("mpi")).lower()
-    if mpi == "pmi2":
-        raise LaunchError("--mpi pmi2: PMI-2 is not served yet; use --mpi pmi1 (the default)")
+    if mpi == "pmi2" and globals_.get("pmi_tcp"):
+        raise LaunchError(
+            "--mpi pmi2 with --pmi-tcp: MPICH's PMI-2 client skips the PMI_ID handshake over TCP, "
+            "so mpilaunch would refuse its connection; drop --pmi-tcp to serve PMI-2 over PMI_FD"
+        )
     bind_to = str(globals_.pop("bind_to")).split(":", 1)[0].lower()
     if bind_to not in ("none", "core", "socket", "hwthread"):
         raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket or hwthread")

@@ -20,6 +20,9 @@ from mpilaunch.pmi.simple import process_mapping
 from mpilaunch.rank_env import JobLayout, job_variables, rank_environment
 from mpilaunch.spec import JobSpec, Options
 
+# MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
+PMI_VERSION_NAMES = ("MPIR_CVAR_PMI_VERSION", "MPIR_PARAM_PMI_VERSION", "MPICH_PMI_VERSION")
+
 
 @dataclass
 class JobPlan:
@@ -30,7 +33,7 @@ class JobPlan:
     argvs: list[tuple[str, ...]]  # per app
     wdirs: list[str]  # per app
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
-    pmi: dict | None = None  # what agents need to serve this job PMI-1, or None (--mpi none)
+    pmi: dict | None = None  # what agents need to serve this job PMI, or None (--mpi none)
 
 
 @dataclass
@@ -163,9 +166,11 @@ def job_plan(
     common = job_variables(layout, env)
     if extra:
         common.update(extra)
+    if options.mpi == "pmi2" and not any(name in env for name in PMI_VERSION_NAMES):
+        common["MPIR_CVAR_PMI_VERSION"] = "2"  # MPICH picks its PMI client at run time; the user's choice wins
     envs = [rank_environment(r, common, exports, env) for r in ranks]
     pmi = None
-    if options.mpi == "pmi1":
+    if options.mpi in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
         pmi = {
             "job": job,
             "size": len(ranks),
@@ -253,4 +258,6 @@ def spawn_plan(
     )
     if child.pmi is not None:
         child.pmi["preput"] = dict(preput)
+        if apps and apps[0].get("spawner"):
+            child.pmi["spawner"] = str(apps[0]["spawner"])  # PMI-2's fullinit tells children who spawned them
     return child
