@@ -8,6 +8,7 @@ ratio mpilaunch / peer. Peers that are not installed are skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -135,6 +136,59 @@ def scenario_barrier(size: int):
     return run
 
 
+class SshHosts:
+    """One sshd bed (tests/sshbed.py) shared by the SSH scenarios, and each launcher's way to use it."""
+
+    bed = None
+    wrapper: Path
+
+    @classmethod
+    def get(cls, hosts: int, work: Path):  # -> SshBed
+        if cls.bed is not None and len(cls.bed.names) < hosts:
+            cls.bed.close()
+            cls.bed = None
+        if cls.bed is None:
+            from tests.sshbed import SshBed
+
+            # An empty HOME: the remote shell reads no ~/.bashrc (here it runs `pyenv init`, 0.15 s of
+            # CPU per connection, which on 2 cores would swamp what the launchers themselves cost).
+            home = work / "empty-home"
+            home.mkdir(exist_ok=True)
+            cls.bed = SshBed(work / f"bed{hosts}", hosts, setenv={"HOME": str(home)}).start()
+            cls.wrapper = work / "ssh-bed"  # hydra and Open MPI run `ssh`; this one reads the bed's config
+            cls.wrapper.write_text(f'#!/bin/sh\nexec ssh -F {cls.bed.config} "$@"\n')
+            cls.wrapper.chmod(0o755)
+        return cls.bed
+
+    @classmethod
+    def argv(cls, name: str, prefix: list[str], hosts: str) -> list[str]:
+        if name == "mpilaunch":
+            return [*prefix, "--ssh-config", str(cls.bed.config), "-H", hosts]  # type: ignore[union-attr]
+        if name == "hydra":
+            return [*prefix, "-launcher", "ssh", "-launcher-exec", str(cls.wrapper), "-hosts", hosts]
+        return [*prefix, "--mca", "plm_rsh_agent", str(cls.wrapper), "-H", hosts]
+
+    @classmethod
+    def close(cls) -> None:
+        if cls.bed is not None:
+            cls.bed.close()
+            cls.bed = None
+
+
+def scenario_ssh(hosts: int, per_host: int, program: list[str]):
+    def run(name: str, prefix: list[str], work: Path) -> dict:
+        bed = SshHosts.get(hosts, work)
+        spec = ",".join(f"{n}:{per_host}" for n in bed.names[:hosts])
+        argv = [*SshHosts.argv(name, prefix, spec), "-n", str(hosts * per_host), *program]
+        elapsed, proc = timed(argv, capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        left = bed.wait_clean(5.0)
+        assert not left, f"{name} left processes on the hosts: {left}"
+        return {"seconds": elapsed}
+
+    return run
+
+
 SCENARIOS = {
     "true": ("`-n 8 true`, local", scenario_true),
     "output": ("4 ranks x 100,000 lines of 70 bytes (mpirun/mpilaunch with --output-filename)", scenario_output),
@@ -146,8 +200,14 @@ SCENARIOS = {
         )
         for n in (2, 4, 8, 16, 32)
     },
+    "ssh_true": ("ssh, 4 hosts x 2 ranks of `true`", scenario_ssh(4, 2, ["true"])),
+    "ssh_barrier": (
+        "ssh, 4 hosts x 2 ranks, mpi4py wire-up + barrier (hydra only)",
+        scenario_ssh(4, 2, [sys.executable, "-c", BARRIER]),
+    ),
+    "ssh_fanout32": ("ssh fan-out, 32 hosts x 1 rank of `true`", scenario_ssh(32, 1, ["true"])),
 }
-MPICH_ONLY = {key for key in SCENARIOS if key.startswith("barrier")}
+MPICH_ONLY = {key for key in SCENARIOS if key.startswith("barrier") or key == "ssh_barrier"}
 
 
 def main() -> None:
@@ -158,12 +218,13 @@ def main() -> None:
     args = parser.parse_args()
     peers = launchers()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.closing(SshHosts):
         work = Path(tmp)
         for key in args.only or SCENARIOS:
             title, func = SCENARIOS[key]
             results: dict[str, list[dict]] = {name: [] for name in peers}
-            reps = args.reps if key != "output" and key not in ("barrier16", "barrier32") else max(3, args.reps // 2)
+            slow = ("output", "barrier16", "barrier32", "ssh_fanout32")
+            reps = args.reps if key not in slow else max(3, args.reps // 2)
             runners = {n: p for n, p in peers.items() if not (key in MPICH_ONLY and n == "openmpi")}
             results = {name: [] for name in runners}
             for _ in range(reps):

@@ -7,6 +7,7 @@ Python 3. It exits, killing its ranks, when its link to the controller closes.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import socket
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from mpilaunch import wire
 from mpilaunch.binding import cpu_groups, cpus_for
 from mpilaunch.mpi_family import OpenMpiWatch
+from mpilaunch.programs import merge_host_environment, probe_port, program_problem
 
 if TYPE_CHECKING:
     from mpilaunch.pmi.server import PmiService
@@ -57,6 +59,66 @@ class _Affinity:
             os.sched_setaffinity(0, self.saved)
 
 
+class Guardian:
+    """A forked watcher that kills the ranks' process groups if this agent dies without doing so
+    (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
+    preexec_fn there is no PR_SET_PDEATHSIG for the ranks, and this costs one fork per host."""
+
+    def __init__(self) -> None:
+        read_fd, self.fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(self.fd)
+                _guard(read_fd)
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+
+    def watch(self, pid: int) -> None:
+        try:
+            os.write(self.fd, pid.to_bytes(4, "big"))
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Every rank is gone: the guardian leaves without killing anything."""
+        try:
+            os.write(self.fd, bytes(4))
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _guard(read_fd: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
+    os.closerange(read_fd + 1, 1 << 16)
+    groups: list[int] = []
+    buf = b""
+    while True:
+        try:
+            data = os.read(read_fd, 4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return
+        buf += data
+        while len(buf) >= 4:
+            pid, buf = int.from_bytes(buf[:4], "big"), buf[4:]
+            if pid == 0:
+                return
+            groups.append(pid)
+
+
 class RankProcess:
     """One rank as this agent sees it, known by its process id (unique over the run's jobs)."""
 
@@ -74,9 +136,29 @@ class RankProcess:
         self.reported = False
 
 
+class PipeLink:
+    """The link of a remote agent: its stdin and stdout, which sshd joins to the SSH channel."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self.read_fd, size)
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.write_fd, view) :]
+
+
 class Agent:
-    def __init__(self, link: socket.socket) -> None:
+    def __init__(self, link: socket.socket | PipeLink) -> None:
         self.link = link
+        self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
         self.sel = selectors.DefaultSelector()
         self.decoder = wire.Decoder()
         self.ranks: dict[int, RankProcess] = {}
@@ -96,6 +178,10 @@ class Agent:
         self.pmi_hello: dict[int, tuple[socket.socket, bytearray]] = {}  # TCP clients yet to present an id
         self.host = socket.gethostname()
         self.open_mpi = OpenMpiWatch()  # ranks that may be Open MPI singletons
+        self.guardian: Guardian | None = None
+        self.heartbeat: float | None = None  # remote agents: seconds of silence before the launcher counts as gone
+        self.heard = time.monotonic()
+        self.next_ping = 0.0
 
     # -- sending -------------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -121,7 +207,7 @@ class Agent:
     def launch(self, msg: dict) -> None:
         base = {
             k: v
-            for k, v in os.environ.items()
+            for k, v in self.host_env.items()
             if k not in msg.get("drop_names", ()) and not k.startswith(tuple(msg.get("drop_prefixes", ())))
         }
         job = int(msg.get("job", 1))
@@ -183,6 +269,8 @@ class Agent:
             pmi_pair[1].close()
             self.pmi_fds[pmi_pair[0].fileno()] = service
             self.sel.register(pmi_pair[0].fileno(), selectors.EVENT_READ, "pmi")
+        if self.guardian is not None:
+            self.guardian.watch(proc.pid)
         rp = RankProcess(ident, job, proc)
         self.ranks[ident] = rp
         self.by_pid[proc.pid] = rp
@@ -198,6 +286,24 @@ class Agent:
         self.send(wire.control("started", proc=ident, pid=proc.pid))
         if service is not None:
             self.open_mpi.watch(ident, proc.pid, time.monotonic())
+
+    def check(self, msg: dict) -> None:
+        """Before anything starts: take the launcher's paths, and say whether each program and
+        directory exists here and whether a MASTER_PORT is free (or pick one)."""
+        self.host_env = merge_host_environment(dict(os.environ), msg.get("carried", {}))
+        if msg.get("heartbeat"):
+            self.heartbeat = float(msg["heartbeat"])
+        problems = []
+        for app in msg.get("apps", ()):
+            path = app.get("path") or self.host_env.get("PATH", os.defpath)
+            problem = program_problem(app["program"], app["wdir"], path, bool(msg.get("mpi")))
+            if problem and problem not in problems:
+                problems.append(problem)
+        port = int(msg.get("port", -1))
+        port_free = None
+        if port >= 0:
+            port, port_free = probe_port(port)
+        self.send(wire.control("checked", problems=problems, port=port, port_free=port_free))
 
     # -- rank output and stdin -----------------------------------------------------------
     def read_output(self, fd: int) -> None:
@@ -319,8 +425,9 @@ class Agent:
         """SIGKILL every rank's process group and every orphan this agent adopted."""
         self.signal_all(signal.SIGKILL, include_dead=True)
         me = os.getpid()
+        guardian = self.guardian.pid if self.guardian else None
         for pid in _children_of(me):
-            if pid not in self.by_pid:
+            if pid not in self.by_pid and pid != guardian:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -337,6 +444,8 @@ class Agent:
         op = msg["op"]
         if op == "launch":
             self.launch(msg)
+        elif op == "check":
+            self.check(msg)
         elif op == "signal":
             self.signal_all(int(msg["sig"]))
         elif op == "kill":
@@ -361,6 +470,7 @@ class Agent:
         if not data:
             self.link_lost()
             return
+        self.heard = time.monotonic()
         try:
             frames = self.decoder.feed(data)
         except wire.FrameError as exc:
@@ -375,6 +485,7 @@ class Agent:
 
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.guardian = Guardian()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -386,7 +497,9 @@ class Agent:
         signal.set_wakeup_fd(wake_w)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.link, selectors.EVENT_READ, "link")
-        self.send(wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid()))
+        version = ".".join(map(str, sys.version_info[:3]))
+        hello = wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid(), python=version)
+        self.send(hello)
         while not (self.finishing and self.all_done()):
             timeout = self.next_timeout()
             for key, _ in self.sel.select(timeout):
@@ -423,10 +536,13 @@ class Agent:
                 self.maybe_report(rp, now)
             self.check_hangups(now)
             self.check_open_mpi(now)
+            if self.heartbeat and self.link_open:
+                self.keep_alive(now)
             if self.kill_deadline is not None and now >= self.kill_deadline:
                 self.kill_deadline = None
                 self.kill_stragglers()
         self.kill_stragglers()
+        self.guardian.release()
         self.send(wire.control("bye"))
         self.reap()
         return 0
@@ -527,6 +643,17 @@ class Agent:
         service = self.pmi.get(rp.job) if rp else None
         return rp is not None and rp.status is None and service is not None and service.state_of(ident) == "new"
 
+    def keep_alive(self, now: float) -> None:
+        """A remote agent pings the launcher and stops when it has heard nothing for a heartbeat
+        timeout: after a network cut without a reset, the channel would never close."""
+        assert self.heartbeat is not None
+        if now >= self.next_ping:
+            self.next_ping = now + self.heartbeat / 6
+            self.send(wire.control("ping"))
+        if now - self.heard > self.heartbeat and not select.select([self.link], [], [], 0)[0]:
+            print(f"mpilaunch agent: no word from the launcher for {self.heartbeat:g} s; stopping", file=sys.stderr)
+            self.link_lost()
+
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True
 
@@ -540,6 +667,8 @@ class Agent:
         look = self.open_mpi.next_deadline()
         if look is not None:
             deadlines.append(look)
+        if self.heartbeat and self.link_open:
+            deadlines += [self.next_ping, self.heard + self.heartbeat]
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -568,3 +697,14 @@ def _children_of(pid: int) -> list[int]:
 def serve(link: socket.socket) -> int:
     """Run an agent on an already connected link until the job ends."""
     return Agent(link).run()
+
+
+def serve_stdio() -> int:
+    """Run as a remote host's agent: the link is stdin/stdout (the SSH channel). They are moved
+    to private descriptors, so no rank inherits them and a stray print cannot corrupt a frame."""
+    read_fd, write_fd = os.dup(0), os.dup(1)  # dup'd descriptors are not inherited
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    return Agent(PipeLink(read_fd, write_fd)).run()

@@ -106,13 +106,20 @@ def _env_timeout() -> float | None:
     "mpi",
     type=click.Choice(["pmi1", "pmi2", "none"], case_sensitive=False),
     default="pmi1",
-    help="PMI served to MPICH-family ranks (pmi1 over PMI_FD) or none.",
+    help="PMI for MPICH-family ranks: pmi1 (PMI-1 and PMI-2 served), pmi2 (also tell MPICH to use PMI-2) or none.",
 )
 @click.option(
     "--pmi-tcp",
     "-pmi-tcp",
     is_flag=True,
     help="Serve PMI over loopback TCP (PMI_PORT + a secret PMI_ID) for ranks that cannot inherit PMI_FD.",
+)
+@click.option("--ssh-config", "-ssh-config", "ssh_config", metavar="PATH", help="SSH config (default ~/.ssh/config).")
+@click.option(
+    "--ssh-accept-new",
+    "-ssh-accept-new",
+    is_flag=True,
+    help="Accept and record unknown host keys (a changed key is always refused).",
 )
 @click.option("--allow-run-as-root", "-allow-run-as-root", is_flag=True, help="Allow running as root.")
 @click.version_option(__version__, "--version", "-V", "-version", prog_name="mpilaunch", message="%(prog)s %(version)s")
@@ -183,8 +190,11 @@ def parse_args(argv: list[str]) -> JobSpec:
     if map_by.upper().endswith(":OVERSUBSCRIBE"):
         map_by, oversubscribe = map_by[: -len(":OVERSUBSCRIBE")], True
     mpi = str(globals_.pop("mpi")).lower()
-    if mpi == "pmi2":
-        raise LaunchError("--mpi pmi2: PMI-2 is not served yet; use --mpi pmi1 (the default)")
+    if mpi == "pmi2" and globals_.get("pmi_tcp"):
+        raise LaunchError(
+            "--mpi pmi2 with --pmi-tcp: MPICH's PMI-2 client skips the PMI_ID handshake over TCP, "
+            "so mpilaunch would refuse its connection; drop --pmi-tcp to serve PMI-2 over PMI_FD"
+        )
     bind_to = str(globals_.pop("bind_to")).split(":", 1)[0].lower()
     if bind_to not in ("none", "core", "socket", "hwthread"):
         raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket or hwthread")
@@ -210,14 +220,81 @@ def check_root(options: Options, env: dict[str, str] | os._Environ[str]) -> None
     )
 
 
+HOST_OPTIONS = (
+    click.option("-H", "--host", "-host", "hosts", multiple=True, metavar="h1,h2", help="Hosts."),
+    click.option("--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f", "hostfile", metavar="PATH"),
+    click.option("--ssh-config", "-ssh-config", "ssh_config", metavar="PATH", help="SSH config."),
+    click.option("--ssh-accept-new", "-ssh-accept-new", is_flag=True, help="Accept and record unknown host keys."),
+)
+
+
+def _host_options(func):  # type: ignore[no-untyped-def]
+    for option in reversed(HOST_OPTIONS):
+        func = option(func)
+    return func
+
+
+@click.command(name="mpilaunch check", context_settings={"help_option_names": ["--help", "-h"]})
+@_host_options
+@click.option("--port", type=click.IntRange(0, 65535), help="MASTER_PORT to check (default $MASTER_PORT or 29500).")
+@click.argument("program", required=False)
+def check_command(**params: object) -> None:
+    """Preflight: can every host be reached, and can it run PROGRAM? One row per host."""
+
+
+@click.command(
+    name="mpilaunch allrun",
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-h"]},
+)
+@_host_options
+@click.option("-x", "exports", multiple=True, metavar="VAR[=value]", help="Export a variable.")
+@click.option("--wdir", "-wdir", "wdir", metavar="DIR", help="Working directory.")
+@click.option("--output-filename", "-output-filename", metavar="DIR", help="Per-host files DIR/1/rank.N/.")
+@click.option("--timeout", "-timeout", type=click.FloatRange(min=0, min_open=True), help="End after S seconds.")
+@click.option("--allow-run-as-root", "-allow-run-as-root", is_flag=True, help="Allow running as root.")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def allrun_command(**params: object) -> None:
+    """Run a command once on every host (not once per slot), e.g. a pip install."""
+
+
+def _subcommand(name: str, args: list[str]) -> int:
+    """`mpilaunch check ...` and `mpilaunch allrun ...`: per-host commands, not jobs."""
+    from mpilaunch import hostcmds
+
+    command_ = check_command if name == "check" else allrun_command
+    try:
+        params = command_.make_context(command_.name, args).params
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as exc:
+        raise LaunchError(exc.format_message()) from None
+    options = Options(
+        hosts=params["hosts"],  # type: ignore[arg-type]
+        hostfile=params["hostfile"],  # type: ignore[arg-type]
+        ssh_config=params["ssh_config"],  # type: ignore[arg-type]
+        ssh_accept_new=bool(params["ssh_accept_new"]),
+        allow_run_as_root=bool(params.get("allow_run_as_root")),
+        output_filename=params.get("output_filename"),  # type: ignore[arg-type]
+        timeout=params.get("timeout"),  # type: ignore[arg-type]
+    )
+    if name == "check":
+        return hostcmds.run_check(options, params["program"], params["port"])  # type: ignore[arg-type]
+    check_root(options, os.environ)
+    exports = _exports(params["exports"])  # type: ignore[arg-type]
+    return hostcmds.run_allrun(options, tuple(params["argv"]), params["wdir"], exports)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        spec = parse_args(args)
-        check_root(spec.options, os.environ)
-        from mpilaunch.launch import run_job
+        if args and args[0] in ("check", "allrun"):
+            status = _subcommand(args[0], args[1:])
+        else:
+            spec = parse_args(args)
+            check_root(spec.options, os.environ)
+            from mpilaunch.launch import run_job
 
-        status = run_job(spec)
+            status = run_job(spec)
     except LaunchError as exc:
         print(f"mpilaunch: {exc}", file=sys.stderr)
         status = exc.status

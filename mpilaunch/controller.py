@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
@@ -23,12 +24,17 @@ from mpilaunch.plan import JobPlan, LaunchPlan, remote_hosts, spawn_plan
 from mpilaunch.pmi.kvs import JobKvs, NameService
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
 from mpilaunch.report import failure_summary, ranges
-from mpilaunch.transport.local import LocalLink, start_local_agent
+from mpilaunch.transport.local import start_local_agent
+
+if TYPE_CHECKING:
+    from mpilaunch.transport.local import LocalLink
+    from mpilaunch.transport.ssh import SshLink
 
 STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher stops reading
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
 TIMEOUT_STATUS = 124
+PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
 
 
 @dataclass
@@ -47,15 +53,17 @@ class RankState:
 @dataclass
 class HostLink:
     index: int
-    link: LocalLink
+    link: LocalLink | SshLink
     decoder: wire.Decoder = field(default_factory=wire.Decoder)
     inflight: int = 0
     open: bool = True
+    heard: float = 0.0  # when the agent last sent anything (remote links are declared lost after a silence)
 
 
 class Controller:
-    def __init__(self, plan: LaunchPlan, output: OutputSink) -> None:
+    def __init__(self, plan: LaunchPlan, output: OutputSink, links: dict | None = None, summary: bool = True) -> None:
         self.plan = plan
+        self.summary = summary  # the failure summary (allrun prints a table of hosts instead)
         self.options = plan.options
         self.output = output
         self.procs: list[RankState] = []
@@ -75,6 +83,11 @@ class Controller:
         self.stdin_open = bool(self.stdin_procs)
         self.stdin_registered = False
         self.stdin_pollable = True
+        self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
+        for index, link in (links or {}).items():  # agents started before the run (remote hosts)
+            self._add_link(index, link)
+            if not link.local:
+                link.ping_every(self.heartbeat / PINGS_PER_TIMEOUT, wire.control("ping"))
         self.add_job(plan.job)
 
     # -- jobs -----------------------------------------------------------------------------
@@ -94,9 +107,7 @@ class Controller:
         for index in sorted({s.rank.host for s in states}):
             link = self.links.get(index)
             if link is None:
-                link = self.links[index] = HostLink(index, start_local_agent())
-                link.link.sock.setblocking(False)
-                self.sel.register(link.link.sock, selectors.EVENT_READ, link)
+                link = self._add_link(index, start_local_agent())
             specs = [
                 {
                     "proc": s.proc,
@@ -126,6 +137,11 @@ class Controller:
                 ),
             )
 
+    def _add_link(self, index: int, agent: LocalLink | SshLink) -> HostLink:
+        link = self.links[index] = HostLink(index, agent, heard=time.monotonic())
+        self.sel.register(agent.fileno(), selectors.EVENT_READ, link)
+        return link
+
     def start(self) -> None:
         self._install_signals()
         self.launch(self.plan.job)
@@ -147,14 +163,10 @@ class Controller:
     def send(self, link: HostLink, frame: bytes) -> None:
         if not link.open:
             return
-        sock = link.link.sock
-        sock.setblocking(True)
         try:
-            sock.sendall(frame)
+            link.link.send(frame)
         except OSError:
             pass  # the agent is gone; its EOF is handled by the loop
-        finally:
-            sock.setblocking(False)
 
     def broadcast(self, frame: bytes) -> None:
         for link in self.links.values():
@@ -246,9 +258,10 @@ class Controller:
             if self.aborting or self.finishing:
                 raise LaunchError("the job is ending")
             child = spawn_plan(self.plan, job_no, msg["apps"], in_use, preput)
-            remote = remote_hosts(self.plan.hosts, child.ranks)
-            if remote:
-                raise LaunchError(f"it would place ranks on {remote[0]!r}, and remote hosts are not reachable yet")
+            unreached = [i for i in remote_hosts(self.plan.hosts, child.ranks) if i not in self.links]
+            if unreached:
+                name = self.plan.hosts[unreached[0]].name
+                raise LaunchError(f"it would place ranks on {name!r}, which has no agent (no rank of job 1 runs there)")
             procs = self.add_job(child)
             self.output.add_job(job_no, procs)
         except LaunchError as exc:
@@ -291,12 +304,10 @@ class Controller:
             self.on_spawn(link, msg)
 
     def read_link(self, link: HostLink, now: float) -> None:
-        try:
-            data = link.link.sock.recv(1 << 18)
-        except BlockingIOError:
+        data = link.link.recv()
+        if data is None:
             return
-        except OSError:
-            data = b""
+        link.heard = now
         if not data:
             self.link_closed(link)
             return
@@ -316,16 +327,29 @@ class Controller:
             elif kind == wire.CONTROL:
                 self.on_control(link, value)  # type: ignore[arg-type]
 
-    def link_closed(self, link: HostLink) -> None:
+    def keep_alive(self, now: float) -> None:
+        """Give up on a remote agent that said nothing for a whole heartbeat timeout (its pings
+        come every timeout/6): a network cut that sends no reset would otherwise leave the job
+        waiting for ever. Pings to the agents go from a thread of each link, so a launcher
+        stuck on a full console pipe does not make the agents give up."""
+        for link in list(self.links.values()):
+            if link.open and not link.link.local and now - link.heard > self.heartbeat:
+                if link.link.readable():  # it did speak, while this loop was busy elsewhere
+                    self.read_link(link, now)
+                else:
+                    self.link_closed(link, f"no word from it for {self.heartbeat:g} s")
+
+    def link_closed(self, link: HostLink, why: str = "") -> None:
         link.open = False
-        self.sel.unregister(link.link.sock)
+        self.sel.unregister(link.link.fileno())
         link.link.close()
         link.link.wait()
         lost = [s for s in self.procs if s.rank.host == link.index and not s.done]
         if not lost:
             return
         host = self.plan.hosts[link.index].name
-        print(f"mpilaunch: lost the agent of host {host}; its ranks are killed", file=sys.stderr)
+        because = f" ({why})" if why else ""
+        print(f"mpilaunch: lost the agent of host {host}{because}; its ranks are killed", file=sys.stderr)
         self._kill_groups(lost)
         for state in lost:
             self.rank_exited(state, -signal.SIGKILL, f"agent of host {host} lost")
@@ -396,7 +420,10 @@ class Controller:
                 self.broadcast(wire.control("finish", grace=0.5))
             read_stdin_now = self.update_stdin()
             now = time.monotonic()
-            timers = [t for t in (deadline, self.output.next_deadline()) if t is not None]
+            remote = [link.heard + self.heartbeat for link in self.links.values() if link.open and not link.link.local]
+            if remote:
+                self.keep_alive(now)
+            timers = [t for t in (deadline, self.output.next_deadline(), *remote) if t is not None]
             timeout = max(0.0, min(timers) - now) if timers else None
             if read_stdin_now:
                 self.read_stdin()
@@ -444,7 +471,7 @@ class Controller:
                 f"mpilaunch: stopped by {name} (forwarded to every rank); ranks {first_job}{spawned} ended",
                 file=sys.stderr,
             )
-        if failure is not None:
+        if failure is not None and self.summary:
             killed = [s.proc for s in self.procs if s.killed and s is not failure]
             job = self.jobs[failure.job]
             status = abort_status(failure.abort_code) if failure.abort_code is not None else failure.status

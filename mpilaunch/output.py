@@ -75,6 +75,7 @@ class Console:
         self.open_line: tuple[int, int] | None = None  # whose partial line the console ends with
         self.broken: set[int] = set()
         self.labels: dict[int, tuple[int, int]] = {}  # process id -> (job, rank) for tags
+        self.host_tags: dict[int, str] = {}  # process id -> host name, for `allrun`
 
     def feed(self, rank: int, stream: int, data: bytes, now: float) -> None:
         key = (rank, stream)
@@ -128,7 +129,9 @@ class Console:
         parts = []
         if self.timestamp:
             parts.append(time.strftime("%a %b %e %H:%M:%S %Y"))
-        if self.tag:
+        if self.tag and proc in self.host_tags:
+            parts.append(f"[{self.host_tags[proc]}]<{_STREAM_NAMES[stream]}>:")
+        elif self.tag:
             job, rank = self.labels.get(proc, (1, proc))
             parts.append(f"[{job},{rank}]<{_STREAM_NAMES[stream]}>:")
         elif self.timestamp:

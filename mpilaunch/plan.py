@@ -20,6 +20,9 @@ from mpilaunch.pmi.simple import process_mapping
 from mpilaunch.rank_env import JobLayout, job_variables, rank_environment
 from mpilaunch.spec import JobSpec, Options
 
+# MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
+PMI_VERSION_NAMES = ("MPIR_CVAR_PMI_VERSION", "MPIR_PARAM_PMI_VERSION", "MPICH_PMI_VERSION")
+
 
 @dataclass
 class JobPlan:
@@ -30,7 +33,7 @@ class JobPlan:
     argvs: list[tuple[str, ...]]  # per app
     wdirs: list[str]  # per app
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
-    pmi: dict | None = None  # what agents need to serve this job PMI-1, or None (--mpi none)
+    pmi: dict | None = None  # what agents need to serve this job PMI, or None (--mpi none)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class LaunchPlan:
     master: tuple[str, int] = ("127.0.0.1", 0)
     exports: tuple[tuple[str, str | None], ...] = ()
     launcher_env: Mapping[str, str] = field(default_factory=dict)
+    heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
 
 
 def resolve_hosts(options: Options) -> tuple[list[Host], str]:
@@ -90,11 +94,38 @@ def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
     return name
 
 
-def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[str]:
-    """Names of the hosts these ranks would run on that are not this machine."""
-    return sorted(
-        {hosts[i].name for i in {r.host for r in ranks}} - {h.name for h in hosts if hostlib.is_local(h.name)}
+def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[int]:
+    """Indices of the hosts these ranks would run on that are not this machine (reached over SSH)."""
+    return sorted(i for i in {r.host for r in ranks} if not hostlib.is_local(hosts[i].name))
+
+
+def host_checks(job: JobPlan, host: int) -> list[dict]:
+    """What must exist on one host before launch: each program placed there, in its working
+    directory, found on the PATH the user exported (-x PATH) or else the host's own."""
+    checks = []
+    for app in sorted({r.app for r in job.ranks if r.host == host}):
+        rank = next(r for r in job.ranks if r.app == app and r.host == host)
+        checks.append({"program": job.argvs[app][0], "wdir": job.wdirs[app], "path": job.envs[rank.rank].get("PATH")})
+    return checks
+
+
+def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
+    """Job 1 again with MASTER_ADDR/PORT known only once the hosts were reached (the address
+    rank 0's host was reached at, a port free there)."""
+    job = plan.job
+    apps = list(zip(job.argvs, job.wdirs))
+    rebuilt = job_plan(
+        1,
+        plan.hosts,
+        job.ranks,
+        apps,
+        job_id=plan.job_id,
+        master=master,
+        options=plan.options,
+        exports=plan.exports,
+        env=plan.launcher_env,
     )
+    return replace(plan, job=rebuilt, master=master)
 
 
 def stdin_ranks(choice: str, np: int) -> list[int]:
@@ -135,9 +166,11 @@ def job_plan(
     common = job_variables(layout, env)
     if extra:
         common.update(extra)
+    if options.mpi == "pmi2" and not any(name in env for name in PMI_VERSION_NAMES):
+        common["MPIR_CVAR_PMI_VERSION"] = "2"  # MPICH picks its PMI client at run time; the user's choice wins
     envs = [rank_environment(r, common, exports, env) for r in ranks]
     pmi = None
-    if options.mpi == "pmi1":
+    if options.mpi in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
         pmi = {
             "job": job,
             "size": len(ranks),
@@ -150,10 +183,26 @@ def job_plan(
     return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi)
 
 
-def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
+def heartbeat_timeout(env: Mapping[str, str]) -> float:
+    """MPILAUNCH_HEARTBEAT_TIMEOUT, in seconds (default 30)."""
+    raw = env.get("MPILAUNCH_HEARTBEAT_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError:
+        raise LaunchError(f"MPILAUNCH_HEARTBEAT_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not 0.5 <= value <= 86400:
+        raise LaunchError(f"MPILAUNCH_HEARTBEAT_TIMEOUT={raw!r} must be between 0.5 and 86400 seconds")
+    return value
+
+
+def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
+    """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
-    hosts, source = resolve_hosts(options)
-    hosts = with_slots(hosts, source)
+    if hosts is None:
+        hosts, source = resolve_hosts(options)
+        hosts = with_slots(hosts, source)
+    else:
+        source = "the host list"
     ranks = place(
         hosts,
         [(app.np, app.argv[0]) for app in spec.apps],
@@ -176,6 +225,7 @@ def build_plan(spec: JobSpec, env: Mapping[str, str]) -> tuple[LaunchPlan, str]:
         master=master,
         exports=exports,
         launcher_env=dict(env),
+        heartbeat=heartbeat_timeout(env),
     )
     return plan, source
 
@@ -208,4 +258,6 @@ def spawn_plan(
     )
     if child.pmi is not None:
         child.pmi["preput"] = dict(preput)
+        if apps and apps[0].get("spawner"):
+            child.pmi["spawner"] = str(apps[0]["spawner"])  # PMI-2's fullinit tells children who spawned them
     return child

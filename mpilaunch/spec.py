@@ -37,8 +37,10 @@ class Options:
     timeout: float | None = None
     kill_timeout: float = 2.0
     allow_run_as_root: bool = False
-    mpi: str = "pmi1"  # PMI served to the ranks: pmi1 or none
+    mpi: str = "pmi1"  # PMI served to the ranks: pmi1, pmi2 (same server, MPICH told to use PMI-2) or none
     pmi_tcp: bool = False  # PMI over loopback TCP (PMI_PORT + PMI_ID) instead of an inherited PMI_FD
+    ssh_config: str | None = None  # instead of ~/.ssh/config
+    ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
 
     @property
     def abort_on_failure(self) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -168,3 +170,88 @@ def test_fuzz_wire_decoder_rejects_garbage_cleanly(data: bytes) -> None:
         wire.Decoder().feed(data)
     except wire.FrameError:
         pass
+
+
+def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -> None:
+    from mpilaunch.programs import carried_environment, merge_host_environment
+
+    here, gone = str(tmp_path), str(tmp_path / "gone")
+    carried = carried_environment(
+        {"PATH": f"{gone}:{here}:/usr/bin", "VIRTUAL_ENV": gone, "CONDA_PREFIX": here, "HOME": "/x"}
+        | {"LD_LIBRARY_PATH": ""}
+    )
+    assert set(carried) == {"PATH", "VIRTUAL_ENV", "CONDA_PREFIX"}  # only what locates programs, never empty
+    merged = merge_host_environment({"PATH": "/usr/bin:/bin", "HOME": "/root"}, carried)
+    assert merged["PATH"] == f"{here}:/usr/bin:/bin"
+    assert merged["CONDA_PREFIX"] == here and "VIRTUAL_ENV" not in merged and merged["HOME"] == "/root"
+
+
+def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path) -> None:
+    from mpilaunch.transport.ssh import SshError, load_config, parse_jump, ssh_target
+
+    config_file = tmp_path / "config"
+    config_file.write_text(
+        "Host n1\n  HostName 10.0.0.1\n  Port 2200\n  User alice\n  IdentityFile ~/k1\n  IdentitiesOnly yes\n"
+        "  ProxyJump bob@gate:2022\n  StrictHostKeyChecking accept-new\n  UserKnownHostsFile /tmp/kh1 /tmp/kh2\n"
+        "  ConnectTimeout 3\n"
+    )
+    config = load_config(str(config_file))
+    target = ssh_target("n1", None, None, config)
+    assert (target.hostname, target.port, target.user, target.timeout) == ("10.0.0.1", 2200, "alice", 3.0)
+    assert target.identity_files == (os.path.expanduser("~/k1"),) and target.identities_only
+    assert target.proxy_jump == "bob@gate:2022" and target.strict == "accept-new"
+    assert target.known_hosts == ("/tmp/kh1", "/tmp/kh2") and target.key_name == "[10.0.0.1]:2200"
+    override = ssh_target("n1", "carol", 22, config)
+    assert (override.user, override.port, override.key_name) == ("carol", 22, "10.0.0.1")
+    assert ssh_target("other", None, None, config).hostname == "other"
+    assert parse_jump("bob@gate:2022") == ("bob", "gate", 2022) and parse_jump("gate") == (None, "gate", None)
+    for bad in ("-oProxyCommand=x", "a;b", "u$@h", "h:port"):
+        with pytest.raises(SshError):
+            parse_jump(bad)
+    with pytest.raises(SshError):
+        ssh_target("n1", "-evil", None, config)
+
+
+@pytest.mark.parametrize("magic", [None, b"\0\0\r\n"], ids=["precompiled", "compiled-there"])
+def test_the_shipped_agent_runs_from_its_bundle_alone(tmp_path: Path, magic: bytes | None) -> None:
+    """The agent as a remote host gets it: `python -S -c` with the loader, modules from stdin,
+    nothing of mpilaunch importable from disk (from an empty directory, no site-packages)."""
+    import subprocess
+
+    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+
+    payload = agent_payload() if magic is None else agent_payload(magic)
+    check = wire.control("check", apps=[{"program": "sh", "wdir": str(tmp_path)}], carried={}, mpi=True, port=0)
+    proc = subprocess.run(
+        ["sh", "-c", agent_command()], input=payload + check, capture_output=True, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"}, timeout=30,
+    )  # fmt: skip
+    frames = wire.Decoder().feed(proc.stdout)
+    assert [f[1]["op"] for f in frames] == ["hello", "checked"], proc.stderr.decode()
+    assert frames[1][1]["problems"] == [] and frames[1][1]["port_free"] is True
+    assert proc.returncode == 0  # its stdin closed: it stops, as when the launcher goes
+
+
+OTHER_PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3"))
+
+
+@pytest.mark.skipif(not OTHER_PYTHONS, reason="no other Python versions installed to try the agent on")
+def test_the_agent_runs_on_every_python_from_3_9_and_says_so_below() -> None:
+    """Remote hosts run whatever python3 they have: the bundle compiles there when the bytecode
+    differs, and a Python older than 3.9 gets one clear line instead of a traceback."""
+    import subprocess
+
+    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+
+    for python in OTHER_PYTHONS:
+        version = tuple(int(x) for x in python.split("/versions/")[1].split("/")[0].split(".")[:2])
+        proc = subprocess.run(
+            ["sh", "-c", agent_command(python)], input=agent_payload(), capture_output=True, timeout=30,
+            env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        frames = wire.Decoder().feed(proc.stdout)
+        if version >= (3, 9):
+            assert frames and frames[0][1]["python"].startswith(f"{version[0]}.{version[1]}."), (python, proc.stderr)
+        else:
+            assert not frames and proc.returncode == 4, (python, proc.stderr)
+            assert b"the agent needs Python 3.9 or newer; this host runs" in proc.stderr

@@ -15,6 +15,27 @@ class LocalLink:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
         self.pid = pid
+        self.name = "localhost"
+        sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv(self) -> bytes | None:
+        """Data, None when there is nothing yet, b'' at end."""
+        try:
+            return self.sock.recv(1 << 18)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def send(self, frame: bytes) -> None:
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(frame)
+        finally:
+            self.sock.setblocking(False)
 
     def close(self) -> None:
         self.sock.close()
@@ -36,6 +57,9 @@ def start_local_agent() -> LocalLink:
         status = 1
         try:
             ours.close()
+            keep = theirs.fileno()  # no other descriptor of the launcher (an SSH connection) stays open here
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 1 << 16)
             os.setsid()
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 0)

@@ -1,0 +1,138 @@
+"""Per-host commands: `mpilaunch check` (can every host run the job?) and `mpilaunch allrun`
+(one command once per host, e.g. a `pip install` on every machine)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, replace
+
+from mpilaunch import hosts as hostlib
+from mpilaunch.hosts import Host
+from mpilaunch.plan import resolve_hosts
+from mpilaunch.programs import carried_environment, probe_port, program_problem
+from mpilaunch.spec import AppContext, JobSpec, Options
+
+STAGES = ("resolve", "connect", "host key", "auth", "agent")  # in the order a connection meets them
+COLUMNS = ("HOST", "ADDRESS", "RESOLVE", "CONNECT", "HOST KEY", "AUTH", "PYTHON", "PROGRAM", "PORT")
+DEFAULT_PORT = 29500  # torch.distributed's MASTER_PORT default
+
+
+@dataclass
+class CheckRow:
+    host: str
+    address: str = "-"
+    cells: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _hosts(options: Options) -> list[Host]:
+    hosts, _ = resolve_hosts(options)
+    return hosts
+
+
+def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRow:
+    problems = []
+    program_cell = "-"
+    if program:
+        problem = program_problem(program, wdir, os.environ.get("PATH", os.defpath), False)
+        program_cell = "FAIL" if problem else "ok"
+        if problem:
+            problems.append(problem)
+    _, free = probe_port(port)
+    if not free:
+        problems.append(f"port {port} is in use")
+    python = ".".join(map(str, sys.version_info[:3]))
+    cells = ("local", "-", "-", "-", python, program_cell, "free" if free else "IN USE")
+    return CheckRow(host.name, "this machine", cells, tuple(problems))
+
+
+def _remote_row(host: Host, result, port: int, program: str | None) -> CheckRow:
+    target = result.target
+    address = f"{target.user}@{target.hostname}:{target.port}" if target else "-"
+    if result.error is not None:
+        failed = STAGES.index(result.error.stage)
+        cells = tuple("ok" if i < failed else "FAIL" if i == failed else "-" for i in range(len(STAGES)))
+        return CheckRow(host.name, address, (*cells, "-", "-"), (str(result.error),))  # PYTHON is the agent stage
+    reply = result.reply or {}
+    python = result.link.hello.get("python", "?")
+    problems = tuple(reply.get("problems", ()))
+    free = bool(reply.get("port_free"))
+    program_cell = ("FAIL" if problems else "ok") if program else "-"
+    cells = ("ok", "ok", "ok", "ok", python, program_cell, "free" if free else "IN USE")
+    if not free:
+        problems += (f"port {port} is in use",)
+    return CheckRow(host.name, address, cells, problems)
+
+
+def check_table(rows: list[CheckRow]) -> str:
+    table = [COLUMNS] + [(r.host, r.address, *r.cells) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    for row in rows:
+        lines.extend(f"{row.host}: {problem}" for problem in row.problems)
+    return "\n".join(lines)
+
+
+def run_check(options: Options, program: str | None, port: int | None) -> int:
+    """A preflight table, one row per host; status 1 when any host fails a check."""
+    from mpilaunch import wire
+    from mpilaunch.transport.ssh import SshOptions, start_agents
+
+    hosts = _hosts(options)
+    if port is None:
+        env_port = os.environ.get("MASTER_PORT", "")
+        port = int(env_port) if env_port.isdigit() else DEFAULT_PORT
+    wdir = os.getcwd()
+    remote = {i: (h.name, h.user, h.port) for i, h in enumerate(hosts) if not hostlib.is_local(h.name)}
+    carried = carried_environment(dict(os.environ))
+    apps = [{"program": program, "wdir": wdir, "path": None}] if program else []
+
+    def first(index: int) -> bytes:
+        return wire.control("check", apps=apps, carried=carried, mpi=False, port=port)
+
+    results = start_agents(remote, SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new), first)
+    rows = []
+    for index, host in enumerate(hosts):
+        if index in results:
+            rows.append(_remote_row(host, results[index], port, program))
+            if results[index].link is not None:
+                results[index].link.close()
+        else:
+            rows.append(_local_row(host, program, wdir, port))
+    print(check_table(rows), flush=True)
+    return 0 if all(r.ok for r in rows) else 1
+
+
+def run_allrun(
+    options: Options, argv: tuple[str, ...], wdir: str | None, exports: tuple[tuple[str, str | None], ...]
+) -> int:
+    """The command once on every host (not per slot), output tagged with the host's name, then
+    each host's exit status; every host runs to its end whatever the others do."""
+    from mpilaunch.launch import execute
+    from mpilaunch.plan import build_plan
+    from mpilaunch.report import describe_status
+
+    hosts = [replace(h, slots=1, max_slots=None) for h in _hosts(options)]
+    options = replace(options, map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))
+    spec = JobSpec((AppContext(argv, len(hosts), exports, wdir),), options)
+    plan, _ = build_plan(spec, os.environ, hosts)
+    controller = execute(plan, host_tags=True)
+    status = controller.run()
+    width = max(len(h.name) for h in hosts)
+    lines = []
+    for state in controller.procs:
+        host = hosts[state.rank.host].name
+        code = state.status
+        text = "not run" if code is None else ("ok" if code == 0 else describe_status(code).replace("  ", " "))
+        if state.reason and code != 0:
+            text += f" ({state.reason})"
+        lines.append(f"{host.ljust(width)}  {text}")
+    failed = sum(1 for s in controller.procs if s.status != 0)
+    lines.append(f"allrun: {len(hosts) - failed} of {len(hosts)} hosts succeeded")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return status

@@ -1,0 +1,69 @@
+"""Can this program start here? Asked by the launcher for its own host and by each remote
+agent for its host, before anything starts (stdlib only: shipped to remote hosts)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+from mpilaunch.mpi_family import open_mpi_library
+
+
+def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None:
+    """None when `program` would start in `wdir` with this PATH; else one line saying why not."""
+    if not os.path.isdir(wdir):
+        return f"working directory {wdir!r} does not exist"
+    if os.sep in program:
+        target: str | None = program if os.path.isabs(program) else os.path.join(wdir, program)
+    else:
+        target = shutil.which(program, path=path)
+    if not target or not os.path.isfile(target):
+        return f"program {program!r} not found (PATH and working directory {wdir})"
+    if not os.access(target, os.X_OK):
+        return f"program {program!r} is not executable"
+    library = open_mpi_library(target) if mpi else None
+    if library:
+        return (
+            f"program {program!r} is linked with Open MPI ({library}); Open MPI ranks need a PMIx server, "
+            "which mpilaunch does not provide, so each would run alone as a singleton of size 1. "
+            "Use Open MPI's mpirun, rebuild with MPICH, or pass --mpi none to start it anyway"
+        )
+    return None
+
+
+PATH_LISTS = ("PATH", "LD_LIBRARY_PATH")
+PREFIXES = ("VIRTUAL_ENV", "CONDA_PREFIX")
+
+
+def carried_environment(env: dict[str, str]) -> dict[str, str]:
+    """What a remote host's agent gets from the launcher's environment so that `python` means
+    the same interpreter there (where its path exists)."""
+    return {name: env[name] for name in (*PATH_LISTS, *PREFIXES) if env.get(name)}
+
+
+def merge_host_environment(own: dict[str, str], carried: dict[str, str]) -> dict[str, str]:
+    """The host's environment with the launcher's search paths in front, keeping only the
+    directories that exist on this host; a virtualenv or conda prefix only if it exists here."""
+    merged = dict(own)
+    for name in PATH_LISTS:
+        if name not in carried:
+            continue
+        ours = [d for d in carried[name].split(os.pathsep) if d and os.path.isdir(d)]
+        theirs = [d for d in own.get(name, "").split(os.pathsep) if d and d not in ours]
+        if ours or theirs:
+            merged[name] = os.pathsep.join(ours + theirs)
+    for name in PREFIXES:
+        if name in carried and os.path.isdir(carried[name]):
+            merged[name] = carried[name]
+    return merged
+
+
+def probe_port(port: int) -> tuple[int, bool]:
+    """(port, whether it can be bound here); port 0 picks a free one (for MASTER_PORT)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return port, False
+        return sock.getsockname()[1], True

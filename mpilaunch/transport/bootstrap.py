@@ -1,0 +1,110 @@
+"""Ship the agent to a host that has only Python 3: a short loader on the command line reads
+the agent's modules from the channel and imports them from memory, so nothing is installed,
+written to disk, or left behind, and no value of the job ever appears on a command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import marshal
+import os
+import shlex
+import sys
+from functools import lru_cache
+
+# The agent's import closure (all stdlib-only); tests check that it imports from this alone.
+AGENT_MODULES = (
+    "mpilaunch",
+    "mpilaunch.agent",
+    "mpilaunch.wire",
+    "mpilaunch.binding",
+    "mpilaunch.programs",
+    "mpilaunch.mpi_family",
+    "mpilaunch.pmi",
+)
+MIN_PYTHON = (3, 9)
+
+# Stage 1, on the command line: read a length-prefixed program from stdin and run it.
+STAGE1 = """import os
+def r(n):
+    b = b""
+    while len(b) < n:
+        c = os.read(0, n - len(b))
+        if not c:
+            raise SystemExit(3)
+        b += c
+    return b
+exec(compile(r(int(r(10))), "<mpilaunch-loader>", "exec"))
+"""
+
+# Stage 2, sent over the channel: an in-memory importer for the bundled modules, which follow
+# as one more length-prefixed blob (marshal: a dict of strings and bytes, readable by any
+# Python 3). Where the host's Python has our bytecode magic, modules load precompiled.
+LOADER = """import sys
+if sys.version_info < MIN_PYTHON:
+    sys.stderr.write("mpilaunch: the agent needs Python %d.%d or newer; this host runs %s\\n"
+                     % (MIN_PYTHON + (sys.version.split()[0],)))
+    raise SystemExit(4)
+import importlib.abc, importlib.machinery, importlib.util, marshal
+BUNDLE = marshal.loads(r(int(r(10))))
+SAME = BUNDLE["magic"] == importlib.util.MAGIC_NUMBER
+
+class BundleImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in BUNDLE["modules"]:
+            return importlib.machinery.ModuleSpec(name, self, is_package=BUNDLE["modules"][name][0])
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        is_package, source, code = BUNDLE["modules"][module.__name__]
+        if is_package:
+            module.__path__ = []
+        code = marshal.loads(code) if SAME else compile(source, "<mpilaunch>/" + module.__name__, "exec")
+        exec(code, module.__dict__)
+
+sys.meta_path.insert(0, BundleImporter())
+from mpilaunch.agent import serve_stdio
+raise SystemExit(serve_stdio())
+"""
+
+
+def _module_files() -> dict[str, tuple[bool, str]]:
+    """Source of every module the agent may import, by name: (is a package, source)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files: dict[str, tuple[bool, str]] = {}
+    names = list(AGENT_MODULES)
+    pmi_dir = os.path.join(root, "pmi")
+    names += sorted(f"mpilaunch.pmi.{f[:-3]}" for f in os.listdir(pmi_dir) if f.endswith(".py") and f != "__init__.py")
+    for name in names:
+        parts = name.split(".")[1:]
+        package = os.path.join(root, *parts, "__init__.py")
+        path = package if os.path.isfile(package) else os.path.join(root, *parts) + ".py"
+        with open(path, encoding="utf-8") as handle:
+            files[name] = (path == package, handle.read())
+    return files
+
+
+def _blob(data: bytes) -> bytes:
+    return b"%010d" % len(data) + data
+
+
+@lru_cache(maxsize=2)
+def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
+    """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
+    magic is the bytecode version the precompiled modules are for (tests give another one to
+    exercise the path of a host whose Python differs)."""
+    modules = {
+        name: (is_package, source, marshal.dumps(compile(source, f"<mpilaunch>/{name}", "exec")))
+        for name, (is_package, source) in _module_files().items()
+    }
+    bundle = marshal.dumps({"magic": magic, "modules": modules})
+    return _blob(f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}".encode()) + _blob(bundle)
+
+
+def agent_command(python: str | None = None) -> str:
+    """The remote command: this launcher's interpreter where the same path exists, else python3.
+    -S: the agent needs no site-packages, and skipping them saves start-up time."""
+    python = python or sys.executable
+    return f'p={shlex.quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {shlex.quote(STAGE1)}'

@@ -1,0 +1,446 @@
+"""Remote hosts' agents over SSH (paramiko): one connection and one agent channel per host.
+
+Connections are opened in parallel under a cap, with jittered retries for what sshd's
+MaxStartups does to bursts (a connection dropped before the banner). Host keys are checked
+against known_hosts; an unknown key is refused unless the user opts in, a changed key always.
+paramiko is imported here only, so a job on one machine never pays for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from mpilaunch import wire
+from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import HostSyntaxError, check_host_name, check_user_name
+from mpilaunch.transport.bootstrap import agent_command, agent_payload
+
+CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
+MAX_PARALLEL = 32  # connections being opened at once
+ATTEMPTS = 5  # for connections dropped before the banner (sshd MaxStartups)
+STRICT_ACCEPTING = ("no", "off", "false", "accept-new")
+
+
+def import_paramiko():  # -> the paramiko module
+    """paramiko without `invoke`: paramiko.config imports it only to run `Match exec`, and it
+    costs about 100 ms, half of paramiko's import. `Match exec` is therefore not supported."""
+    if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+        sys.modules["invoke"] = None  # type: ignore[assignment]  # makes `import invoke` fail at once
+        try:
+            import paramiko
+        finally:
+            del sys.modules["invoke"]
+    import paramiko
+
+    return paramiko
+
+
+class SshError(Exception):
+    """Why one host cannot be used; stage is what failed: resolve, connect, host key, auth, agent."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    config: str | None = None  # --ssh-config; None means ~/.ssh/config when it exists
+    accept_new: bool = False  # --ssh-accept-new
+    python: str | None = None  # interpreter for the agent where that path exists (default: ours)
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and how to reach one host, after ~/.ssh/config (or --ssh-config) is applied."""
+
+    name: str
+    hostname: str
+    port: int = 22
+    user: str = ""
+    identity_files: tuple[str, ...] = ()
+    identities_only: bool = False
+    proxy_jump: str | None = None
+    strict: str = "ask"
+    known_hosts: tuple[str, ...] = ()
+    timeout: float = CONNECT_TIMEOUT
+
+    @property
+    def key_name(self) -> str:
+        """The name known_hosts records this host's key under."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+    def where(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def load_config(path: str | None):  # -> paramiko.SSHConfig
+    paramiko = import_paramiko()
+
+    if path is None:
+        default = os.path.expanduser("~/.ssh/config")
+        if not os.path.isfile(default):
+            return paramiko.SSHConfig()
+        path = default
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except OSError as exc:
+        raise LaunchError(f"--ssh-config {path}: cannot read: {exc.strerror or exc}") from None
+    except Exception as exc:  # paramiko's parser raises plain exceptions for bad lines
+        raise LaunchError(f"--ssh-config {path}: {exc}") from None
+
+
+def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarget:
+    """Apply the ssh config to one host; the hostfile's user@ and port= win over it."""
+    try:
+        entry = config.lookup(name)
+    except ImportError:
+        raise SshError("resolve", "the ssh config uses `Match exec`, which mpilaunch does not support") from None
+    user = user or entry.get("user") or getpass.getuser()
+    try:
+        check_user_name(user)
+    except HostSyntaxError as exc:
+        raise SshError("resolve", str(exc)) from None
+    known = entry.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2").split()
+    proxy = entry.get("proxyjump")
+    return SshTarget(
+        name=name,
+        hostname=entry.get("hostname", name),
+        port=int(port or entry.get("port", 22)),
+        user=user,
+        identity_files=tuple(os.path.expanduser(f) for f in entry.get("identityfile", [])),
+        identities_only=entry.get("identitiesonly", "no").lower() == "yes",
+        proxy_jump=None if not proxy or proxy.lower() == "none" else proxy,
+        strict=entry.get("stricthostkeychecking", "ask").lower(),
+        known_hosts=tuple(os.path.expanduser(f) for f in known if f.lower() != "none"),
+        timeout=float(entry.get("connecttimeout", CONNECT_TIMEOUT)),
+    )
+
+
+def parse_jump(hop: str) -> tuple[str | None, str, int | None]:
+    """A ProxyJump hop, [user@]host[:port]; names are checked like a hostfile's."""
+    user, _, rest = hop.strip().rpartition("@")
+    name, _, port = rest.partition(":")
+    try:
+        check_host_name(name)
+        if user:
+            check_user_name(user)
+    except HostSyntaxError as exc:
+        raise SshError("resolve", f"ProxyJump {hop!r}: {exc}") from None
+    if port and not port.isdigit():
+        raise SshError("resolve", f"ProxyJump {hop!r}: bad port")
+    return user or None, name, int(port) if port else None
+
+
+def fingerprint(key) -> str:
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
+_known_hosts_lock = threading.Lock()
+
+
+def _client_for(target: SshTarget, accept_new: bool):
+    """A paramiko client that knows the host keys of known_hosts and our policy for new ones."""
+    paramiko = import_paramiko()
+
+    client = paramiko.SSHClient()
+    if os.path.isfile("/etc/ssh/ssh_known_hosts"):
+        client.load_system_host_keys("/etc/ssh/ssh_known_hosts")
+    for path in target.known_hosts:
+        if os.path.isfile(path):
+            try:
+                client.get_host_keys().load(path)
+            except OSError as exc:
+                raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
+    save_to = target.known_hosts[0] if target.known_hosts else os.path.expanduser("~/.ssh/known_hosts")
+    accept = accept_new or target.strict in STRICT_ACCEPTING
+
+    class Policy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key) -> None:  # type: ignore[no-untyped-def]
+            if not accept:
+                raise SshError(
+                    "host key",
+                    f"host key of {target.name} ({target.key_name}) is unknown ({fingerprint(key)}); "
+                    f"if that is the right key, accept it with --ssh-accept-new (it is then added to {save_to})",
+                )
+            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+            with _known_hosts_lock:
+                os.makedirs(os.path.dirname(save_to) or ".", mode=0o700, exist_ok=True)
+                with open(save_to, "a", encoding="ascii") as handle:
+                    handle.write(line)
+
+    client.set_missing_host_key_policy(Policy())
+    return client
+
+
+def connect_client(target: SshTarget, options: SshOptions, sock=None):  # -> paramiko.SSHClient
+    """Connect and authenticate, retrying connections that sshd dropped before its banner."""
+    paramiko = import_paramiko()
+
+    for attempt in range(ATTEMPTS):
+        client = _client_for(target, options.accept_new)
+        started = time.monotonic()
+        try:
+            client.connect(
+                target.hostname,
+                port=target.port,
+                username=target.user,
+                key_filename=list(target.identity_files) or None,
+                look_for_keys=not target.identities_only,
+                allow_agent=not target.identities_only,
+                timeout=target.timeout,
+                banner_timeout=target.timeout,
+                auth_timeout=target.timeout,
+                sock=sock,
+            )
+            return client
+        except SshError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise SshError(
+                "host key",
+                f"host key of {target.name} ({target.key_name}) has CHANGED: it offers {fingerprint(exc.key)}, "
+                f"known_hosts has {fingerprint(exc.expected_key)}; refused. If the change is expected, remove the "
+                f"old key with: ssh-keygen -R '{target.key_name}'",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise SshError("auth", f"authentication as {target.user} failed: {exc}") from None
+        except socket.gaierror:
+            client.close()
+            raise SshError("resolve", f"cannot resolve {target.hostname!r}") from None
+        except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
+            client.close()
+            raise SshError("connect", f"connection refused by {target.hostname}:{target.port}") from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            where = f"{target.hostname}:{target.port}"
+            raise SshError("connect", f"no answer from {where} in {target.timeout:g} s") from None
+        except (paramiko.SSHException, EOFError, ConnectionResetError, OSError) as exc:
+            client.close()
+            waited = time.monotonic() - started
+            if waited >= target.timeout * 0.8:  # it accepted TCP but never spoke SSH
+                raise SshError(
+                    "connect", f"{target.hostname}:{target.port} accepted a connection but gave no SSH answer "
+                    f"in {target.timeout:g} s"
+                ) from None
+            if attempt + 1 == ATTEMPTS or sock is not None:
+                raise SshError("connect", f"{target.hostname}:{target.port}: {exc or type(exc).__name__}") from None
+            time.sleep(min(1.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def open_connection(target: SshTarget, options: SshOptions, config) -> tuple[object, list]:
+    """The client for target, through its ProxyJump hops if any: (client, [jump clients])."""
+    jumps: list = []
+    sock = None
+    try:
+        if target.proxy_jump:
+            hops = [parse_jump(h) for h in target.proxy_jump.split(",")]
+            for i, (user, name, port) in enumerate(hops):
+                hop = ssh_target(name, user, port, config)
+                jump = connect_client(hop, options, sock)
+                jumps.append(jump)
+                following = hops[i + 1] if i + 1 < len(hops) else None
+                dest = (following[1], following[2] or 22) if following else (target.hostname, target.port)
+                try:
+                    sock = jump.get_transport().open_channel("direct-tcpip", dest, ("127.0.0.1", 0))
+                except Exception as exc:
+                    raise SshError("connect", f"jump host {name} cannot reach {dest[0]}:{dest[1]}: {exc}") from None
+        return connect_client(target, options, sock), jumps
+    except BaseException:
+        for jump in jumps:
+            jump.close()
+        raise
+
+
+def read_frame(chan, timeout: float) -> dict | None:
+    """One control frame, read exactly (nothing after it is consumed); None on EOF."""
+    chan.settimeout(timeout)
+    data = b""
+    decoder = wire.Decoder()
+    try:
+        while True:
+            need = 5 if len(data) < 5 else 4 + int.from_bytes(data[:4], "big") - len(data)
+            if need <= 0:
+                kind, value = decoder.feed(data)[0]
+                return value if kind == wire.CONTROL else None  # type: ignore[return-value]
+            chunk = chan.recv(need)
+            if not chunk:
+                return None
+            data += chunk
+    finally:
+        chan.settimeout(None)
+
+
+@dataclass
+class SshLink:
+    """A connected agent on a remote host (its pids mean nothing here)."""
+
+    name: str
+    client: object
+    chan: object
+    jumps: list = field(default_factory=list)
+    peer: str = ""  # the address we reached: what the host's ranks are known by
+    local_address: str = ""  # our end: how that host reaches this machine
+    hello: dict = field(default_factory=dict)
+    local: bool = False
+    _err: bytearray = field(default_factory=bytearray)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # frames from two threads never interleave
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def fileno(self) -> int:
+        return self.chan.fileno()  # type: ignore[attr-defined]
+
+    def recv(self) -> bytes | None:
+        """Data, None when there is nothing yet, b'' at end (the agent or the connection is gone)."""
+        chan = self.chan
+        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
+            self._stderr(chan.recv_stderr(1 << 16))  # type: ignore[attr-defined]
+        if chan.recv_ready():  # type: ignore[attr-defined]
+            return chan.recv(1 << 18)  # type: ignore[attr-defined]
+        if chan.closed or chan.eof_received:  # type: ignore[attr-defined]
+            self._stderr(b"\n")
+            return b""
+        return None
+
+    def _stderr(self, data: bytes) -> None:
+        """The agent's own messages (not its ranks'), shown line by line with the host's name."""
+        self._err += data
+        *lines, rest = bytes(self._err).split(b"\n")
+        self._err[:] = rest
+        for line in lines:
+            if line.strip():
+                print(f"mpilaunch: agent on {self.name}: {line.decode(errors='replace')}", file=sys.stderr)
+
+    def readable(self) -> bool:
+        chan = self.chan
+        return chan.recv_ready() or chan.recv_stderr_ready() or chan.closed or chan.eof_received  # type: ignore[attr-defined]
+
+    def send(self, frame: bytes) -> None:
+        with self._lock:
+            self.chan.sendall(frame)  # type: ignore[attr-defined]
+
+    def ping_every(self, interval: float, frame: bytes) -> None:
+        """Keep the agent's heartbeat from a thread: the event loop may be blocked (a console
+        pipe nobody reads), and the agent must not take that for a lost launcher."""
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.send(frame)
+                except Exception:
+                    return
+
+        threading.Thread(target=loop, name=f"ping {self.name}", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for thing in (self.chan, self.client, *self.jumps):
+            try:
+                thing.close()  # type: ignore[attr-defined]
+            except Exception:
+                pass
+
+    def wait(self) -> None:
+        pass
+
+
+def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | None) -> tuple[SshLink, dict | None]:
+    """Connect, ship and start the agent with `first` queued behind it; return its hello and reply."""
+    client, jumps = open_connection(target, options, config)
+    link = SshLink(target.name, client, None, jumps)
+    try:
+        transport = client.get_transport()  # type: ignore[attr-defined]
+        sock = transport.sock
+        if isinstance(sock, socket.socket):
+            link.peer = sock.getpeername()[0]
+            link.local_address = sock.getsockname()[0]
+        else:  # through a jump host: the name is all we have
+            link.peer = target.hostname
+        try:
+            chan = transport.open_session(timeout=target.timeout)
+            link.chan = chan
+            chan.exec_command(agent_command(options.python))
+            chan.sendall(agent_payload() + (first or b""))  # the check waits in the pipe: no round trip
+            hello = read_frame(chan, target.timeout)
+        except (socket.timeout, TimeoutError):
+            raise SshError("agent", f"the agent did not answer within {target.timeout:g} s") from None
+        except Exception as exc:
+            raise SshError("agent", f"cannot start the agent: {exc}") from None
+        if hello is None or hello.get("op") != "hello":
+            text = b""
+            while chan.recv_stderr_ready():
+                text += chan.recv_stderr(1 << 16)
+            last = text.decode(errors="replace").strip().splitlines()
+            status = chan.recv_exit_status() if chan.exit_status_ready() else None
+            why = last[-1] if last else f"it exited with status {status}"
+            raise SshError("agent", f"the agent did not start: {why}")
+        link.hello = hello
+        reply = None
+        if first is not None:
+            reply = read_frame(chan, target.timeout)
+            if reply is None:
+                raise SshError("agent", "the agent closed the connection")
+        return link, reply
+    except BaseException:
+        link.close()
+        raise
+
+
+@dataclass
+class HostResult:
+    """What starting one host's agent gave: a link and its reply, or the error."""
+
+    index: int
+    target: SshTarget | None = None
+    link: SshLink | None = None
+    reply: dict | None = None
+    error: SshError | None = None
+    seconds: float = 0.0
+
+
+def start_agents(
+    names: Mapping[int, tuple[str, str | None, int | None]],
+    options: SshOptions,
+    first: Callable[[int], bytes | None],
+) -> dict[int, HostResult]:
+    """Start one agent on each host (index -> (name, user, port)), in parallel under a cap.
+
+    first(index) is the frame sent once the agent says hello (the pre-launch check); its reply
+    comes back in the result. Failures are results too: callers decide what they mean.
+    """
+    config = load_config(options.config)
+
+    def one(index: int) -> HostResult:
+        started = time.monotonic()
+        result = HostResult(index)
+        name, user, port = names[index]
+        try:
+            result.target = ssh_target(name, user, port, config)
+            result.link, result.reply = start_agent(result.target, options, config, first(index))
+        except SshError as exc:
+            result.error = exc
+        except Exception as exc:  # anything paramiko raises that is not classified above
+            result.error = SshError("connect", f"{type(exc).__name__}: {exc}")
+        result.seconds = time.monotonic() - started
+        return result
+
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(names))) as pool:
+        return {r.index: r for r in pool.map(one, sorted(names))}

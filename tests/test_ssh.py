@@ -1,0 +1,566 @@
+"""Launching over SSH, end to end, on a bed of real sshd servers (node1..node4 on 127.0.0.2-5).
+
+Every test ends with no process of the job on any host: the `clean_hosts` fixture fails the
+test otherwise (and kills what was left, by pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Launcher, write_script
+from tests.sshbed import SshBed, bed_available
+
+available, why = bed_available()
+pytestmark = pytest.mark.skipif(not available, reason=why)
+PY = sys.executable
+ALLREDUCE = (
+    "import os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+    "print('rank', c.rank, 'of', c.size, 'sum', c.allreduce(c.rank), 'host', os.environ['SSH_CONNECTION'].split()[2],"
+    " flush=True)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshBed]:
+    with SshBed(tmp_path_factory.mktemp("sshbed"), 4) as started:
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def clean_hosts(bed: SshBed) -> Iterator[None]:
+    yield
+    left = bed.wait_clean(3.0)
+    if left:
+        bed.kill_leftovers()
+    assert not left, f"processes of the job survived on the hosts: {left}"
+
+
+def ssh(launcher: Launcher, bed: SshBed, *args: str, config: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    return launcher.run("--ssh-config", str(config or bed.config), *args, **kw)
+
+
+def session_sshd(bed: SshBed, name: str) -> list[int]:
+    """The per-connection sshd processes of one host (children of its listening daemon)."""
+    daemon = bed._host(name).proc.pid  # type: ignore[union-attr]
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == daemon:
+                found.append(int(entry))
+    return found
+
+
+def test_four_hosts_allreduce_and_logs(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "allreduce.py", ALLREDUCE)
+    proc = ssh(
+        launcher, bed, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", "--output-filename", "logs", PY, script
+    )
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, err
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank"))
+    assert len(lines) == 8
+    for rank in range(8):
+        host = bed.address(f"node{rank // 2 + 1}")
+        assert f"rank {rank} of 8 sum 28 host {host}" in out
+        assert (tmp_path / "logs" / "1" / f"rank.{rank}" / "stdout").read_text().startswith(f"rank {rank} of 8")
+
+
+def test_local_and_remote_ranks_share_one_job(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "where.py",
+        "import os, sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+        "print(c.rank, c.allreduce(1), os.environ.get('SSH_CONNECTION', 'local').split()[-2:], "
+        "os.environ['MASTER_ADDR'], sys.executable, flush=True)\n",
+    )
+    proc = ssh(launcher, bed, "-H", "localhost:1,node1:1,node2:1", "-n", "3", PY, script)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert out.count(" 3 ") == 3, out
+    # rank 0 runs here: remote ranks reach it at the address their host was reached from
+    assert "127.0.0.1" in out and PY in out
+
+
+def test_remote_rank_zero_gets_master_addr_and_a_free_port(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    proc = ssh(launcher, bed, "-H", "node2:2", "-n", "2", "sh", "-c", "echo $RANK $MASTER_ADDR $MASTER_PORT")
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = sorted(proc.stdout.decode().split("\n")[:2])
+    addr, port = lines[0].split()[1:]
+    assert addr == bed.address("node2") and lines[1].split()[1:] == [addr, port]
+    with socket.socket() as probe:  # a port that was free there (the job is over, so it still is)
+        probe.bind((addr, int(port)))
+
+
+def test_failure_on_node3_aborts_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "fail.py",
+        "import os, sys, time\nif os.environ['RANK'] == '5':\n    print('bad', file=sys.stderr); sys.exit(3)\n"
+        "time.sleep(60)\n",
+    )
+    started = time.monotonic()
+    proc = ssh(launcher, bed, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", PY, script, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 3, err
+    assert "Rank:      5" in err and "Host:      node3" in err and "bad" in err
+    assert time.monotonic() - started < 20
+    assert not bed.wait_clean(3.0)
+
+
+def test_kill_9_of_the_launcher_cleans_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    hosts = "node1:2,node2:2,node3:2,node4:2"
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", hosts, "-n", "8", PY, script)
+    assert proc.stdout is not None
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < 8 and time.monotonic() < deadline:
+        if proc.stdout.readline().startswith(b"up"):
+            seen += 1
+    assert seen == 8
+    assert len(bed.leftover_pids()) >= 8
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    left = bed.wait_clean(2.0)
+    assert not left, f"still running 2 s after kill -9 of the launcher: {left}"
+    assert time.monotonic() - killed <= 2.0
+
+
+def test_lost_host_aborts_the_job_naming_it(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node2:1,node3:1", "-n", "3", PY, script)
+    assert proc.stdout is not None and proc.stderr is not None
+    for _ in range(3):
+        assert proc.stdout.readline().startswith(b"up")
+    try:
+        sessions = session_sshd(bed, "node2")
+        assert sessions
+        bed.stop_host("node2")  # the daemon, then its sessions: the machine is gone
+        for pid in sessions:
+            os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        bed.start_host("node2")
+    assert proc.returncode != 0
+    assert "lost the agent of host node2" in err.decode()
+
+
+def _parent_comm(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        parent = int(handle.read().rsplit(b")", 1)[1].split()[1])
+    with open(f"/proc/{parent}/comm") as handle:
+        return handle.read().strip()
+
+
+def test_killed_agent_aborts_the_job_naming_its_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node4:1", "-n", "2", PY, script)
+    assert proc.stdout is not None
+    for _ in range(2):
+        assert proc.stdout.readline().startswith(b"up")
+    agents = [  # the agent is the child of a session's sshd; its guardian, forked from it, is not
+        p
+        for p in bed.leftover_pids()
+        if b"mpilaunch-loader" in Path(f"/proc/{p}/cmdline").read_bytes() and _parent_comm(p) == "sshd"
+    ]
+    assert len(agents) == 2
+    node4 = [p for p in agents if bed.address("node4") in Path(f"/proc/{p}/environ").read_text(errors="replace")]
+    assert len(node4) == 1
+    os.kill(node4[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "lost the agent of host node4" in err.decode()
+
+
+def test_arguments_arrive_verbatim(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    args = ["a b", "it's", '"quoted"', "$(touch /tmp/mpilaunch-pwned)", "", "; echo no", "`id`", "\\n", "*", "-n"]
+    script = write_script(tmp_path, "argv.py", "import sys, json\nprint(json.dumps(sys.argv[1:]))\n")
+    proc = ssh(launcher, bed, "-H", "node1:1", "-n", "1", PY, script, *args)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout.decode()) == args
+    assert not os.path.exists("/tmp/mpilaunch-pwned")
+
+
+def test_environment_travels_as_data_never_on_a_command_line(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    secret = "s3cr3t-value-4242"
+    script = write_script(
+        tmp_path, "env.py", "import os, time\nprint(os.environ['MY_TOKEN'], flush=True)\ntime.sleep(60)\n"
+    )
+    proc = launcher.popen(
+        "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", "-x", "MY_TOKEN", PY, script,
+        env={"MY_TOKEN": secret},
+    )
+    assert proc.stdout is not None
+    for _ in range(2):
+        assert proc.stdout.readline().strip() == secret.encode()
+    lines = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
+    assert secret not in lines
+    assert "mpilaunch-loader" in lines  # the agents are there, with nothing of the job on their command line
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+
+
+def test_missing_program_on_one_host_is_a_per_host_error(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    proc = ssh(launcher, bed, "-H", "node1:1,node2:1", "-n", "2", "/nonexistent/prog")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "node1: program '/nonexistent/prog' not found" in err
+    assert "node2: program '/nonexistent/prog' not found" in err
+    assert "Traceback" not in err
+
+
+def test_missing_working_directory_is_refused_before_launch(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    proc = ssh(launcher, bed, "-H", "node3:1", "-n", "1", "--wdir", "/nonexistent/dir", "true")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "node3: working directory '/nonexistent/dir' does not exist" in err
+
+
+def test_unknown_host_key_is_refused_then_accepted_on_request(
+    launcher: Launcher, bed: SshBed, tmp_path: Path
+) -> None:
+    known = bed.write_known_hosts(tmp_path / "known_hosts", without=["node2"])
+    config = bed.write_ssh_config(known, tmp_path / "ssh_config")
+    proc = ssh(launcher, bed, "-H", "node2:1", "-n", "1", "true", config=config)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "host key of node2" in err and "is unknown" in err and "--ssh-accept-new" in err
+    assert len(err.strip().splitlines()) == 1
+    proc = ssh(launcher, bed, "--ssh-accept-new", "-H", "node2:1", "-n", "1", "true", config=config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert bed.host_key("node2").split()[1] in known.read_text()
+    proc = ssh(launcher, bed, "-H", "node2:1", "-n", "1", "true", config=config)  # now known
+    assert proc.returncode == 0, proc.stderr.decode()
+
+
+def test_changed_host_key_is_always_refused(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    known = bed.write_known_hosts(tmp_path / "known_hosts", wrong=["node3"])
+    before = known.read_text()
+    config = bed.write_ssh_config(known, tmp_path / "ssh_config")
+    for extra in ([], ["--ssh-accept-new"]):
+        proc = ssh(launcher, bed, *extra, "-H", "node1:1,node3:1", "-n", "2", "true", config=config)
+        err = proc.stderr.decode()
+        assert proc.returncode == 2, err
+        assert "host key of node3" in err and "CHANGED" in err and "ssh-keygen -R" in err
+    assert known.read_text() == before
+
+
+def test_unreachable_hosts_are_named(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    bed.stop_host("node4")
+    try:
+        proc = ssh(launcher, bed, "-H", "node1:1,node4:1,nowhere-host:1", "-n", "3", "true")
+    finally:
+        bed.start_host("node4")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"node4: connection refused by {bed.address('node4')}" in err
+    assert "nowhere-host: cannot resolve" in err
+
+
+def test_host_that_never_speaks_ssh_times_out_named(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.9", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host mute\n    HostName 127.0.0.9\n    Port {port}\n    ConnectTimeout 1\n")
+    try:
+        started = time.monotonic()
+        proc = ssh(launcher, bed, "-H", "mute:1", "-n", "1", "true", config=config, timeout=30)
+        elapsed = time.monotonic() - started
+    finally:
+        silent.close()
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "mute:" in err and "gave no SSH answer in 1 s" in err
+    assert elapsed < 10
+
+
+def test_hostfile_user_and_port(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    known = bed.known_hosts
+    config = tmp_path / "ssh_config"  # no Port and no User: the hostfile gives them
+    config.write_text(
+        "".join(f"Host {n}\n    HostName {bed.address(n)}\n" for n in bed.names)
+        + f"Host *\n    IdentityFile {bed.identity}\n    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n"
+    )
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{bed.user}@node1 slots=1 port={bed.port}\nnode2 slots=1 port={bed.port} user={bed.user}\n")
+    proc = ssh(launcher, bed, "--hostfile", str(hostfile), "sh", "-c", "echo $RANK $USER", config=config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().split("\n")[:2]) == [f"0 {bed.user}", f"1 {bed.user}"]
+
+
+def test_proxy_jump(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host node3\n    ProxyJump node1\n\n{bed.config.read_text()}")
+    proc = ssh(launcher, bed, "-H", "node3:1", "-n", "1", "sh", "-c", "echo via $SSH_CONNECTION", config=config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    # node3 saw the connection come from node1's end of the jump
+    assert proc.stdout.decode().split()[:2] == ["via", bed.address("node1")] or "via 127.0.0" in proc.stdout.decode()
+
+
+def test_python_means_the_launchers_interpreter_where_it_exists(
+    launcher: Launcher, bed: SshBed, tmp_path: Path
+) -> None:
+    name = os.path.basename(PY)  # e.g. python3.11, found through the PATH carried to the host
+    env = {"PATH": f"{os.path.dirname(PY)}:/nonexistent/bin:/usr/bin:/bin", "VIRTUAL_ENV": "/nonexistent/venv"}
+    proc = ssh(
+        launcher,
+        bed,
+        "-H",
+        "node1:1",
+        "-n",
+        "1",
+        name,
+        "-c",
+        "import os, sys; print(sys.executable); print(os.environ['PATH']); print(os.environ.get('VIRTUAL_ENV'))",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    exe, path, venv = proc.stdout.decode().splitlines()[:3]
+    assert os.path.realpath(exe) == os.path.realpath(PY)
+    assert path.startswith(os.path.dirname(PY) + ":/usr/bin") and "/nonexistent" not in path
+    assert venv == "None"
+
+
+def test_spawn_reaches_a_connected_remote_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    child = write_script(
+        tmp_path,
+        "child.py",
+        "import os\nfrom mpi4py import MPI\np = MPI.Comm.Get_parent()\n"
+        "p.send(os.environ['SSH_CONNECTION'].split()[2], dest=0)\np.Disconnect()\n",
+    )
+    parent = write_script(
+        tmp_path,
+        "parent.py",
+        "import sys\nfrom mpi4py import MPI\n"
+        f"c = MPI.COMM_SELF.Spawn(sys.executable, [{child!r}], maxprocs=1)\n"
+        "print('child on', c.recv(source=0), flush=True)\nc.Disconnect()\n",
+    )
+    proc = ssh(launcher, bed, "-H", "node1:2", "-n", "1", PY, parent, timeout=90)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert f"child on {bed.address('node1')}" in proc.stdout.decode()
+
+
+def test_check_table(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    known = bed.write_known_hosts(tmp_path / "known_hosts", without=["node2"])
+    config = bed.write_ssh_config(known, tmp_path / "ssh_config")
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    port = busy.getsockname()[1]
+    try:
+        proc = launcher.run("check", "--ssh-config", str(config), "--port", str(port), "-H", "node1,node2,nope-x", PY)
+        bad = proc.stdout.decode()
+        proc_ok = launcher.run("check", "--ssh-config", str(bed.config), "-H", "localhost,node1,node3", PY)
+    finally:
+        busy.close()
+    assert proc.returncode == 1
+    rows = {line.split()[0]: line.split() for line in bad.splitlines()[1:4]}
+    assert rows["node1"][2:7] == ["ok", "ok", "ok", "ok", rows["node1"][6]] and rows["node1"][-1] == "USE"
+    assert rows["node2"][2:5] == ["ok", "ok", "FAIL"]
+    assert rows["nope-x"][2] == "FAIL"
+    assert "node2: host key of node2" in bad and "nope-x: cannot resolve" in bad
+    good = proc_ok.stdout.decode()
+    assert proc_ok.returncode == 0, good + proc_ok.stderr.decode()
+    assert len([line for line in good.splitlines() if line.rstrip().endswith("free")]) == 3
+
+
+def test_allrun_runs_once_per_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    proc = launcher.run(
+        "allrun",
+        "--ssh-config",
+        str(bed.config),
+        "-H",
+        "node1:4,node2:4,node3",
+        "sh",
+        "-c",
+        'echo "on $(echo $SSH_CONNECTION | cut -d" " -f3)"; [ "$RANK" != 1 ]',
+    )
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 1, err
+    for n in ("node1", "node2", "node3"):
+        assert f"[{n}]<stdout>:on {bed.address(n)}" in out
+    assert re.search(r"node1\s+ok", err) and re.search(r"node2\s+Exit code: 1", err) and re.search(r"node3\s+ok", err)
+    assert "allrun: 2 of 3 hosts succeeded" in err
+
+
+def test_concurrent_jobs_share_the_bed(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """Several launchers at once over the same hosts: each job sees only its own ranks."""
+    results: list[subprocess.CompletedProcess] = []
+
+    def one() -> None:
+        results.append(ssh(launcher, bed, "-H", "node1:2,node2:2", "-n", "4", "sh", "-c", "echo $RANK $WORLD_SIZE"))
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for proc in results:
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert sorted(proc.stdout.decode().split("\n")[:4]) == ["0 4", "1 4", "2 4", "3 4"]
+
+
+def test_match_exec_is_refused_clearly(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(f'Match exec "true"\n    User nobody\n\n{bed.config.read_text()}')
+    proc = ssh(launcher, bed, "-H", "node1:1", "-n", "1", "true", config=config)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "node1: the ssh config uses `Match exec`, which mpilaunch does not support" in err
+
+
+def test_connections_dropped_before_the_banner_are_retried(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """What sshd's MaxStartups does to a burst: accept, then close before the banner. A proxy in
+    front of node1 drops the first two connections, then forwards; the launch must succeed."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.9", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    accepted: list[int] = []
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            if len(accepted) <= 2:
+                client.close()
+                continue
+            upstream = socket.create_connection((bed.address("node1"), bed.port))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.9]:{port} {bed.host_key('node1')}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host flaky\n    HostName 127.0.0.9\n    Port {port}\n    User {bed.user}\n    IdentityFile {bed.identity}\n"
+        f"    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n"
+    )
+    try:
+        proc = ssh(launcher, bed, "-H", "flaky:1", "-n", "1", "echo", "through", config=config)
+    finally:
+        listener.close()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode() == "through\n" and len(accepted) == 3
+
+
+def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "trap.py",
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: (print('usr1', flush=True), sys.exit(5)))\n"
+        "print('up', flush=True)\ntime.sleep(60)\n",
+    )
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script)
+    assert proc.stdout is not None
+    for _ in range(2):
+        assert proc.stdout.readline() == b"up\n"
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert out == b"usr1\nusr1\n", err
+    assert proc.returncode == 5
+
+
+def test_stdin_reaches_a_remote_rank_zero(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    data = b"".join(b"line %d\n" % i for i in range(20000))
+    proc = subprocess.run(
+        launcher.argv("--ssh-config", str(bed.config), "-H", "node2:2", "-n", "2", "sh", "-c", "wc -c"),
+        input=data, capture_output=True, env=launcher.env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().split()) == ["0", str(len(data))]
+
+
+def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """SIGSTOP of node2's sshd sessions: the TCP connection stays up and carries nothing, as in a
+    network cut without a reset. The launcher declares node2 lost after the heartbeat timeout,
+    and node2's agent, hearing nothing either, kills its ranks on its own."""
+    script = write_script(tmp_path, "quiet.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    proc = launcher.popen(
+        "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script,
+        env={"MPILAUNCH_HEARTBEAT_TIMEOUT": "2"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for _ in range(2):
+        assert proc.stdout.readline() == b"up\n"
+    time.sleep(2.5)  # longer than the timeout: the pings keep a healthy job alive
+    assert proc.poll() is None
+    sessions = session_sshd(bed, "node2")
+    stopped = [p for p in bed.leftover_pids() if p in sessions or (_parent_in(p, sessions) and _comm(p) == "sshd")]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 6
+        assert proc.returncode != 0
+        assert "lost the agent of host node2 (no word from it for 2 s)" in err.decode()
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and _ranks_running(script):
+            time.sleep(0.1)
+        assert not _ranks_running(script), "node2's agent did not stop its rank on its own"
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _parent_in(pid: int, parents: list[int]) -> bool:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) in parents
+    except OSError:
+        return False
+
+
+def _ranks_running(script: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if script.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
