@@ -17,6 +17,7 @@ import pytest
 from mpilaunch.mpi_family import TRAP_VARIABLE
 
 from .conftest import Launcher, write_script
+from .sshbed import SshBed, bed_available
 
 PY = sys.executable
 
@@ -124,3 +125,21 @@ def test_the_singleton_variable_is_set_only_with_pmi_and_a_users_value_wins(laun
     assert proc.stdout.decode().strip() == "None"
     proc = launcher.run("-mca", "ess_singleton_server", "mine", *show, timeout=60)
     assert proc.stdout.decode().strip() == "mine"
+
+
+@pytest.mark.skipif(not bed_available()[0], reason=bed_available()[1])
+def test_remote_agents_stop_open_mpi_ranks_too(launcher: Launcher, tmp_path: Path) -> None:
+    """The agent shipped over SSH (imported from memory) keeps the same watch on its host."""
+    with SshBed(tmp_path / "bed", 2) as bed:
+        try:
+            proc = launcher.run("--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY,
+                                _rank(tmp_path), timeout=120)  # fmt: skip
+            err = proc.stderr.decode()
+            assert proc.returncode == 1, err
+            assert proc.stdout == b"", "a rank ran as a singleton"
+            assert re.search(r"mpilaunch: rank [01] uses Open MPI \(libmpi\.so\.40", err), err
+            assert "Host:      node" in err
+        finally:
+            left = bed.wait_clean(5.0)
+            bed.kill_leftovers()
+        assert not left, f"processes of the job survived on the hosts: {left}"
