@@ -380,7 +380,7 @@ def test_check_table(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     assert "node2: host key of node2" in bad and "nope-x: cannot resolve" in bad
     good = proc_ok.stdout.decode()
     assert proc_ok.returncode == 0, good + proc_ok.stderr.decode()
-    assert len([line for line in good.splitlines() if line.rstrip().endswith("free")]) == 3
+    assert len([line for line in good.splitlines() if line.rstrip().endswith("auto")]) == 3  # a free port to pick
 
 
 def test_allrun_runs_once_per_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -564,3 +564,15 @@ def _ranks_running(script: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_this_machine_with_a_login_is_reached_over_ssh(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """`localhost port=P`: the user asked for a login, so it goes through sshd (here node1's,
+    reached as localhost through a HostName in the config)."""
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host localhost\n    HostName {bed.address('node1')}\n\n{bed.config.read_text()}")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"localhost slots=1 port={bed.port}\n")
+    proc = ssh(launcher, bed, "--hostfile", str(hostfile), "sh", "-c", "echo ${SSH_CONNECTION:-no ssh}", config=config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().split()[2:4] == [bed.address("node1"), str(bed.port)]

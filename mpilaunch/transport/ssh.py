@@ -87,18 +87,18 @@ class SshTarget:
 
 def load_config(path: str | None):  # -> paramiko.SSHConfig
     paramiko = import_paramiko()
-
+    named = path is not None
     if path is None:
-        default = os.path.expanduser("~/.ssh/config")
-        if not os.path.isfile(default):
+        path = os.path.expanduser("~/.ssh/config")
+        if not os.path.isfile(path):
             return paramiko.SSHConfig()
-        path = default
+    where = f"--ssh-config {path}" if named else f"SSH config {path}"
     try:
         return paramiko.SSHConfig.from_path(path)
     except OSError as exc:
-        raise LaunchError(f"--ssh-config {path}: cannot read: {exc.strerror or exc}") from None
+        raise LaunchError(f"{where}: cannot read: {exc.strerror or exc}") from None
     except Exception as exc:  # paramiko's parser raises plain exceptions for bad lines
-        raise LaunchError(f"--ssh-config {path}: {exc}") from None
+        raise LaunchError(f"{where}: {exc}") from None
 
 
 def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarget:
@@ -185,8 +185,17 @@ def _client_for(target: SshTarget, accept_new: bool):
     return client
 
 
+def known_hosts_option(target: SshTarget) -> str:
+    """` -f FILE` for ssh-keygen -R when the keys are not in the default file."""
+    default = os.path.expanduser("~/.ssh/known_hosts")
+    files = [f for f in target.known_hosts if os.path.isfile(f)]
+    return "" if not files or files[0] == default else f" -f '{files[0]}'"
+
+
 def connect_client(target: SshTarget, options: SshOptions, sock=None):  # -> paramiko.SSHClient
-    """Connect and authenticate, retrying connections that sshd dropped before its banner."""
+    """Connect and authenticate. A connection that ends quickly without completing the handshake
+    (sshd's MaxStartups drops bursts: EOF or reset before or during key exchange) is retried
+    with jittered back-off; refusals, timeouts, host key and authentication failures are not."""
     paramiko = import_paramiko()
 
     for attempt in range(ATTEMPTS):
@@ -215,7 +224,7 @@ def connect_client(target: SshTarget, options: SshOptions, sock=None):  # -> par
                 "host key",
                 f"host key of {target.name} ({target.key_name}) has CHANGED: it offers {fingerprint(exc.key)}, "
                 f"known_hosts has {fingerprint(exc.expected_key)}; refused. If the change is expected, remove the "
-                f"old key with: ssh-keygen -R '{target.key_name}'",
+                f"old key with: ssh-keygen -R '{target.key_name}'{known_hosts_option(target)}",
             ) from None
         except paramiko.AuthenticationException as exc:
             client.close()
@@ -421,8 +430,9 @@ def start_agents(
 ) -> dict[int, HostResult]:
     """Start one agent on each host (index -> (name, user, port)), in parallel under a cap.
 
-    first(index) is the frame sent once the agent says hello (the pre-launch check); its reply
-    comes back in the result. Failures are results too: callers decide what they mean.
+    first(index) is a frame queued right behind the agent's code (the pre-launch check); the
+    agent answers it after its hello, and the answer comes back in the result. Failures are
+    results too: callers decide what they mean.
     """
     config = load_config(options.config)
 
