@@ -576,3 +576,19 @@ def test_this_machine_with_a_login_is_reached_over_ssh(launcher: Launcher, bed: 
     proc = ssh(launcher, bed, "--hostfile", str(hostfile), "sh", "-c", "echo ${SSH_CONNECTION:-no ssh}", config=config)
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode().split()[2:4] == [bed.address("node1"), str(bed.port)]
+
+
+def test_a_chatty_login_shell_does_not_confuse_the_agent(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Output that ~/.bashrc prints before the agent starts (a banner, a `conda activate` line)
+    is skipped: the stream starts at the agent's marker."""
+    home = tmp_path_factory.mktemp("chatty-home")
+    (home / ".bashrc").write_text("echo 'Welcome to the cluster!'\nprintf '\\0\\1\\2 binary noise \\377'\n")
+    (home / ".profile").write_text("echo profile says hi\n")
+    with SshBed(tmp_path_factory.mktemp("chattybed"), 1, setenv={"HOME": str(home)}) as chatty:
+        banner = subprocess.run(chatty.ssh_argv("node1", "true"), capture_output=True, timeout=30)
+        assert b"Welcome to the cluster!" in banner.stdout  # the shell really does print it
+        launcher = Launcher("chatty", home)
+        proc = launcher.run("--ssh-config", str(chatty.config), "-H", "node1:2", "-n", "2", "sh", "-c", "echo $RANK")
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert sorted(proc.stdout.decode().split()) == ["0", "1"]
+        assert not chatty.wait_clean(3.0)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import HostSyntaxError, check_host_name, check_user_name
-from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.transport.bootstrap import MARKER, MAX_NOISE, agent_command, agent_payload
 
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
 MAX_PARALLEL = 32  # connections being opened at once
@@ -277,6 +277,24 @@ def open_connection(target: SshTarget, options: SshOptions, config) -> tuple[obj
         raise
 
 
+def skip_noise(chan, timeout: float) -> bytes | None:
+    """Read up to the agent's MARKER, one byte at a time so that nothing after it is consumed;
+    returns what came before it (a login script's output), or None if the stream ended first."""
+    chan.settimeout(timeout)
+    seen = bytearray()
+    try:
+        while not seen.endswith(MARKER):
+            byte = chan.recv(1)
+            if not byte:
+                return None
+            seen += byte
+            if len(seen) > MAX_NOISE + len(MARKER):
+                raise SshError("agent", f"the remote shell printed more than {MAX_NOISE} bytes before the agent")
+    finally:
+        chan.settimeout(None)
+    return bytes(seen[: -len(MARKER)])
+
+
 def read_frame(chan, timeout: float) -> dict | None:
     """One control frame, read exactly (nothing after it is consumed); None on EOF."""
     chan.settimeout(timeout)
@@ -386,7 +404,10 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
             link.chan = chan
             chan.exec_command(agent_command(options.python))
             chan.sendall(agent_payload() + (first or b""))  # the check waits in the pipe: no round trip
-            hello = read_frame(chan, target.timeout)
+            noise = skip_noise(chan, target.timeout)
+            hello = read_frame(chan, target.timeout) if noise is not None else None
+        except SshError:
+            raise
         except (socket.timeout, TimeoutError):
             raise SshError("agent", f"the agent did not answer within {target.timeout:g} s") from None
         except Exception as exc:
