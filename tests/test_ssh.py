@@ -592,3 +592,22 @@ def test_a_chatty_login_shell_does_not_confuse_the_agent(tmp_path_factory: pytes
         assert proc.returncode == 0, proc.stderr.decode()
         assert sorted(proc.stdout.decode().split()) == ["0", "1"]
         assert not chatty.wait_clean(3.0)
+
+
+def test_ctrl_c_while_a_host_hangs_leaves_at_once(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.9", 0))
+    silent.listen(8)
+    config = tmp_path / "ssh_config"
+    port = silent.getsockname()[1]
+    config.write_text(f"Host mute\n    HostName 127.0.0.9\n    Port {port}\n\n{bed.config.read_text()}")
+    try:
+        proc = launcher.popen("--ssh-config", str(config), "-H", "node1:1,mute:1", "-n", "2", "true")
+        time.sleep(1.5)  # node1 is connected by now; mute never answers (10 s timeout)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 2, err
+    finally:
+        silent.close()
+    assert proc.returncode == 130, err

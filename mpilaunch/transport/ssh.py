@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mpilaunch import wire
@@ -473,5 +472,24 @@ def start_agents(
 
     if not names:
         return {}
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(names))) as pool:
-        return {r.index: r for r in pool.map(one, sorted(names))}
+    # Daemon threads, not a pool: on Ctrl-C the launcher leaves at once instead of waiting for
+    # connections to hung hosts to time out; the links opened so far are closed.
+    results: dict[int, HostResult] = {}
+    cap = threading.Semaphore(MAX_PARALLEL)
+
+    def run(index: int) -> None:
+        with cap:
+            results[index] = one(index)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"ssh {names[i][0]}", daemon=True) for i in sorted(names)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        for result in list(results.values()):
+            if result.link is not None:
+                result.link.close()
+        raise
+    return dict(sorted(results.items()))
