@@ -29,6 +29,7 @@ HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to e
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 MAX_REFUSED = 16  # wrong PMI_IDs before the TCP PMI port is closed
 PR_SET_CHILD_SUBREAPER = 36
+FORGET = 1 << 31  # in a pid told to the guardian: that rank is gone
 
 
 def _prctl(option: int, value: int) -> None:
@@ -76,8 +77,15 @@ class Guardian:
         os.close(read_fd)
 
     def watch(self, pid: int) -> None:
+        self._tell(pid)
+
+    def forget(self, pid: int) -> None:
+        """The rank was reaped: its pid (and process group id) may be reused by anyone now."""
+        self._tell(pid | FORGET)
+
+    def _tell(self, value: int) -> None:
         try:
-            os.write(self.fd, pid.to_bytes(4, "big"))
+            os.write(self.fd, value.to_bytes(4, "big"))
         except OSError:
             pass
 
@@ -95,7 +103,7 @@ def _guard(read_fd: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
     os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
     os.closerange(read_fd + 1, 1 << 16)
-    groups: list[int] = []
+    groups: set[int] = set()
     buf = b""
     while True:
         try:
@@ -116,7 +124,10 @@ def _guard(read_fd: int) -> None:
             pid, buf = int.from_bytes(buf[:4], "big"), buf[4:]
             if pid == 0:
                 return
-            groups.append(pid)
+            if pid & FORGET:
+                groups.discard(pid & ~FORGET)
+            else:
+                groups.add(pid)
 
 
 class RankProcess:
@@ -384,6 +395,8 @@ class Agent:
             rp = self.by_pid.get(pid)
             if rp is None:
                 continue  # an orphan adopted as subreaper
+            if self.guardian is not None:
+                self.guardian.forget(pid)
             rp.proc.returncode = os.waitstatus_to_exitcode(status)
             rp.status = rp.proc.returncode
             rp.reaped_at = time.monotonic()

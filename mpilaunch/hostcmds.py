@@ -15,7 +15,6 @@ from mpilaunch.spec import AppContext, JobSpec, Options
 
 STAGES = ("resolve", "connect", "host key", "auth", "agent")  # in the order a connection meets them
 COLUMNS = ("HOST", "ADDRESS", "RESOLVE", "CONNECT", "HOST KEY", "AUTH", "PYTHON", "PROGRAM", "PORT")
-DEFAULT_PORT = 29500  # torch.distributed's MASTER_PORT default
 
 
 @dataclass
@@ -39,7 +38,7 @@ def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRo
     problems = []
     program_cell = "-"
     if program:
-        problem = program_problem(program, wdir, os.environ.get("PATH", os.defpath), False)
+        problem = program_problem(program, wdir, os.environ.get("PATH", os.defpath), True)
         program_cell = "FAIL" if problem else "ok"
         if problem:
             problems.append(problem)
@@ -47,7 +46,7 @@ def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRo
     if not free:
         problems.append(f"port {port} is in use")
     python = ".".join(map(str, sys.version_info[:3]))
-    cells = ("local", "-", "-", "-", python, program_cell, "free" if free else "IN USE")
+    cells = ("local", "-", "-", "-", python, program_cell, port_cell(port, free))
     return CheckRow(host.name, "this machine", cells, tuple(problems))
 
 
@@ -63,10 +62,16 @@ def _remote_row(host: Host, result, port: int, program: str | None) -> CheckRow:
     problems = tuple(reply.get("problems", ()))
     free = bool(reply.get("port_free"))
     program_cell = ("FAIL" if problems else "ok") if program else "-"
-    cells = ("ok", "ok", "ok", "ok", python, program_cell, "free" if free else "IN USE")
+    cells = ("ok", "ok", "ok", "ok", python, program_cell, port_cell(port, free))
     if not free:
         problems += (f"port {port} is in use",)
     return CheckRow(host.name, address, cells, problems)
+
+
+def port_cell(port: int, free: bool) -> str:
+    if port == 0:
+        return "auto" if free else "NONE FREE"
+    return "free" if free else "IN USE"
 
 
 def check_table(rows: list[CheckRow]) -> str:
@@ -86,14 +91,14 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
     hosts = _hosts(options)
     if port is None:
         env_port = os.environ.get("MASTER_PORT", "")
-        port = int(env_port) if env_port.isdigit() else DEFAULT_PORT
+        port = int(env_port) if env_port.isdigit() else 0  # a job picks a free one: check that it can
     wdir = os.getcwd()
-    remote = {i: (h.name, h.user, h.port) for i, h in enumerate(hosts) if not hostlib.is_local(h.name)}
+    remote = {i: (h.name, h.user, h.port) for i, h in enumerate(hosts) if hostlib.needs_ssh(h)}
     carried = carried_environment(dict(os.environ))
     apps = [{"program": program, "wdir": wdir, "path": None}] if program else []
 
     def first(index: int) -> bytes:
-        return wire.control("check", apps=apps, carried=carried, mpi=False, port=port)
+        return wire.control("check", apps=apps, carried=carried, mpi=True, port=port)
 
     results = start_agents(remote, SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new), first)
     rows = []
@@ -128,7 +133,7 @@ def run_allrun(
     for state in controller.procs:
         host = hosts[state.rank.host].name
         code = state.status
-        text = "not run" if code is None else ("ok" if code == 0 else describe_status(code).replace("  ", " "))
+        text = "not run" if code is None else ("ok" if code == 0 else " ".join(describe_status(code).split()))
         if state.reason and code != 0:
             text += f" ({state.reason})"
         lines.append(f"{host.ljust(width)}  {text}")

@@ -196,6 +196,12 @@ def is_local(name: str) -> bool:
     return name in (own, own.split(".")[0])
 
 
+def needs_ssh(host: Host) -> bool:
+    """Reached over SSH: any host that is not this machine, and this machine too when the user
+    gave SSH details for it (`user@localhost`, `localhost port=2222`)."""
+    return host.user is not None or host.port is not None or not is_local(host.name)
+
+
 def merge_local_aliases(hosts: list[Host]) -> list[Host]:
     """localhost, 127.0.0.1 and this machine's name are one node: one set of local ranks and devices."""
     first_local = next((h.name for h in hosts if h.user is None and h.port is None and is_local(h.name)), None)

@@ -66,10 +66,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     if problems:
         for link in links.values():
             link.close()
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        for problem in problems[1:]:
-            print(f"mpilaunch: {problem}", file=sys.stderr)
-        raise LaunchError(problems[0] + more)
+        raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
     if rank0 in remote:
         port = int(results[rank0].reply["port"]) if pick_port else plan.master[1]  # type: ignore[index]
         plan = with_master(plan, (links[rank0].peer, port))

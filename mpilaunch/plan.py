@@ -74,7 +74,7 @@ def resolve_hosts(options: Options) -> tuple[list[Host], str]:
 
 def with_slots(hosts: list[Host], source: str) -> list[Host]:
     """Fill in core counts for hosts listed without slots (only known here for this machine)."""
-    unknown = [h.name for h in hosts if h.slots is None and not hostlib.is_local(h.name)]
+    unknown = [h.name for h in hosts if h.slots is None and hostlib.needs_ssh(h)]
     if unknown:
         raise LaunchError(f"{source}: no slot count for remote host {unknown[0]!r}; give one with slots=N or host:N")
     return hostlib.with_core_counts(hosts, {h.name: os.cpu_count() or 1 for h in hosts})
@@ -87,16 +87,15 @@ def free_port() -> int:
 
 
 def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
-    name = hosts[rank0_host].name
-    if hostlib.is_local(name):
-        all_local = all(hostlib.is_local(hosts[i].name) for i in used)
+    if not hostlib.needs_ssh(hosts[rank0_host]):
+        all_local = not any(hostlib.needs_ssh(hosts[i]) for i in used)
         return "127.0.0.1" if all_local else socket.gethostname()
-    return name
+    return hosts[rank0_host].name
 
 
 def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[int]:
     """Indices of the hosts these ranks would run on that are not this machine (reached over SSH)."""
-    return sorted(i for i in {r.host for r in ranks} if not hostlib.is_local(hosts[i].name))
+    return sorted(i for i in {r.host for r in ranks} if hostlib.needs_ssh(hosts[i]))
 
 
 def host_checks(job: JobPlan, host: int) -> list[dict]:

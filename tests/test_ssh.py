@@ -380,7 +380,7 @@ def test_check_table(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     assert "node2: host key of node2" in bad and "nope-x: cannot resolve" in bad
     good = proc_ok.stdout.decode()
     assert proc_ok.returncode == 0, good + proc_ok.stderr.decode()
-    assert len([line for line in good.splitlines() if line.rstrip().endswith("free")]) == 3
+    assert len([line for line in good.splitlines() if line.rstrip().endswith("auto")]) == 3  # a free port to pick
 
 
 def test_allrun_runs_once_per_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -564,3 +564,50 @@ def _ranks_running(script: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_this_machine_with_a_login_is_reached_over_ssh(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """`localhost port=P`: the user asked for a login, so it goes through sshd (here node1's,
+    reached as localhost through a HostName in the config)."""
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host localhost\n    HostName {bed.address('node1')}\n\n{bed.config.read_text()}")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"localhost slots=1 port={bed.port}\n")
+    proc = ssh(launcher, bed, "--hostfile", str(hostfile), "sh", "-c", "echo ${SSH_CONNECTION:-no ssh}", config=config)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().split()[2:4] == [bed.address("node1"), str(bed.port)]
+
+
+def test_a_chatty_login_shell_does_not_confuse_the_agent(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Output that ~/.bashrc prints before the agent starts (a banner, a `conda activate` line)
+    is skipped: the stream starts at the agent's marker."""
+    home = tmp_path_factory.mktemp("chatty-home")
+    (home / ".bashrc").write_text("echo 'Welcome to the cluster!'\nprintf '\\0\\1\\2 binary noise \\377'\n")
+    (home / ".profile").write_text("echo profile says hi\n")
+    with SshBed(tmp_path_factory.mktemp("chattybed"), 1, setenv={"HOME": str(home)}) as chatty:
+        banner = subprocess.run(chatty.ssh_argv("node1", "true"), capture_output=True, timeout=30)
+        assert b"Welcome to the cluster!" in banner.stdout  # the shell really does print it
+        launcher = Launcher("chatty", home)
+        proc = launcher.run("--ssh-config", str(chatty.config), "-H", "node1:2", "-n", "2", "sh", "-c", "echo $RANK")
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert sorted(proc.stdout.decode().split()) == ["0", "1"]
+        assert not chatty.wait_clean(3.0)
+
+
+def test_ctrl_c_while_a_host_hangs_leaves_at_once(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.9", 0))
+    silent.listen(8)
+    config = tmp_path / "ssh_config"
+    port = silent.getsockname()[1]
+    config.write_text(f"Host mute\n    HostName 127.0.0.9\n    Port {port}\n\n{bed.config.read_text()}")
+    try:
+        proc = launcher.popen("--ssh-config", str(config), "-H", "node1:1,mute:1", "-n", "2", "true")
+        time.sleep(1.5)  # node1 is connected by now; mute never answers (10 s timeout)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 2, err
+    finally:
+        silent.close()
+    assert proc.returncode == 130, err

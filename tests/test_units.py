@@ -218,7 +218,7 @@ def test_the_shipped_agent_runs_from_its_bundle_alone(tmp_path: Path, magic: byt
     nothing of mpilaunch importable from disk (from an empty directory, no site-packages)."""
     import subprocess
 
-    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+    from mpilaunch.transport.bootstrap import MARKER, agent_command, agent_payload
 
     payload = agent_payload() if magic is None else agent_payload(magic)
     check = wire.control("check", apps=[{"program": "sh", "wdir": str(tmp_path)}], carried={}, mpi=True, port=0)
@@ -226,7 +226,7 @@ def test_the_shipped_agent_runs_from_its_bundle_alone(tmp_path: Path, magic: byt
         ["sh", "-c", agent_command()], input=payload + check, capture_output=True, cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin"}, timeout=30,
     )  # fmt: skip
-    frames = wire.Decoder().feed(proc.stdout)
+    frames = wire.Decoder().feed(proc.stdout.partition(MARKER)[2])
     assert [f[1]["op"] for f in frames] == ["hello", "checked"], proc.stderr.decode()
     assert frames[1][1]["problems"] == [] and frames[1][1]["port_free"] is True
     assert proc.returncode == 0  # its stdin closed: it stops, as when the launcher goes
@@ -241,7 +241,7 @@ def test_the_agent_runs_on_every_python_from_3_9_and_says_so_below() -> None:
     differs, and a Python older than 3.9 gets one clear line instead of a traceback."""
     import subprocess
 
-    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+    from mpilaunch.transport.bootstrap import MARKER, agent_command, agent_payload
 
     for python in OTHER_PYTHONS:
         version = tuple(int(x) for x in python.split("/versions/")[1].split("/")[0].split(".")[:2])
@@ -249,7 +249,7 @@ def test_the_agent_runs_on_every_python_from_3_9_and_says_so_below() -> None:
             ["sh", "-c", agent_command(python)], input=agent_payload(), capture_output=True, timeout=30,
             env={"PATH": "/usr/bin:/bin"},
         )  # fmt: skip
-        frames = wire.Decoder().feed(proc.stdout)
+        frames = wire.Decoder().feed(proc.stdout.partition(MARKER)[2])
         if version >= (3, 9):
             assert frames and frames[0][1]["python"].startswith(f"{version[0]}.{version[1]}."), (python, proc.stderr)
         else:

@@ -23,8 +23,15 @@ AGENT_MODULES = (
 )
 MIN_PYTHON = (3, 9)
 
-# Stage 1, on the command line: read a length-prefixed program from stdin and run it.
+# Before its first frame the agent writes MARKER: whatever a login script printed before it
+# (a banner in ~/.bashrc) is skipped up to there.
+MARKER = b"\0mpilaunch-agent\0"
+MAX_NOISE = 1 << 16  # bytes of such output tolerated
+
+# Stage 1, on the command line: say where the stream starts, read a length-prefixed program
+# from stdin and run it.
 STAGE1 = """import os
+os.write(1, b"\\0mpilaunch-agent\\0")
 def r(n):
     b = b""
     while len(b) < n:

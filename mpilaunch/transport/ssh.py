@@ -18,13 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import HostSyntaxError, check_host_name, check_user_name
-from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.transport.bootstrap import MARKER, MAX_NOISE, agent_command, agent_payload
 
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
 MAX_PARALLEL = 32  # connections being opened at once
@@ -87,18 +86,18 @@ class SshTarget:
 
 def load_config(path: str | None):  # -> paramiko.SSHConfig
     paramiko = import_paramiko()
-
+    named = path is not None
     if path is None:
-        default = os.path.expanduser("~/.ssh/config")
-        if not os.path.isfile(default):
+        path = os.path.expanduser("~/.ssh/config")
+        if not os.path.isfile(path):
             return paramiko.SSHConfig()
-        path = default
+    where = f"--ssh-config {path}" if named else f"SSH config {path}"
     try:
         return paramiko.SSHConfig.from_path(path)
     except OSError as exc:
-        raise LaunchError(f"--ssh-config {path}: cannot read: {exc.strerror or exc}") from None
+        raise LaunchError(f"{where}: cannot read: {exc.strerror or exc}") from None
     except Exception as exc:  # paramiko's parser raises plain exceptions for bad lines
-        raise LaunchError(f"--ssh-config {path}: {exc}") from None
+        raise LaunchError(f"{where}: {exc}") from None
 
 
 def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarget:
@@ -185,8 +184,17 @@ def _client_for(target: SshTarget, accept_new: bool):
     return client
 
 
+def known_hosts_option(target: SshTarget) -> str:
+    """` -f FILE` for ssh-keygen -R when the keys are not in the default file."""
+    default = os.path.expanduser("~/.ssh/known_hosts")
+    files = [f for f in target.known_hosts if os.path.isfile(f)]
+    return "" if not files or files[0] == default else f" -f '{files[0]}'"
+
+
 def connect_client(target: SshTarget, options: SshOptions, sock=None):  # -> paramiko.SSHClient
-    """Connect and authenticate, retrying connections that sshd dropped before its banner."""
+    """Connect and authenticate. A connection that ends quickly without completing the handshake
+    (sshd's MaxStartups drops bursts: EOF or reset before or during key exchange) is retried
+    with jittered back-off; refusals, timeouts, host key and authentication failures are not."""
     paramiko = import_paramiko()
 
     for attempt in range(ATTEMPTS):
@@ -215,7 +223,7 @@ def connect_client(target: SshTarget, options: SshOptions, sock=None):  # -> par
                 "host key",
                 f"host key of {target.name} ({target.key_name}) has CHANGED: it offers {fingerprint(exc.key)}, "
                 f"known_hosts has {fingerprint(exc.expected_key)}; refused. If the change is expected, remove the "
-                f"old key with: ssh-keygen -R '{target.key_name}'",
+                f"old key with: ssh-keygen -R '{target.key_name}'{known_hosts_option(target)}",
             ) from None
         except paramiko.AuthenticationException as exc:
             client.close()
@@ -266,6 +274,24 @@ def open_connection(target: SshTarget, options: SshOptions, config) -> tuple[obj
         for jump in jumps:
             jump.close()
         raise
+
+
+def skip_noise(chan, timeout: float) -> bytes | None:
+    """Read up to the agent's MARKER, one byte at a time so that nothing after it is consumed;
+    returns what came before it (a login script's output), or None if the stream ended first."""
+    chan.settimeout(timeout)
+    seen = bytearray()
+    try:
+        while not seen.endswith(MARKER):
+            byte = chan.recv(1)
+            if not byte:
+                return None
+            seen += byte
+            if len(seen) > MAX_NOISE + len(MARKER):
+                raise SshError("agent", f"the remote shell printed more than {MAX_NOISE} bytes before the agent")
+    finally:
+        chan.settimeout(None)
+    return bytes(seen[: -len(MARKER)])
 
 
 def read_frame(chan, timeout: float) -> dict | None:
@@ -377,7 +403,10 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
             link.chan = chan
             chan.exec_command(agent_command(options.python))
             chan.sendall(agent_payload() + (first or b""))  # the check waits in the pipe: no round trip
-            hello = read_frame(chan, target.timeout)
+            noise = skip_noise(chan, target.timeout)
+            hello = read_frame(chan, target.timeout) if noise is not None else None
+        except SshError:
+            raise
         except (socket.timeout, TimeoutError):
             raise SshError("agent", f"the agent did not answer within {target.timeout:g} s") from None
         except Exception as exc:
@@ -421,8 +450,9 @@ def start_agents(
 ) -> dict[int, HostResult]:
     """Start one agent on each host (index -> (name, user, port)), in parallel under a cap.
 
-    first(index) is the frame sent once the agent says hello (the pre-launch check); its reply
-    comes back in the result. Failures are results too: callers decide what they mean.
+    first(index) is a frame queued right behind the agent's code (the pre-launch check); the
+    agent answers it after its hello, and the answer comes back in the result. Failures are
+    results too: callers decide what they mean.
     """
     config = load_config(options.config)
 
@@ -442,5 +472,24 @@ def start_agents(
 
     if not names:
         return {}
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(names))) as pool:
-        return {r.index: r for r in pool.map(one, sorted(names))}
+    # Daemon threads, not a pool: on Ctrl-C the launcher leaves at once instead of waiting for
+    # connections to hung hosts to time out; the links opened so far are closed.
+    results: dict[int, HostResult] = {}
+    cap = threading.Semaphore(MAX_PARALLEL)
+
+    def run(index: int) -> None:
+        with cap:
+            results[index] = one(index)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"ssh {names[i][0]}", daemon=True) for i in sorted(names)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        for result in list(results.values()):
+            if result.link is not None:
+                result.link.close()
+        raise
+    return dict(sorted(results.items()))
