@@ -467,7 +467,7 @@ class Agent:
                 self.kill_stragglers()
             else:
                 self.terminate_all(grace)
-        elif op in ("pmi_fence_done", "pmi_name_reply", "pmi_spawn_reply", "pmi_get_reply"):
+        elif op in ("pmi_fence_done", "pmi_name_reply", "pmi_spawn_reply"):
             service = self.pmi.get(int(msg["job"]))
             if service is not None:
                 service.from_controller(msg)

@@ -287,15 +287,9 @@ class Controller:
         elif op == "note":
             print(msg["text"], file=sys.stderr)
         elif op == "pmi_fence":
-            kvs = self.kvs[msg["job"]]
-            merged = kvs.fence(link.index, msg["kvs"])
-            if merged is not None and kvs.broadcast_bytes(merged) > self.plan.kvs_broadcast_limit:
-                self.broadcast(wire.control("pmi_fence_done", job=msg["job"], kvs={}, lazy=True))
-            elif merged is not None:
+            merged = self.kvs[msg["job"]].fence(link.index, msg["kvs"])
+            if merged is not None:
                 self.broadcast(wire.control("pmi_fence_done", job=msg["job"], kvs=merged))
-        elif op == "pmi_get":
-            value = self.kvs[msg["job"]].store.get(msg["key"])
-            self.send(link, wire.control("pmi_get_reply", job=msg["job"], req=msg["req"], key=msg["key"], value=value))
         elif op == "pmi_abort":
             state = self.procs[msg["proc"]]
             text = f"called MPI_Abort with code {msg['code']}" + (f": {msg['message']}" if msg["message"] else "")

@@ -49,7 +49,6 @@ class LaunchPlan:
     exports: tuple[tuple[str, str | None], ...] = ()
     launcher_env: Mapping[str, str] = field(default_factory=dict)
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
-    kvs_broadcast_limit: int = 64 << 20  # bytes a barrier may send to all agents; above: keys on demand
 
 
 def resolve_hosts(options: Options) -> tuple[list[Host], str]:
@@ -195,16 +194,6 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
     return value
 
 
-def broadcast_limit(env: Mapping[str, str]) -> int:
-    """MPILAUNCH_KVS_BROADCAST_LIMIT, in bytes (default 64 MiB; 0 means always on demand)."""
-    raw = env.get("MPILAUNCH_KVS_BROADCAST_LIMIT", "")
-    if not raw:
-        return 64 << 20
-    if not raw.isdigit():
-        raise LaunchError(f"MPILAUNCH_KVS_BROADCAST_LIMIT={raw!r} is not a number of bytes")
-    return int(raw)
-
-
 def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
@@ -236,7 +225,6 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
         exports=exports,
         launcher_env=dict(env),
         heartbeat=heartbeat_timeout(env),
-        kvs_broadcast_limit=broadcast_limit(env),
     )
     return plan, source
 

@@ -611,25 +611,3 @@ def test_ctrl_c_while_a_host_hangs_leaves_at_once(launcher: Launcher, bed: SshBe
     finally:
         silent.close()
     assert proc.returncode == 130, err
-
-
-@pytest.mark.parametrize("client", ["pmi1", "pmi2"])
-def test_keys_on_demand_across_hosts(launcher: Launcher, bed: SshBed, client: str) -> None:
-    """MPILAUNCH_KVS_BROADCAST_LIMIT=0: barriers send no keys to the agents, which fetch each key a
-    rank asks for from the launcher (what a large job does, where sending every key to every
-    host would grow as hosts squared). Values at the maximum lengths; a missing key is missing."""
-    ranks = Path(__file__).parent / "ranks"
-    argv = [PY, str(ranks / "pmi_raw.py"), "limits"] if client == "pmi1" else [PY, str(ranks / "pmi2_raw.py"), "across"]
-    env = {"MPILAUNCH_KVS_BROADCAST_LIMIT": "0"}
-    proc = ssh(launcher, bed, "-H", "node1:1,node2:1", "-n", "2", *argv, env=env)
-    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()
-    out = proc.stdout.decode()
-    if client == "pmi1":
-        assert out.count("cmd=get_result rc=0 value=" + "v" * 1024 + "\n") == 2
-        assert out.count("cmd=get_result rc=-1 msg=key_not_found") == 2
-    else:
-        assert sorted(out.split("\n"))[-2:] == ["rank 0 ok", "rank 1 ok"]
-    proc = ssh(launcher, bed, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", PY, "-c",
-               "from mpi4py import MPI; c = MPI.COMM_WORLD; print(c.allreduce(c.rank))", env=env)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode().split() == ["28"] * 8

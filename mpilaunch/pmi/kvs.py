@@ -4,19 +4,12 @@ from __future__ import annotations
 
 
 class JobKvs:
-    """Collects each host's puts at a barrier of one job. Once every host is in, the merged puts
-    go to every agent, or, when that would be too many bytes (they grow as hosts squared),
-    only the news that the barrier is done: agents then fetch the keys their ranks ask for."""
+    """Collects each host's puts at a barrier of one job; once every host is in, all go to all."""
 
     def __init__(self, hosts: int) -> None:
         self.hosts = hosts
         self.entered: set[int] = set()
         self.batch: dict[str, str] = {}
-        self.store: dict[str, str] = {}  # every key fenced so far, for agents that ask
-
-    def broadcast_bytes(self, merged: dict[str, str]) -> int:
-        """What sending these puts to every agent of the job would cost."""
-        return self.hosts * sum(len(k) + len(v) for k, v in merged.items())
 
     def fence(self, host: int, kvs: dict[str, str]) -> dict[str, str] | None:
         """Record one host's arrival; the merged puts when it was the last one, else None."""
@@ -25,7 +18,6 @@ class JobKvs:
         if len(self.entered) < self.hosts:
             return None
         merged, self.batch, self.entered = self.batch, {}, set()
-        self.store.update(merged)
         return merged
 
 

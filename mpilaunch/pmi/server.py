@@ -65,7 +65,6 @@ class PmiService:
         self.by_ident: dict[int, PmiClient] = {}
         self.waiting: dict[int, tuple[PmiClient, str | None]] = {}  # name and spawn requests by id, with thrid
         self.next_request = 0
-        self.lazy = False  # the controller stopped sending every key at barriers: ask it for missing ones
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, ident: int, rank: int, app: int) -> tuple[socket.socket, socket.socket]:
@@ -246,8 +245,6 @@ class PmiService:
         value = self.lookup(msg.get("key", ""))
         if msg.get("kvsname") != self.kvsname:
             self.reply(client, "get_result", rc=-1, msg="unknown_kvsname")
-        elif value is None and self.lazy:
-            self.request(client, "pmi_get", key=msg.get("key", ""))
         elif value is None:
             self.reply(client, "get_result", rc=-1, msg="key_not_found")
         else:
@@ -309,7 +306,6 @@ class PmiService:
         op = msg["op"]
         if op == "pmi_fence_done":
             self.kvs.update(msg["kvs"])
-            self.lazy = self.lazy or bool(msg.get("lazy"))
             for client in self.by_ident.values():
                 if client.in_barrier:
                     client.in_barrier = False
@@ -322,17 +318,7 @@ class PmiService:
         if entry is None:
             return
         client, thrid = entry
-        if op == "pmi_get_reply":
-            value = msg.get("value")
-            if value is not None:
-                self.kvs[msg["key"]] = value  # cached: its host's other ranks will ask too
-            if client.version == 2:
-                self.send(client, pmi2.response("kvs-get", thrid, 0, found(value).items()))
-            elif value is None:
-                self.reply(client, "get_result", rc=-1, msg="key_not_found")
-            else:
-                self.reply(client, "get_result", rc=0, value=value)
-        elif client.version == 2:
+        if client.version == 2:
             self.answer2(client, thrid, msg)
         elif op == "pmi_name_reply":
             self.reply(client, NAME_RESULTS.get(msg["cmd"], "lookup_result"), **msg["fields"])
@@ -370,8 +356,6 @@ class PmiService:
             value = self.lookup(msg.get("key", ""))
             if msg.get("jobid", self.kvsname) != self.kvsname:
                 answer(-1, found="FALSE", errmsg="unknown_jobid")
-            elif value is None and self.lazy:
-                self.request(client, "pmi_get", thrid, key=msg.get("key", ""))
             else:
                 answer(**found(value))
         elif cmd == "kvs-fence":

@@ -128,20 +128,6 @@ def session() -> None:
     print(f"rank {rank} ok", flush=True)
 
 
-def across() -> None:
-    """Two ranks on two hosts: a key put on one is found on the other after a fence."""
-    init_line()
-    fullinit()
-    jobid = ask("job-getid")["jobid"]
-    assert ask("kvs-put", ("key", f"addr-{rank}"), ("value", f"tcp;{rank}"))["rc"] == "0"
-    assert ask("kvs-fence")["rc"] == "0"
-    got = ask("kvs-get", ("jobid", jobid), ("key", f"addr-{1 - rank}"))
-    assert got["found"] == "TRUE" and got["value"] == f"tcp;{1 - rank}", got
-    assert ask("kvs-get", ("jobid", jobid), ("key", "missing"))["found"] == "FALSE"
-    assert ask("finalize")["rc"] == "0"
-    print(f"rank {rank} ok", flush=True)
-
-
 def mixed() -> None:
     """Rank 0 speaks PMI-1, rank 1 PMI-2: one barrier, one key space."""
     if rank == 1:
@@ -252,4 +238,4 @@ elif scenario == "abort":
         sock.sendall(frame("abort", ("isworld", "TRUE"), ("exitcode", 7), ("message", "boom;bang")))
     time.sleep(30)
 else:
-    {"session": session, "across": across, "mixed": mixed, "frame_first": frame_first, "spawn": spawn}[scenario]()
+    {"session": session, "mixed": mixed, "frame_first": frame_first, "spawn": spawn}[scenario]()
