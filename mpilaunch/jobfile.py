@@ -284,7 +284,9 @@ def _compose(text: str, path: str):  # type: ignore[no-untyped-def]
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        mark = exc.problem_mark
+        if mark is None or mark.index >= len(text.rstrip()):  # found at the end: where the open thing began
+            mark = exc.context_mark or mark
         where = f"{path}:{mark.line + 1}" if mark is not None else path
         words = ", ".join(w for w in (exc.context, exc.problem) if w) or "not valid YAML"
         raise LaunchError(f"{where}: YAML: {' '.join(words.split())}") from None

@@ -159,6 +159,8 @@ def test_mpmd_apps() -> None:
         ("- np: 2\n", "job.yaml:1: expected a mapping of option names to values, got a list"),
         ("just text\n", "job.yaml:1: expected a mapping of option names to values, got 'just text'"),
         ("np: 2\n  bad: indent\n", "job.yaml:2: YAML: mapping values are not allowed here"),
+        ("np: 4\ncommand: [python, t.py\n", "job.yaml:2: YAML: while parsing a flow sequence, expected ',' or ']'"),
+        ("np: 4\nenv: {A: 1\n\n\n", "job.yaml:2: YAML: while parsing a flow mapping, expected ',' or '}'"),
         (
             "np: 2\n---\nnp: 3\n",
             "job.yaml:2: YAML: expected a single document in the stream, but found another document",
