@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,32 @@ def test_job_yaml(launcher: Launcher, sample: Path) -> None:
     proc = launcher.run("--config", "job.yaml", "-H", "localhost:4", "-n", "4", sys.executable, "net.py", cwd=sample)
     assert proc.returncode == 0, proc.stderr
     check_logs(sample, 4)
+
+
+def test_the_sample_hostfile_where_nobody_answers(launcher: Launcher, sample: Path) -> None:
+    """Hosts that cannot be reached: one line per host, status 2, no traceback
+    (paramiko logs a failed handshake with its traceback unless told not to)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+
+    def drop() -> None:  # accept, then close before the SSH banner
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            client.close()
+
+    threading.Thread(target=drop, daemon=True).start()
+    (sample / "hostfile_down").write_text(f"DEVICE1.invalid slots=8\n127.0.0.1 port={port} slots=8\n")
+    try:
+        proc = run_script(launcher, sample, "run_mpirun_2.sh", "./hostfile_down")
+    finally:
+        listener.close()
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[-2] == "mpilaunch: DEVICE1.invalid: cannot resolve 'DEVICE1.invalid'", proc.stderr
+    assert lines[-1].startswith(f"mpilaunch: 127.0.0.1: 127.0.0.1:{port}: "), proc.stderr
