@@ -209,20 +209,27 @@ def _command(node, key: str = "command") -> tuple[str, ...]:  # type: ignore[no-
     return tuple(words)
 
 
-def _check_hosts(values: tuple[str, ...], key: str, line: int) -> None:
+def _item_lines(node) -> list[int]:  # type: ignore[no-untyped-def]
+    """The line of each item of a list (or of the one value), for errors about one item."""
+    import yaml
+
+    return [_line(item) for item in node.value] if isinstance(node, yaml.SequenceNode) else [_line(node)]
+
+
+def _check_hosts(values: tuple[str, ...], key: str, lines: list[int]) -> None:
     from mpilaunch.hosts import parse_host_list
 
-    for value in values:
+    for value, line in zip(values, lines):
         try:
             parse_host_list(value, label=f"key {key!r}: {_quoted(value)}")
         except LaunchError as exc:
             raise _Bad(line, str(exc)) from None
 
 
-def _check_exports(values: tuple[str, ...], key: str, line: int) -> None:
+def _check_exports(values: tuple[str, ...], key: str, lines: list[int]) -> None:
     from mpilaunch.rank_env import valid_env_name
 
-    for item in values:
+    for item, line in zip(values, lines):
         if not valid_env_name(item.partition("=")[0]):
             raise _Bad(line, f"key {key!r}: {_quoted(item.partition('=')[0])} is not a variable name")
 
@@ -349,9 +356,9 @@ def _parse_root(root, path: str, keys: Mapping[str, click.Option]) -> JobFile:  
         else:
             typed = _typed(param, key, value)  # type: ignore[arg-type]
             if name == "hosts":
-                _check_hosts(typed, key, _line(value))  # type: ignore[arg-type]
+                _check_hosts(typed, key, _item_lines(value))  # type: ignore[arg-type]
             if name == "exports":
-                _check_exports(typed, key, _line(value))  # type: ignore[arg-type]
+                _check_exports(typed, key, _item_lines(value))  # type: ignore[arg-type]
                 exports.extend(typed)  # type: ignore[arg-type]
                 continue
             options[name] = typed  # type: ignore[index]
