@@ -51,8 +51,9 @@ class LaunchPlan:
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
 
 
-def resolve_hosts(options: Options) -> tuple[list[Host], str]:
-    """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names."""
+def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
+    """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names.
+    With neither, an allocation in env (MLP_MPI_*, Slurm, PBS, LSF; see hostsources), else localhost."""
     listed = [h for value in options.hosts for h in hostlib.parse_host_list(value)]
     if options.hostfile:
         from_file = hostlib.read_hostfile(options.hostfile)
@@ -69,6 +70,11 @@ def resolve_hosts(options: Options) -> tuple[list[Host], str]:
         return hostlib.merge_local_aliases(chosen), f"hostfile {options.hostfile} restricted by -H"
     if listed:
         return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
+    from mpilaunch.hostsources import from_environment
+
+    found = from_environment(os.environ if env is None else env)
+    if found is not None:
+        return hostlib.merge_local_aliases(found[0]), found[1]
     return hostlib.localhost_default(), "localhost (no hosts given)"
 
 
@@ -198,13 +204,19 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
     if hosts is None:
-        hosts, source = resolve_hosts(options)
+        hosts, source = resolve_hosts(options, env)
         hosts = with_slots(hosts, source)
     else:
         source = "the host list"
+    nps = [app.np for app in spec.apps]
+    if source.startswith("MLP_MPI_") and nps == [None]:  # the platform's MLP_MPI_NP is the default -n
+        from mpilaunch.hostsources import mlp_np
+
+        nps[0] = mlp_np(env)
+        source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
     ranks = place(
         hosts,
-        [(app.np, app.argv[0]) for app in spec.apps],
+        [(np, app.argv[0]) for np, app in zip(nps, spec.apps)],
         options.map_by,
         options.npernode,
         options.oversubscribe,

@@ -15,6 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG_VAR = "MPILAUNCH_TEST_TAG"
+# An allocation around the test run (Slurm, PBS, LSF, a platform) would pick the hosts of every job.
+HOST_SOURCES = ("MLP_MPI_", "SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default_hostfile")
 
 
 def tagged_pids(tag: str) -> list[int]:
@@ -45,7 +47,7 @@ class Launcher:
         self.env = dict(os.environ)
         self.env.update({TAG_VAR: tag, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
         for name in list(self.env):
-            if name.startswith(("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MASTER_")):
+            if name.startswith(("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MASTER_")) or name.startswith(HOST_SOURCES):
                 del self.env[name]
 
     def argv(self, *args: str) -> list[str]:
