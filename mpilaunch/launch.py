@@ -101,40 +101,46 @@ def run_job(spec: JobSpec) -> int:
     return execute(plan).run()
 
 
-def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
-    """Check what can be checked, open the output, start the agents: a controller ready to run."""
+def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
+    """The console copy and the log tree DIR/1/rank.N (Open MPI's `DIR:nocopy`: files only)."""
     options = plan.options
+    log_dir = None
+    copy_to_console = True
+    if options.output_filename:
+        log_dir = options.output_filename
+        if log_dir.endswith(":nocopy"):
+            log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
+    console = None
+    if copy_to_console:
+        console = Console(options.tag_output or host_tags, options.timestamp_output)
+        if host_tags:
+            console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
+    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
+    root = sink.add_job(1, list(range(len(plan.job.ranks))))
+    if root:
+        print(f"mpilaunch: rank output goes to {root}/rank.N", file=sys.stderr, flush=True)
+    return sink
+
+
+def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
+    """Check what can be checked, start the agents, open the output: a controller ready to run."""
     job = plan.job
     remote = remote_hosts(plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
     for index in local:
         check_local_programs(plan, plan.launcher_env, index)
     raise_fd_limit()
-    log_dir = None
-    copy_to_console = True
-    if options.output_filename:
-        log_dir = options.output_filename
-        if log_dir.endswith(":nocopy"):  # Open MPI's spelling for "files only"
-            log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
-    console = None
-    if copy_to_console:
-        console = Console(options.tag_output or host_tags, options.timestamp_output)
-        if host_tags:
-            console.host_tags = {r.rank: plan.hosts[r.host].name for r in job.ranks}
-    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
-    root = sink.add_job(1, list(range(len(job.ranks))))
-    if root:
-        print(f"mpilaunch: rank output goes to {root}/rank.N", file=sys.stderr, flush=True)
     links: dict[int, LocalLink | SshLink] = {}
-    if remote:
-        if local:  # forked before any SSH connection exists, so it holds none of them
-            links[local[0]] = start_local_agent()
-        try:
+    try:
+        if remote:
+            if local:  # forked before any SSH connection exists, so it holds none of them
+                links[local[0]] = start_local_agent()
             remote_links, plan = start_remote_agents(plan, remote)
-        except BaseException:
-            for link in links.values():
-                link.close()
-                link.wait()
-            raise
-        links.update(remote_links)
+            links.update(remote_links)
+        sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
+    except BaseException:
+        for link in links.values():
+            link.close()
+            link.wait()
+        raise
     return Controller(plan, sink, links, summary=not host_tags)
