@@ -115,10 +115,11 @@ def rank_extras(
     exports: Sequence[tuple[str, str | None]],
 ) -> list[dict[str, str]]:
     """Per rank: its device lists narrowed and DEVICE_ID 0 (with --devices-per-rank),
-    OMP_NUM_THREADS (unless the user set it) and RANK_TABLE_FILE. -x wins, except over the
-    device lists, which --devices-per-rank exists to narrow."""
+    OMP_NUM_THREADS and RANK_TABLE_FILE. -x wins, except over the device lists, which
+    --devices-per-rank exists to narrow. The launcher's OMP_NUM_THREADS goes to every host, as
+    the user's choice for all ranks; without one, each host's CPUs are shared by its ranks."""
     exported = exported_names(exports, launcher_env)
-    user_omp = "OMP_NUM_THREADS" in launcher_env or "OMP_NUM_THREADS" in exported
+    user_omp = launcher_env.get("OMP_NUM_THREADS")
     lists = job_device_lists(ranks, hosts, host_info, per_rank, user_device_lists(launcher_env, exports))
     out = []
     for rank in ranks:
@@ -129,7 +130,11 @@ def rank_extras(
             if "DEVICE_ID" not in exported:
                 env["DEVICE_ID"] = "0"  # the first of its own devices, as its framework numbers them
         cpus = host_info.get(rank.host, {}).get("cpus")
-        if cpus and not user_omp:
+        if "OMP_NUM_THREADS" in exported:
+            pass
+        elif user_omp is not None:
+            env["OMP_NUM_THREADS"] = user_omp
+        elif cpus:
             env["OMP_NUM_THREADS"] = str(omp_threads(int(cpus), rank.local_size))
         if rank_table and "RANK_TABLE_FILE" not in exported:
             env["RANK_TABLE_FILE"] = rank_table
@@ -138,27 +143,34 @@ def rank_extras(
 
 
 def omp_note(
-    ranks: Sequence[Rank], hosts: Sequence[Host], envs: Sequence[Mapping[str, str]], host_info: Mapping[int, Mapping]
+    ranks: Sequence[Rank],
+    hosts: Sequence[Host],
+    envs: Sequence[Mapping[str, str]],
+    host_info: Mapping[int, Mapping],
+    launcher_env: Mapping[str, str],
+    exports: Sequence[tuple[str, str | None]],
 ) -> str | None:
     """The one line that says OMP_NUM_THREADS was chosen for the user, when a host runs several
     ranks (as torchrun warns); None when there is nothing to say."""
+    if "OMP_NUM_THREADS" in launcher_env or "OMP_NUM_THREADS" in exported_names(exports, launcher_env):
+        return None
     chosen: dict[int, tuple[str, int, int]] = {}
     for rank, env in zip(ranks, envs):
-        if "OMP_NUM_THREADS" in env and rank.local_size > 1:
+        if "OMP_NUM_THREADS" in env and rank.local_size > 1 and host_info.get(rank.host, {}).get("cpus"):
             chosen[rank.host] = (env["OMP_NUM_THREADS"], int(host_info[rank.host]["cpus"]), rank.local_size)
     if not chosen:
         return None
     if len(set(chosen.values())) == 1:
         value, cpus, size = next(iter(chosen.values()))
         per = "" if len(chosen) == 1 else " on each host"
-        detail = f"{value} ({cpus} CPUs ÷ {size} local ranks{per})"
+        detail = f"{value} for each rank ({cpus} CPUs ÷ {size} local ranks{per})"
     else:
         shown = list(chosen.items())[:4]
         detail = ", ".join(f"{v} on {hosts[h].name} ({c} CPUs ÷ {s} ranks)" for h, (v, c, s) in shown)
         detail += ", ..." if len(chosen) > 4 else ""
     return (
-        f"OMP_NUM_THREADS is not set: each rank gets {detail}, so that the ranks' threads do not "
-        "overload the host; set OMP_NUM_THREADS (or -x it) to choose"
+        f"OMP_NUM_THREADS={detail}, so that their threads do not overload the host; "
+        "set OMP_NUM_THREADS to choose another value"
     )
 
 

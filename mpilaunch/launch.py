@@ -223,7 +223,8 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             link.close()
             link.wait()
         raise
-    note = devices.omp_note(plan.job.ranks, plan.hosts, plan.job.envs, plan.host_info)
+    job = plan.job
+    note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
     if note:
         print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
     return Controller(plan, sink, links, summary=not host_tags)

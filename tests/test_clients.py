@@ -143,6 +143,10 @@ def test_remote_hosts_count_their_devices_and_read_their_hccn_conf(
     table = json.loads((tmp_path / "rt.json").read_text())
     assert [s["server_id"] for s in table["server_list"]] == ["127.0.0.1", n1, n2]
 
+    proc = launcher.run("--ssh-config", str(clean_bed.config), "-H", "node1:2", "sh", "-c", "echo $OMP_NUM_THREADS",
+                        env={"OMP_NUM_THREADS": "3"})  # fmt: skip
+    assert proc.stdout.decode().split() == ["3", "3"] and b"OMP_NUM_THREADS" not in proc.stderr  # the user's choice
+
     proc = launcher.run(*args, "-H", "node1:2,node2:2", "--devices-per-rank", "2", "echo", "started", env=env)
     assert proc.returncode == 2 and proc.stdout == b""
     assert proc.stderr.decode().endswith(

@@ -149,8 +149,8 @@ def test_every_list_the_user_set_is_narrowed_and_x_wins_except_over_the_lists() 
     exports = (("DEVICE_ID", "7"), ("CUDA_VISIBLE_DEVICES", "6,7"), ("RANK_TABLE_FILE", "/mine.json"))
     got = extras(hosts, ranks_of(hosts, 2), {0: {"cpus": 2}}, 1, "/t.json", env, exports)
     assert got == [
-        {"CUDA_VISIBLE_DEVICES": "6", "HIP_VISIBLE_DEVICES": "4"},
-        {"CUDA_VISIBLE_DEVICES": "7", "HIP_VISIBLE_DEVICES": "5"},
+        {"CUDA_VISIBLE_DEVICES": "6", "HIP_VISIBLE_DEVICES": "4", "OMP_NUM_THREADS": "3"},
+        {"CUDA_VISIBLE_DEVICES": "7", "HIP_VISIBLE_DEVICES": "5", "OMP_NUM_THREADS": "3"},
     ]
 
 
@@ -160,7 +160,9 @@ def test_without_devices_per_rank_only_threads_and_the_rank_table_are_set() -> N
     got = extras(hosts, ranks, {0: {"cpus": 2}}, None, "/t.json", {"CUDA_VISIBLE_DEVICES": "2,3"})
     assert got[:3] == [{"OMP_NUM_THREADS": "1", "RANK_TABLE_FILE": "/t.json"}] * 3
     assert got[3:] == [{"RANK_TABLE_FILE": "/t.json"}] * 2  # node1's CPUs are not known (yet)
-    assert extras(hosts, ranks, {0: {"cpus": 2}}, None, None, {"OMP_NUM_THREADS": "4"}) == [{}] * 5
+    # the launcher's own value is the user's choice for every rank, on every host; -x's is already set
+    mine = extras(hosts, ranks, {0: {"cpus": 2}}, None, None, {"OMP_NUM_THREADS": "4"})
+    assert mine == [{"OMP_NUM_THREADS": "4"}] * 5
     assert extras(hosts, ranks, {0: {"cpus": 2}}, exports=(("OMP_NUM_THREADS", "4"),)) == [{}] * 5
 
 
@@ -169,18 +171,21 @@ def test_the_omp_note_is_said_once_and_only_when_a_host_runs_several_ranks() -> 
     ranks = ranks_of(hosts, 2)
     info = {0: {"cpus": 2}}
     envs = extras(hosts, ranks, info)
-    assert devices.omp_note(ranks, hosts, envs, info) == (
-        "OMP_NUM_THREADS is not set: each rank gets 1 (2 CPUs ÷ 2 local ranks), so that the ranks' threads do not "
-        "overload the host; set OMP_NUM_THREADS (or -x it) to choose"
+    assert devices.omp_note(ranks, hosts, envs, info, {}, ()) == (
+        "OMP_NUM_THREADS=1 for each rank (2 CPUs ÷ 2 local ranks), so that their threads do not overload the host; "
+        "set OMP_NUM_THREADS to choose another value"
     )
     one = ranks_of(hosts, 1)
-    assert devices.omp_note(one, hosts, extras(hosts, one, info), info) is None
-    assert devices.omp_note(ranks, hosts, [{}, {}], info) is None
+    assert devices.omp_note(one, hosts, extras(hosts, one, info), info, {}, ()) is None
+    assert devices.omp_note(ranks, hosts, [{}, {}], info, {}, ()) is None
+    mine = [{"OMP_NUM_THREADS": "1"}] * 2
+    assert devices.omp_note(ranks, hosts, mine, info, {"OMP_NUM_THREADS": "1"}, ()) is None
+    assert devices.omp_note(ranks, hosts, mine, info, {}, (("OMP_NUM_THREADS", "1"),)) is None
     two = [Host("a", 2), Host("b", 4)]
     ranks = ranks_of(two, 6)
     info2 = {0: {"cpus": 2}, 1: {"cpus": 8}}
-    note = devices.omp_note(ranks, two, extras(two, ranks, info2), info2)
-    assert note and "1 on a (2 CPUs ÷ 2 ranks), 2 on b (8 CPUs ÷ 4 ranks)" in note
+    note = devices.omp_note(ranks, two, extras(two, ranks, info2), info2, {}, ())
+    assert note and note.startswith("OMP_NUM_THREADS=1 on a (2 CPUs ÷ 2 ranks), 2 on b (8 CPUs ÷ 4 ranks), so that")
 
 
 def test_the_options_parse() -> None:
