@@ -53,7 +53,7 @@ def main() -> None:
     loss = train(ddp, x[rank::size], y[rank::size], log=rank == 0)
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     digest = hashlib.sha256(params.numpy().tobytes()).hexdigest()[:16]
-    print(f"rank {rank} of {size} on {os.uname().nodename}: loss {loss:.4f} params {digest}", flush=True)
+    print(f"rank {rank} of {size} on {os.uname().nodename}: loss on its shard {loss:.4f}, params {digest}", flush=True)
     if rank == 0:
         train(alone, x, y, log=False)
         reference = torch.cat([p.detach().flatten() for p in alone.parameters()])

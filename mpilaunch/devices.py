@@ -6,6 +6,7 @@ Pure functions of the placement, the user's variables and what each host said ab
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from mpilaunch.errors import LaunchError
@@ -186,7 +187,7 @@ def probe_request(
 
     return {
         "gpus": bool(per_rank) and not user_device_lists(launcher_env, exports),
-        "hccn": (launcher_env.get("MPILAUNCH_HCCN_CONF") or HCCN_CONF) if rank_table else None,
+        "hccn": os.path.abspath(launcher_env.get("MPILAUNCH_HCCN_CONF") or HCCN_CONF) if rank_table else None,
     }
 
 
