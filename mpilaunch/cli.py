@@ -115,6 +115,14 @@ def _env_timeout() -> float | None:
     is_flag=True,
     help="Serve PMI over loopback TCP (PMI_PORT + a secret PMI_ID) for ranks that cannot inherit PMI_FD.",
 )
+@click.option(
+    "--devices-per-rank",
+    "-devices-per-rank",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Each rank sees only its N devices: CUDA_VISIBLE_DEVICES (or the ASCEND_RT_/HIP_ list you set) narrowed.",
+)
+@click.option("--rank-table", "-rank-table", metavar="PATH", help="Write the job's HCCL rank table (MindSpore/Ascend).")
 @click.option("--ssh-config", "-ssh-config", "ssh_config", metavar="PATH", help="SSH config (default ~/.ssh/config).")
 @click.option(
     "--ssh-accept-new",

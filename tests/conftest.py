@@ -46,6 +46,10 @@ class Launcher:
         self.tmp_path = tmp_path
         self.env = dict(os.environ)
         self.env.update({TAG_VAR: tag, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+        # Chosen, so the launcher does not add its OMP_NUM_THREADS line to the stderr tests compare
+        # (test_devices_run.py removes it to test that line), and a small machine's ranks do not
+        # each start a thread per core.
+        self.env.setdefault("OMP_NUM_THREADS", "1")
         for name in list(self.env):
             if name.startswith(("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MASTER_")) or name.startswith(HOST_SOURCES):
                 del self.env[name]
