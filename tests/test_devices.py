@@ -335,7 +335,7 @@ def test_the_shipped_agent_answers_the_probe_and_writes_the_table(tmp_path: Path
     import subprocess
 
     from mpilaunch import wire
-    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+    from mpilaunch.transport.bootstrap import MARKER, agent_command, agent_payload
 
     smi_dir = fake_smi(tmp_path, "echo 'GPU 0: X'; echo 'GPU 1: X'")
     conf = tmp_path / "hccn.conf"
@@ -349,7 +349,7 @@ def test_the_shipped_agent_answers_the_probe_and_writes_the_table(tmp_path: Path
         ["sh", "-c", agent_command()], input=agent_payload() + frames_in, capture_output=True, cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin"}, timeout=30,
     )  # fmt: skip
-    frames = [f[1] for f in wire.Decoder().feed(proc.stdout)]
+    frames = [f[1] for f in wire.Decoder().feed(proc.stdout.partition(MARKER)[2])]
     assert [f["op"] for f in frames] == ["hello", "checked", "put_done"], proc.stderr.decode()
     info = frames[1]["info"]
     assert info["gpus"] == {"count": 2} and info["hccn"] == {"addresses": {"0": "192.1.27.6", "1": "192.2.27.6"}}
