@@ -30,49 +30,7 @@ pytestmark = pytest.mark.skipif(not available, reason=why)
 PY = sys.executable
 CLEAN_WITHIN = 2.0  # seconds after the fault (or the launcher's exit) by which every host must be clean
 
-# A rank that leaves a tree behind: a plain child (its process group), and a daemon made the
-# classic way (fork, setsid, fork, stdio to /dev/null) whose worker leaves for a session of its
-# own, so neither is in the rank's process group and the worker is not even the agent's orphan
-# until the daemon dies. Each member writes DIR/<rank>.<member> when it is up.
-TREE = r"""
-import os, sys, time
-where, mode = sys.argv[1], sys.argv[2]
-rank = os.environ["RANK"]
-
-def mark(name):
-    open(os.path.join(where, f"{rank}.{name}"), "w").close()
-
-def linger(name):
-    mark(name)
-    time.sleep(300)
-    os._exit(0)
-
-if os.fork() == 0:
-    linger("child")
-if os.fork() == 0:
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    if os.fork() == 0:
-        if mode != "agent":  # with the agent killed, only the daemon's own group is promised
-            os.setsid()
-        linger("worker")
-    linger("daemon")
-os.wait()  # the daemon's first fork
-deadline = time.time() + 30
-while not all(os.path.exists(os.path.join(where, f"{rank}.{n}")) for n in ("child", "daemon", "worker")):
-    assert time.time() < deadline, "the tree did not come up"
-    time.sleep(0.01)
-print("up", rank, flush=True)
-if mode == "exit":
-    sys.exit(0)
-if mode == "fail" and rank == "1":
-    sys.exit(3)
-time.sleep(300)
-"""
+TREE = str(Path(__file__).parent / "ranks" / "tree.py")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +74,7 @@ def read_up(proc: subprocess.Popen, count: int, timeout: float = 60) -> None:
 def tree(tmp_path: Path) -> tuple[str, str]:
     marks = tmp_path / "marks"
     marks.mkdir(exist_ok=True)
-    return write_script(tmp_path, "tree.py", TREE), str(marks)
+    return TREE, str(marks)
 
 
 # -- ranks killed by a signal --------------------------------------------------------------------
@@ -185,9 +143,7 @@ def test_launcher_killed_every_host_clean_within_2s(
     assert_clean_within(bed, sent, f"{sig.name} to the launcher")
 
 
-def test_remote_agent_killed_its_guardian_takes_the_tree_along(
-    launcher: Launcher, bed: SshBed, tmp_path: Path
-) -> None:
+def test_remote_agent_killed_its_guardian_takes_the_tree_along(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     """kill -9 of node2's agent: its guardian kills the ranks' process groups and the daemon the
     agent had adopted (with the daemon's group), on node2; the launcher aborts the job."""
     script, marks = tree(tmp_path)
