@@ -552,13 +552,15 @@ class Agent:
             return
         self.heard = time.monotonic()
         try:
-            frames = self.decoder.feed(data)
+            for kind, value in self.decoder.feed(data):
+                self.handle(kind, value)
         except wire.FrameError as exc:
             print(f"mpilaunch agent: {exc}; stopping", file=sys.stderr)
             self.link_lost()
-            return
-        for kind, value in frames:
-            self.handle(kind, value)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, OSError) as exc:
+            # A frame that decodes but asks for nothing we can do: the link is not to be trusted.
+            print(f"mpilaunch agent: bad request from the launcher ({exc!r}); stopping", file=sys.stderr)
+            self.link_lost()
 
     def all_done(self) -> bool:
         return all(rp.status is not None and not rp.open_fds for rp in self.ranks.values())

@@ -272,8 +272,16 @@ class Controller:
         self.send(link, wire.control("pmi_spawn_reply", job=msg["job"], req=msg["req"], rc=0))
 
     # -- events from agents ----------------------------------------------------------------
+    def _own_proc(self, link: HostLink, proc: object) -> int:
+        """A process id an agent sent: one of the processes of its own host, or the frame is bad."""
+        if type(proc) is not int or not 0 <= proc < len(self.procs) or self.procs[proc].rank.host != link.index:
+            raise ValueError(f"process {proc!r} is not one of this host's")
+        return proc
+
     def on_control(self, link: HostLink, msg: dict) -> None:
         op = msg["op"]
+        if "proc" in msg or op in ("started", "exited", "failed", "pmi_abort", "pmi_error", "pmi_spawn"):
+            self._own_proc(link, msg.get("proc"))
         if op == "started":
             self.procs[msg["proc"]].pid = msg["pid"]
         elif op == "exited":
@@ -312,20 +320,19 @@ class Controller:
             self.link_closed(link)
             return
         try:
-            frames = link.decoder.feed(data)
-        except wire.FrameError as exc:
-            print(
-                f"mpilaunch: garbled message from the agent of {self.plan.hosts[link.index].name}: {exc}",
-                file=sys.stderr,
-            )
-            self.link_closed(link)
-            return
-        for kind, value in frames:
-            if kind == wire.OUTPUT:
-                proc, stream, chunk = value  # type: ignore[misc]
-                self.output.write(proc, stream, chunk, now)
-            elif kind == wire.CONTROL:
-                self.on_control(link, value)  # type: ignore[arg-type]
+            for kind, value in link.decoder.feed(data):
+                if kind == wire.OUTPUT:
+                    proc, stream, chunk = value  # type: ignore[misc]
+                    self.output.write(self._own_proc(link, proc), stream, chunk, now)
+                elif kind == wire.CONTROL:
+                    self.on_control(link, value)  # type: ignore[arg-type]
+        except (wire.FrameError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+            # Bytes that are no frame, or a frame with fields we cannot use: the link is not to be trusted.
+            why = exc if isinstance(exc, wire.FrameError) else repr(exc)
+            host = self.plan.hosts[link.index].name
+            print(f"mpilaunch: garbled message from the agent of {host}: {why}", file=sys.stderr)
+            if link.open:
+                self.link_closed(link)
 
     def keep_alive(self, now: float) -> None:
         """Give up on a remote agent that said nothing for a whole heartbeat timeout (its pings
