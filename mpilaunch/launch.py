@@ -112,7 +112,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     raise_fd_limit()
     log_dir = None
     copy_to_console = True
-    if options.output_filename:
+    if options.output_filename is not None:  # an empty one is refused by LogTree, not ignored
         log_dir = options.output_filename
         if log_dir.endswith(":nocopy"):  # Open MPI's spelling for "files only"
             log_dir, copy_to_console = log_dir[: -len(":nocopy")], False

@@ -424,3 +424,64 @@ def test_secret_names_are_masked_in_dry_run_and_other_output(launcher: Launcher)
     text = run.stdout.decode() + run.stderr.decode()
     assert run.returncode == 1 and "failing" in text and "JOB MAP" in text
     assert not [value for value in SECRETS.values() if value in text]
+
+
+# -- log files ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["1", "1/rank.0", "1/rank.0/stdout", "1/rank.1/stderr"])
+def test_a_symlink_planted_in_the_log_tree_is_not_followed(launcher: Launcher, tmp_path: Path, where: str) -> None:
+    """A link at any name the launcher builds (job, rank directory, file) refuses the run before
+    anything starts, and whatever it points to is left alone."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("stdout", "stderr"):
+        (victim / name).write_text("precious\n")
+    logs = tmp_path / "logs"
+    link = logs / where
+    link.parent.mkdir(parents=True)
+    link.symlink_to(victim if not where.endswith(("stdout", "stderr")) else victim / link.name)
+    proc = launcher.run("-n", "2", "--output-filename", str(logs), "touch", str(tmp_path / "ran"))
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"cannot write {link}: a symbolic link, not followed" in err
+    assert sorted(os.listdir(victim)) == ["stderr", "stdout"]
+    assert all((victim / n).read_text() == "precious\n" for n in ("stdout", "stderr"))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_log_directory_itself_may_be_a_symlink(launcher: Launcher, tmp_path: Path) -> None:
+    """DIR is the user's own choice (another disk, say); the names below it are numbers only."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "logs").symlink_to(tmp_path / "disk")
+    proc = launcher.run("-n", "2", "--output-filename", "logs", "sh", "-c", "echo $RANK")
+    assert proc.returncode == 0, proc.stderr.decode()
+    found = sorted(str(p.relative_to(tmp_path / "disk")) for p in (tmp_path / "disk").rglob("*"))
+    assert found == ["1", "1/rank.0", "1/rank.0/stderr", "1/rank.0/stdout", "1/rank.1", "1/rank.1/stderr",
+                     "1/rank.1/stdout"]  # fmt: skip
+    assert all(re.fullmatch(r"\d+(/rank\.\d+(/std(out|err))?)?", name) for name in found)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("", "the directory name is empty"),
+        (":nocopy", "the directory name is empty"),
+        ("afile/sub", "Not a directory"),
+        ("/proc/forbidden", "cannot write /proc/forbidden"),
+        ("/sys/forbidden", "cannot write /sys/forbidden"),
+    ],
+)
+def test_bad_output_filename_fails_before_launch(
+    launcher: Launcher, tmp_path: Path, mute: tuple[Listener, Path], value: str, words: str
+) -> None:
+    """Refused before any rank starts, on this machine or (no connection made) on another."""
+    listener, config = mute
+    (tmp_path / "afile").write_text("")
+    for hosts in ("localhost:1", "mute:1"):
+        proc = launcher.run(
+            "--ssh-config", str(config), "-H", hosts, "-n", "1", "--output-filename", value, "touch", "ran"
+        )
+        err = proc.stderr.decode()
+        assert proc.returncode == 2, err
+        assert len(err.strip().splitlines()) == 1 and words in err, err
+        assert not (tmp_path / "ran").exists()
+    assert listener.accepted == 0
