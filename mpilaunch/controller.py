@@ -154,9 +154,10 @@ class Controller:
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
+        self.saved_signals = {sig: signal.getsignal(sig) for sig in FORWARDED}
         for sig in FORWARDED:
             signal.signal(sig, lambda *_: None)
-        signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        self.saved_wakeup_fd = signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
 
     # -- sending -------------------------------------------------------------------------
@@ -395,6 +396,16 @@ class Controller:
             return self._run()
         finally:
             self._emergency_stop()
+            self._release()
+
+    def _release(self) -> None:
+        """Give the process back what the run took (a launcher embedded in a longer-lived process
+        runs many jobs): the signal handlers, the wake-up socket pair and the selector."""
+        self._restore_signals()
+        for sock in (getattr(self, "wake_r", None), getattr(self, "wake_w", None)):
+            if sock is not None:
+                sock.close()
+        self.sel.close()
 
     def _emergency_stop(self) -> None:
         """On any way out, no rank may outlive the launcher: kill what is still recorded as running."""
@@ -461,9 +472,13 @@ class Controller:
             self.on_signal(sig)
 
     def _restore_signals(self) -> None:
-        signal.set_wakeup_fd(-1)
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        saved = getattr(self, "saved_signals", None)
+        if saved is None:  # never installed, or already restored
+            return
+        signal.set_wakeup_fd(self.saved_wakeup_fd)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self.saved_signals = None
 
     def finish(self) -> int:
         self.output.close()
