@@ -31,6 +31,8 @@ from mpilaunch.cli import parse_args
 from mpilaunch.controller import Controller, HostLink
 from mpilaunch.output import OutputSink
 from mpilaunch.plan import build_plan
+from mpilaunch.pmi.server import PmiService
+from mpilaunch.pmi.simple import ProtocolError, parse_line
 
 from .conftest import ROOT, Launcher, tagged_pids
 
@@ -96,6 +98,70 @@ def test_fuzz_decoder_any_bytes_any_chunking(pieces: list[bytes], cuts: list[int
 def test_json_nested_too_deep_is_a_frame_error() -> None:
     with pytest.raises(wire.FrameError):
         wire.Decoder().feed(DEEP)
+
+
+# -- PMI-1: the line parser and a stream in any chunking -----------------------------------------
+@given(st.binary(max_size=200))
+@settings(max_examples=500)
+def test_fuzz_pmi1_line_parser_only_raises_protocol_error(data: bytes) -> None:
+    try:
+        fields = parse_line(data)
+    except ProtocolError:
+        return
+    assert fields["cmd"]
+
+
+PMI1_JOB = {"job": 1, "size": 1, "universe": 1, "kvsname": "kvs_h_1", "mapping": "(vector,(0,1,1))"}
+PMI1_FIXED = [b"cmd=init pmi_version=1 pmi_subversion=1\n", b"cmd=get_maxes\n", b"cmd=get_appnum\n"]
+PMI1_FIXED += [b"cmd=get_my_kvsname\n", b"cmd=get_universe_size\n", b"cmd=bogus a=b\n", b"cmd=finalize\n"]
+_pmi1_lines = st.one_of(
+    st.sampled_from(PMI1_FIXED),
+    st.builds(
+        lambda cmd, key, value: f"cmd={cmd} kvsname=kvs_h_1 key={key} value={value}\n".encode(),
+        st.sampled_from(["put", "get"]),
+        st.sampled_from(["a", "b", "PMI_process_mapping", ""]),
+        st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12),
+    ),
+    st.binary(max_size=30),
+)
+
+
+def _serve_pmi1(pieces: list[bytes]) -> tuple[bytes, list, bool]:
+    """What a PmiService answers a rank sending these pieces, what it sends up, and if it hung up."""
+    sent: list[bytes] = []
+    service = PmiService(PMI1_JOB, sent.append)
+    ours, theirs = service.attach(0, 0, 0)
+    theirs.setblocking(False)
+    replies = b""
+    alive = True
+    try:
+        for piece in pieces:
+            theirs.sendall(piece)
+            alive = service.readable(ours.fileno())
+            try:
+                while chunk := theirs.recv(1 << 16):
+                    replies += chunk
+            except BlockingIOError:
+                pass
+            if not alive:
+                break
+    finally:
+        ours.close()
+        theirs.close()
+    return replies, wire.Decoder().feed(b"".join(sent)), alive
+
+
+@given(st.lists(_pmi1_lines, min_size=1, max_size=8), st.lists(st.integers(1, 40), max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_fuzz_pmi1_stream_in_any_chunking(lines: list[bytes], sizes: list[int]) -> None:
+    """A PMI-1 stream, sane or not, gets the same replies and reports however it is cut."""
+    data = b"".join(lines)
+    pieces, pos = [], 0
+    for size in [*sizes, len(data)]:
+        if pos < len(data):
+            pieces.append(data[pos : pos + size])
+            pos += size
+    assert _serve_pmi1(pieces) == _serve_pmi1([data])
 
 
 # -- the agent, in process ----------------------------------------------------------------------
