@@ -53,10 +53,17 @@ def ssh(launcher: Launcher, bed: SshBed, *args: str, **kw) -> subprocess.Complet
     return launcher.run("--ssh-config", str(bed.config), *args, **kw)
 
 
+def report(what: str, **numbers: float) -> None:
+    """Measured numbers, shown with `pytest -s` (not asserted beyond the issue's 2 s)."""
+    print(f"\n[fault] {what}: " + ", ".join(f"{k} {v:.3g}" for k, v in numbers.items()), file=sys.__stdout__)
+
+
 def assert_clean_within(bed: SshBed, since: float, what: str) -> None:
-    left = bed.wait_clean(CLEAN_WITHIN)
-    assert not left, f"still running {CLEAN_WITHIN} s after {what}: {left}"
-    assert time.monotonic() - since <= CLEAN_WITHIN + 0.5  # wait_clean's own polling, on a loaded machine
+    """Every host clean by CLEAN_WITHIN seconds after `since` (the fault, or the launcher's exit)."""
+    left = bed.wait_clean(max(0.05, since + CLEAN_WITHIN - time.monotonic()))
+    took = time.monotonic() - since
+    assert not left, f"still running {took:.2f} s after {what}: {left}"
+    report(f"every host clean after {what}", seconds=took)
 
 
 def read_up(proc: subprocess.Popen, count: int, timeout: float = 60) -> None:
@@ -141,6 +148,22 @@ def test_launcher_killed_every_host_clean_within_2s(
         assert proc.returncode == 128 + sig, err.decode()
         assert f"stopped by {sig.name}" in err.decode()
     assert_clean_within(bed, sent, f"{sig.name} to the launcher")
+
+
+def test_kill_9_of_the_launcher_with_ranks_that_ignore_sigterm(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """The agents' SIGTERM is ignored: their SIGKILL follows 1 s later (ORPHAN_GRACE), inside 2 s."""
+    script = write_script(
+        tmp_path,
+        "deaf.py",
+        "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', os.environ['RANK'], flush=True)\ntime.sleep(300)\n",
+    )
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:2,node3:2", "-n", "4", PY, script)
+    read_up(proc, 4)
+    proc.kill()
+    killed = time.monotonic()
+    proc.wait()
+    assert_clean_within(bed, killed, "SIGKILL to the launcher, ranks ignoring SIGTERM")
 
 
 def test_remote_agent_killed_its_guardian_takes_the_tree_along(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -267,6 +290,7 @@ def test_rank_that_never_reads_a_large_stdin(launcher: Launcher, bed: SshBed, tm
     assert taken_while_running < 16 << 20, taken_while_running
     assert written[0] > taken_while_running  # it did drain (and drop) stdin once the rank was gone
     assert peak.mb() < 200, peak.mb()
+    report("unread stdin", taken_while_running_kib=taken_while_running / 1024, launcher_peak_rss_mb=peak.mb())
 
 
 class PeakRss:
