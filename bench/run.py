@@ -136,6 +136,50 @@ def scenario_barrier(size: int):
     return run
 
 
+RANK_PROGRAMS = {"sh", "sleep"}  # the ranks of the sleep256 scenario; everything else is launcher
+
+
+def scenario_sleep256(name: str, prefix: list[str], work: Path) -> dict:
+    """256 ranks of `echo; sleep 1`: the launcher side's peak memory (sum of PSS over its
+    processes: launcher, agent or proxies, not ranks) and CPU seconds, sampled with psutil."""
+    import psutil
+
+    argv = [*prefix, *oversub(name), "-n", "256", "sh", "-c", "echo rank up; sleep 1"]
+    start = time.perf_counter()
+    proc = psutil.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    cpu: dict[int, float] = {}
+    peak = 0
+    lines = 0
+    os.set_blocking(proc.stdout.fileno(), False)
+    while proc.poll() is None:
+        try:
+            lines += (os.read(proc.stdout.fileno(), 1 << 20) or b"").count(b"\n")
+        except BlockingIOError:
+            pass
+        rss = 0
+        try:
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            family = [proc]
+        for member in family:
+            try:
+                if member.name() in RANK_PROGRAMS:
+                    continue
+                with member.oneshot():
+                    rss += member.memory_full_info().pss  # shared pages split: launcher and agent share their fork's
+                    times = member.cpu_times()
+                    cpu[member.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+        peak = max(peak, rss)
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - start
+    os.set_blocking(proc.stdout.fileno(), True)
+    lines += proc.stdout.read().count(b"\n")
+    assert proc.returncode == 0 and lines == 256, (proc.returncode, lines)
+    return {"seconds": elapsed, "rss_mb": peak / 2**20, "cpu": sum(cpu.values())}
+
+
 class SshHosts:
     """One sshd bed (tests/sshbed.py) shared by the SSH scenarios, and each launcher's way to use it."""
 
@@ -200,6 +244,7 @@ SCENARIOS = {
         )
         for n in (2, 4, 8, 16, 32)
     },
+    "sleep256": ("256 ranks of `echo; sleep 1` (launcher side: peak memory (PSS), CPU seconds)", scenario_sleep256),
     "ssh_true": ("ssh, 4 hosts x 2 ranks of `true`", scenario_ssh(4, 2, ["true"])),
     "ssh_barrier": (
         "ssh, 4 hosts x 2 ranks, mpi4py wire-up + barrier (hydra only)",
@@ -215,6 +260,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
     parser.add_argument("--write", help="write a Markdown report here")
+    parser.add_argument("--chart", help="write a PNG chart of the scaling curves here (needs matplotlib)")
     args = parser.parse_args()
     peers = launchers()
     rows = []
@@ -234,6 +280,36 @@ def main() -> None:
             print(report_row(key, title, results), flush=True)
     if args.write:
         Path(args.write).write_text(markdown(rows, args.reps))
+    if args.chart:
+        chart(rows, args.chart)
+
+
+def chart(rows: list, path: str) -> None:
+    """Wire-up time against ranks, one line per launcher (the `bench` extra brings matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for key, _, results in rows:
+        if key.startswith("barrier"):
+            for name, res in results.items():
+                curves.setdefault(name, []).append((int(key[len("barrier") :]), median(res)))
+    if not curves:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in sorted(curves.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks (mpi4py, one barrier)")
+    ax.set_ylabel("seconds, median")
+    ax.set_title("MPI wire-up on one 2-core machine")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def median(results: list[dict], field: str = "seconds") -> float:
@@ -252,6 +328,8 @@ def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
             )
         if key == "abort":
             extra = f", all ranks gone {median(res, 'all_gone'):.3f} s, status {res[0]['status']}"
+        if key == "sleep256":
+            extra = f", peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
         ratio = f" (mpilaunch/{name} = {ours / median(res):.2f}x)" if name != "mpilaunch" else ""
         parts.append(f"  {name:10s} {median(res):.3f} s{extra}{ratio}")
     return "\n".join(parts)
@@ -279,6 +357,8 @@ def markdown(rows: list, reps: int) -> str:
                          f"lines in files {min(r['file_lines'] for r in res) or '-'}")  # fmt: skip
             if key == "abort":
                 notes = f"all ranks gone after {median(res, 'all_gone'):.3f} s; exit status {res[0]['status']}"
+            if key == "sleep256":
+                notes = f"launcher side peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
             ratio = "" if name == "mpilaunch" else f"{ours / median(res):.2f}x"
             lines.append(f"| {title} | {name} | {median(res):.3f} s | {ratio} | {notes} |")
     lines.append("")

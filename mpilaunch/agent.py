@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from mpilaunch import wire
+from mpilaunch import hostinfo, wire
 from mpilaunch.binding import cpu_groups, cpus_for
 from mpilaunch.mpi_family import OpenMpiWatch
 from mpilaunch.programs import merge_host_environment, probe_port, program_problem
@@ -321,7 +321,8 @@ class Agent:
 
     def check(self, msg: dict) -> None:
         """Before anything starts: take the launcher's paths, and say whether each program and
-        directory exists here and whether a MASTER_PORT is free (or pick one)."""
+        directory exists here, whether a MASTER_PORT is free (or pick one), and what the job
+        asks about this host (CPUs, GPUs, device IPs: hostinfo.probe)."""
         self.host_env = merge_host_environment(dict(os.environ), msg.get("carried", {}))
         if msg.get("heartbeat"):
             self.heartbeat = float(msg["heartbeat"])
@@ -335,7 +336,12 @@ class Agent:
         port_free = None
         if port >= 0:
             port, port_free = probe_port(port)
-        self.send(wire.control("checked", problems=problems, port=port, port_free=port_free))
+        reply: dict = {"problems": problems, "port": port, "port_free": port_free}
+        probe = msg.get("probe")
+        if probe is not None:
+            path = self.host_env.get("PATH", os.defpath)
+            reply["info"] = hostinfo.probe(bool(probe.get("gpus")), probe.get("hccn"), path)
+        self.send(wire.control("checked", **reply))
 
     # -- rank output and stdin -----------------------------------------------------------
     def read_output(self, fd: int) -> None:
@@ -526,6 +532,8 @@ class Agent:
             self.launch(msg)
         elif op == "check":
             self.check(msg)
+        elif op == "put":  # a file the ranks read (the rank table), before they start
+            self.send(wire.control("put_done", error=hostinfo.write_file(str(msg["path"]), str(msg["data"]))))
         elif op == "signal":
             self.signal_all(int(msg["sig"]))
         elif op == "kill":

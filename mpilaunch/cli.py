@@ -50,6 +50,7 @@ def _env_timeout() -> float | None:
     context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-help", "-h"]},
     epilog=EPILOG,
 )
+@click.option("--config", "-config", metavar="JOB.yaml", help="Job file: options, env, command; the command line wins.")
 @click.option(
     "-n", "-np", "--np", "-c", "np", type=click.IntRange(min=1), help="Number of ranks (default: every slot)."
 )
@@ -114,6 +115,14 @@ def _env_timeout() -> float | None:
     is_flag=True,
     help="Serve PMI over loopback TCP (PMI_PORT + a secret PMI_ID) for ranks that cannot inherit PMI_FD.",
 )
+@click.option(
+    "--devices-per-rank",
+    "-devices-per-rank",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Each rank sees only its N devices: CUDA_VISIBLE_DEVICES (or the ASCEND_RT_/HIP_ list you set) narrowed.",
+)
+@click.option("--rank-table", "-rank-table", metavar="PATH", help="Write the job's HCCL rank table (MindSpore/Ascend).")
 @click.option("--ssh-config", "-ssh-config", "ssh_config", metavar="PATH", help="SSH config (default ~/.ssh/config).")
 @click.option(
     "--ssh-accept-new",
@@ -166,9 +175,12 @@ def parse_args(argv: list[str]) -> JobSpec:
     """argv (without the program name) -> JobSpec; global options may appear in any app context."""
     apps = []
     globals_: dict[str, object] = {}
-    for index, words in enumerate(split_apps(argv)):
+    given_anywhere: set[str] = set()
+    segments = split_apps(argv)
+    for index, words in enumerate(segments):
         params, given = _parse_segment(words)
-        if not params["argv"]:
+        given_anywhere |= given
+        if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""
             raise LaunchError(f"no program given{where}; usage: mpilaunch [options] program [args]")
         apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"]))
@@ -179,6 +191,11 @@ def parse_args(argv: list[str]) -> JobSpec:
                 if name in ("hosts", "mca", "exports") and index and name in globals_:
                     value = tuple(globals_[name]) + tuple(value)  # type: ignore[arg-type]
                 globals_[name] = value
+    config = globals_.pop("config")
+    if config:  # pyyaml only now: a plain run does not pay for it
+        from mpilaunch.jobfile import apply_job_file, read_job_file
+
+        apps = apply_job_file(read_job_file(str(config), command.params), globals_, given_anywhere, apps)
     exports = _exports(globals_.pop("exports"))  # type: ignore[arg-type]
     apps = [AppContext(a.argv, a.np, exports, a.wdir) for a in apps]
     env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")

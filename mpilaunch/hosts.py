@@ -48,6 +48,8 @@ def check_user_name(user: str) -> str:
 def _count(key: str, value: str) -> int:
     if not value.isdigit() or not value.isascii():
         raise HostSyntaxError(f"{key} must be a whole number, not {value!r}")
+    if len(value) > 12:  # int() refuses more than 4300 digits; anything this long is too large anyway
+        raise HostSyntaxError(f"{key}={value[:12]}... is too large")
     number = int(value)
     if number < 1 and key not in _MAX_KEYS:
         raise HostSyntaxError(f"{key} must be at least 1")
@@ -165,19 +167,21 @@ def read_hostfile(path: str) -> list[Host]:
     return parse_hostfile(text, path)
 
 
-def parse_host_list(value: str) -> list[Host]:
-    """-H a:2,b,user@c:4 ; a missing :N means one slot, as in Open MPI."""
+def parse_host_list(value: str, label: str | None = None) -> list[Host]:
+    """-H a:2,b,user@c:4 ; a missing :N means one slot, as in Open MPI. Errors start with
+    label (default `-H 'value'`), so a variable in the same grammar can name itself."""
+    label = f"-H {value!r}" if label is None else label
     entries = []
     for word in value.split(","):
         word = word.strip()
         if not word:
-            raise LaunchError(f"-H {value!r}: empty host name")
+            raise LaunchError(f"{label}: empty host name")
         try:
             user, rest = _split_user(word)
             name, slots = _split_count(rest)
             check_host_name(name)
         except HostSyntaxError as exc:
-            raise LaunchError(f"-H {value!r}: {exc}") from None
+            raise LaunchError(f"{label}: {exc}") from None
         entries.append(Host(name, 1 if slots is None else slots, None, user))
     return entries
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from mpilaunch import devices
 from mpilaunch.controller import Controller
 from mpilaunch.errors import LaunchError
 from mpilaunch.output import Console, OutputSink
 from mpilaunch.plan import LaunchPlan, build_plan, host_checks, remote_hosts, with_master
 from mpilaunch.programs import carried_environment, program_problem
 from mpilaunch.rank_env import inherited
+from mpilaunch.ranktable import format_rank_table, job_rank_table
 from mpilaunch.report import dry_run_env, rank_map
 from mpilaunch.spec import JobSpec
 from mpilaunch.transport.local import LocalLink, start_local_agent
@@ -41,6 +44,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     rank0 = plan.job.ranks[0].host
     pick_port = rank0 in remote and not env.get("MASTER_PORT", "").isdigit()
     carried = carried_environment(dict(env))
+    probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, plan.exports)
 
     def check(index: int) -> bytes:
         return wire.control(
@@ -50,6 +54,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
             mpi=options.mpi != "none",
             port=0 if pick_port and index == rank0 else -1,
             heartbeat=plan.heartbeat,
+            probe=probe,
         )
 
     hosts = {i: (plan.hosts[i].name, plan.hosts[i].user, plan.hosts[i].port) for i in remote}
@@ -67,13 +72,83 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
         for link in links.values():
             link.close()
         raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
+    ours = next((link.local_address for link in links.values() if link.local_address), "")
+    info = {i: {**h, "address": ours or h.get("address", "")} for i, h in plan.host_info.items()}
+    for index, link in links.items():  # what each host found out about itself, and where it was reached
+        info[index] = {"cpus": link.hello.get("cpus"), **(results[index].reply or {}).get("info", {})}
+        info[index]["address"] = link.peer
+    plan = replace(plan, host_info=info)
+    master = plan.master
     if rank0 in remote:
         port = int(results[rank0].reply["port"]) if pick_port else plan.master[1]  # type: ignore[index]
-        plan = with_master(plan, (links[rank0].peer, port))
-    elif any(link.local_address for link in links.values()):
-        address = next(link.local_address for link in links.values() if link.local_address)
-        plan = with_master(plan, (address, plan.master[1]))
+        master = (links[rank0].peer, port)
+    elif ours:
+        master = (ours, plan.master[1])
+    try:
+        plan = with_master(plan, master)  # every rank's variables again, now that each host is known
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
     return links, plan
+
+
+def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
+    """The rank table's text for this plan, and notes on what HCCL may not accept."""
+    job = plan.job
+    table, notes = job_rank_table(
+        job.ranks,
+        plan.hosts,
+        plan.host_info,
+        per_rank=plan.options.devices_per_rank,
+        launcher_env=plan.launcher_env,
+        exports=plan.exports,
+    )
+    return format_rank_table(table), notes
+
+
+def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink]) -> None:
+    """--rank-table: the file here, and at the same path on every remote host (by its agent), so
+    each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
+    from mpilaunch import wire
+    from mpilaunch.hostinfo import write_file
+
+    path = plan.options.rank_table
+    assert path is not None
+    text, notes = rank_table(plan)
+    error = write_file(path, text)
+    if error:
+        raise LaunchError(f"--rank-table: {error}")
+    remote = {i: link for i, link in sorted(links.items()) if not link.local}
+    for link in remote.values():
+        link.send(wire.control("put", path=path, data=text))
+    problems = []
+    for index, link in remote.items():
+        reply = _reply(link, "put_done", max(10.0, plan.heartbeat))
+        if reply is None or reply.get("error"):
+            why = reply.get("error") if reply else "no answer from its agent"
+            problems.append(f"{plan.hosts[index].name}: --rank-table: {why}")
+    if problems:
+        raise LaunchError("\nmpilaunch: ".join(problems))
+    servers = len({r.host for r in plan.job.ranks})
+    what = f"{servers} server{'s' if servers > 1 else ''}, {len(plan.job.ranks)} devices"
+    where = f" (and on {', '.join(plan.hosts[i].name for i in remote)})" if remote else ""
+    print(f"mpilaunch: rank table ({what}) written to {path}{where}", file=sys.stderr, flush=True)
+    for note in notes:
+        print(f"mpilaunch: rank table: {note}", file=sys.stderr, flush=True)
+
+
+def _reply(link: SshLink, op: str, timeout: float) -> dict | None:
+    """The agent's next control frame with this op (its heartbeat pings are skipped)."""
+    from mpilaunch.transport.ssh import read_frame
+
+    while True:
+        try:
+            frame = read_frame(link.chan, timeout)
+        except OSError:
+            return None
+        if frame is None or frame.get("op") == op:
+            return frame
 
 
 def raise_fd_limit() -> None:
@@ -97,44 +172,59 @@ def run_job(spec: JobSpec) -> int:
         print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
     if options.dry_run:
         print(dry_run_env(job.ranks, plan.hosts, job.envs), flush=True)
+        if plan.options.rank_table:
+            text, _ = rank_table(plan)
+            print(f"rank table for {plan.options.rank_table} (not written in a dry run):\n{text}", end="", flush=True)
         return 0
     return execute(plan).run()
 
 
-def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
-    """Check what can be checked, open the output, start the agents: a controller ready to run."""
+def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
+    """The console copy and the log tree DIR/1/rank.N (Open MPI's `DIR:nocopy`: files only)."""
     options = plan.options
+    log_dir = None
+    copy_to_console = True
+    if options.output_filename is not None:  # an empty one is refused by LogTree, not ignored
+        log_dir = options.output_filename
+        if log_dir.endswith(":nocopy"):
+            log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
+    console = None
+    if copy_to_console:
+        console = Console(options.tag_output or host_tags, options.timestamp_output)
+        if host_tags:
+            console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
+    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
+    root = sink.add_job(1, list(range(len(plan.job.ranks))))
+    if root:
+        print(f"mpilaunch: rank output goes to {root}/rank.N", file=sys.stderr, flush=True)
+    return sink
+
+
+def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
+    """Check what can be checked, start the agents, open the output: a controller ready to run."""
     job = plan.job
     remote = remote_hosts(plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
     for index in local:
         check_local_programs(plan, plan.launcher_env, index)
     raise_fd_limit()
-    log_dir = None
-    copy_to_console = True
-    if options.output_filename is not None:  # an empty one is refused by LogTree, not ignored
-        log_dir = options.output_filename
-        if log_dir.endswith(":nocopy"):  # Open MPI's spelling for "files only"
-            log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
-    console = None
-    if copy_to_console:
-        console = Console(options.tag_output or host_tags, options.timestamp_output)
-        if host_tags:
-            console.host_tags = {r.rank: plan.hosts[r.host].name for r in job.ranks}
-    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
-    root = sink.add_job(1, list(range(len(job.ranks))))
-    if root:
-        print(f"mpilaunch: rank output goes to {root}/rank.N", file=sys.stderr, flush=True)
     links: dict[int, LocalLink | SshLink] = {}
-    if remote:
-        if local:  # forked before any SSH connection exists, so it holds none of them
-            links[local[0]] = start_local_agent()
-        try:
+    try:
+        if remote:
+            if local:  # forked before any SSH connection exists, so it holds none of them
+                links[local[0]] = start_local_agent()
             remote_links, plan = start_remote_agents(plan, remote)
-        except BaseException:
-            for link in links.values():
-                link.close()
-                link.wait()
-            raise
-        links.update(remote_links)
+            links.update(remote_links)
+        if plan.options.rank_table:
+            write_rank_table(plan, links)
+        sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
+    except BaseException:
+        for link in links.values():
+            link.close()
+            link.wait()
+        raise
+    job = plan.job
+    note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
+    if note:
+        print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
     return Controller(plan, sink, links, summary=not host_tags)

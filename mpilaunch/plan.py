@@ -12,12 +12,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from mpilaunch import devices
 from mpilaunch import hosts as hostlib
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host
 from mpilaunch.placement import Rank, place
 from mpilaunch.pmi.simple import process_mapping
-from mpilaunch.rank_env import JobLayout, job_variables, rank_environment
+from mpilaunch.rank_env import JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.spec import JobSpec, Options
 
 # MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
@@ -49,10 +50,12 @@ class LaunchPlan:
     exports: tuple[tuple[str, str | None], ...] = ()
     launcher_env: Mapping[str, str] = field(default_factory=dict)
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
+    host_info: dict[int, dict] = field(default_factory=dict)  # hostinfo.probe answers (+ "address"), by host index
 
 
-def resolve_hosts(options: Options) -> tuple[list[Host], str]:
-    """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names."""
+def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
+    """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names.
+    With neither, an allocation in env (MLP_MPI_*, Slurm, PBS, LSF; see hostsources), else localhost."""
     listed = [h for value in options.hosts for h in hostlib.parse_host_list(value)]
     if options.hostfile:
         from_file = hostlib.read_hostfile(options.hostfile)
@@ -69,6 +72,11 @@ def resolve_hosts(options: Options) -> tuple[list[Host], str]:
         return hostlib.merge_local_aliases(chosen), f"hostfile {options.hostfile} restricted by -H"
     if listed:
         return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
+    from mpilaunch.hostsources import from_environment
+
+    found = from_environment(os.environ if env is None else env)
+    if found is not None:
+        return hostlib.merge_local_aliases(found[0]), found[1]
     return hostlib.localhost_default(), "localhost (no hosts given)"
 
 
@@ -123,6 +131,7 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
         options=plan.options,
         exports=plan.exports,
         env=plan.launcher_env,
+        host_info=plan.host_info,
     )
     return replace(plan, job=rebuilt, master=master)
 
@@ -150,6 +159,7 @@ def job_plan(
     exports: Sequence[tuple[str, str | None]],
     env: Mapping[str, str],
     extra: Mapping[str, str] | None = None,
+    host_info: Mapping[int, Mapping] | None = None,
 ) -> JobPlan:
     """Environments and PMI data of one job's ranks."""
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
@@ -168,6 +178,13 @@ def job_plan(
     if options.mpi == "pmi2" and not any(name in env for name in PMI_VERSION_NAMES):
         common["MPIR_CVAR_PMI_VERSION"] = "2"  # MPICH picks its PMI client at run time; the user's choice wins
     envs = [rank_environment(r, common, exports, env) for r in ranks]
+    first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
+    per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
+    more = devices.rank_extras(
+        ranks, hosts, host_info or {}, per_rank=per_rank, rank_table=table, launcher_env=env, exports=exports
+    )
+    for rank_env, extras in zip(envs, more):
+        rank_env.update(extras)
     pmi = None
     if options.mpi in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
         pmi = {
@@ -198,13 +215,19 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
     if hosts is None:
-        hosts, source = resolve_hosts(options)
+        hosts, source = resolve_hosts(options, env)
         hosts = with_slots(hosts, source)
     else:
         source = "the host list"
+    nps = [app.np for app in spec.apps]
+    if source.startswith("MLP_MPI_") and nps == [None]:  # the platform's MLP_MPI_NP is the default -n
+        from mpilaunch.hostsources import mlp_np
+
+        nps[0] = mlp_np(env)
+        source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
     ranks = place(
         hosts,
-        [(app.np, app.argv[0]) for app in spec.apps],
+        [(np, app.argv[0]) for np, app in zip(nps, spec.apps)],
         options.map_by,
         options.npernode,
         options.oversubscribe,
@@ -214,7 +237,22 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
     master = (master_address(hosts, {r.host for r in ranks}, ranks[0].host), port)
     exports = spec.apps[0].exports
     apps = [(app.argv, os.path.abspath(app.wdir) if app.wdir else os.getcwd()) for app in spec.apps]
-    job = job_plan(1, hosts, ranks, apps, job_id=job_id, master=master, options=options, exports=exports, env=env)
+    if options.rank_table:
+        options = replace(options, rank_table=os.path.abspath(options.rank_table))
+    probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, exports)
+    host_info = devices.local_host_info(hosts, ranks, probe, inherited(env).get("PATH", os.defpath))
+    job = job_plan(
+        1,
+        hosts,
+        ranks,
+        apps,
+        job_id=job_id,
+        master=master,
+        options=options,
+        exports=exports,
+        env=env,
+        host_info=host_info,
+    )
     plan = LaunchPlan(
         hosts=hosts,
         job=job,
@@ -225,6 +263,7 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
         exports=exports,
         launcher_env=dict(env),
         heartbeat=heartbeat_timeout(env),
+        host_info=host_info,
     )
     return plan, source
 
@@ -254,6 +293,7 @@ def spawn_plan(
         exports=plan.exports,
         env=plan.launcher_env,
         extra={"PMI_SPAWNED": "1"},
+        host_info=plan.host_info,
     )
     if child.pmi is not None:
         child.pmi["preput"] = dict(preput)

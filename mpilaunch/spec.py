@@ -34,6 +34,8 @@ class Options:
     mca: tuple[tuple[str, str], ...] = ()
     bind_to: str = "none"
     report_bindings: bool = False
+    devices_per_rank: int | None = None  # each rank's slice of its host's device list (CUDA_VISIBLE_DEVICES, ...)
+    rank_table: str | None = None  # where to write the HCCL rank table of the job (sets RANK_TABLE_FILE)
     timeout: float | None = None
     kill_timeout: float = 2.0
     allow_run_as_root: bool = False

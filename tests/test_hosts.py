@@ -80,7 +80,7 @@ def test_empty_hostfile_is_an_error() -> None:
         parse_hostfile("# nothing\n\n", "hf")
 
 
-@pytest.mark.parametrize("value", ["", "a,,b", "a:x", "-a", "a:0", "a b", "$(id)"])
+@pytest.mark.parametrize("value", ["", "a,,b", "a:x", "-a", "a:0", "a b", "$(id)", "a:" + "9" * 5000], ids=str.__len__)
 def test_bad_host_lists(value: str) -> None:
     with pytest.raises(LaunchError):
         parse_host_list(value)

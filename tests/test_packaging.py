@@ -29,3 +29,4 @@ def test_the_package_has_its_console_script_and_extras() -> None:
     test_extra = text.split("test = [", 1)[1].split("]", 1)[0]
     for dep in ("pytest", "hypothesis", "mpi4py", "mpich", "numpy"):
         assert dep in test_extra
+    assert '"torch==2.13.0"' in test_extra  # the PyTorch DDP tests (tests/test_clients.py); a CPU build is enough

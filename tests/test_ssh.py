@@ -612,3 +612,9 @@ def test_ctrl_c_while_a_host_hangs_leaves_at_once(launcher: Launcher, bed: SshBe
     finally:
         silent.close()
     assert proc.returncode == 130, err
+
+
+def test_a_refused_job_leaves_no_log_files(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    proc = ssh(launcher, bed, "-H", "node1:1,node2:1", "-n", "2", "--output-filename", "logs", "/nonexistent/prog")
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert not (tmp_path / "logs").exists()

@@ -20,5 +20,5 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "mpilaunch.controller" in imported
-    for heavy in ("paramiko", "yaml", "psutil", "asyncio", "mpi4py", "numpy"):
+    for heavy in ("paramiko", "yaml", "mpilaunch.jobfile", "psutil", "asyncio", "mpi4py", "numpy"):
         assert heavy not in imported

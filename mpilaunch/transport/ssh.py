@@ -40,8 +40,15 @@ def import_paramiko():  # -> the paramiko module
             import paramiko
         finally:
             del sys.modules["invoke"]
+    # paramiko logs a failed handshake with its traceback from its own thread; with no handler
+    # configured, logging's last resort prints that on stderr. mpilaunch reports it in one line.
+    import logging
+
     import paramiko
 
+    logger = logging.getLogger("paramiko")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
     return paramiko
 
 

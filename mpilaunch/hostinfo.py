@@ -1,0 +1,92 @@
+"""What a job needs to know about one host's hardware: usable CPUs, GPUs, Ascend device IPs.
+
+Asked by the launcher for its own host and by each remote agent for its host (the answer rides
+in the `checked` reply), so it is stdlib only: shipped to remote hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+HCCN_CONF = "/etc/hccn.conf"  # where Ascend's hccn_tool keeps each device's IP (address_N=IP)
+SMI_TIMEOUT = 20.0  # seconds: nvidia-smi can be slow while the driver wakes up
+_ADDRESS = re.compile(r"^\s*address_(\d+)\s*=\s*(\S+)\s*$")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity, so a container's or a cpuset's limit counts)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def count_gpus(path: str) -> dict:
+    """NVIDIA GPUs by `nvidia-smi -L` (one `GPU N: ...` line each; MIG lines are indented and not
+    counted): {"count": N} or, where it cannot tell, {"count": None} with an "error" if it failed."""
+    smi = shutil.which("nvidia-smi", path=path)
+    if not smi:
+        return {"count": None}
+    try:
+        proc = subprocess.run(
+            [smi, "-L"], stdin=subprocess.DEVNULL, capture_output=True, timeout=SMI_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"count": None, "error": f"nvidia-smi -L: {exc}"}
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).decode(errors="replace").strip().splitlines()
+        why = lines[-1] if lines else f"status {proc.returncode}"
+        return {"count": None, "error": f"nvidia-smi -L failed: {why}"}
+    text = proc.stdout.decode(errors="replace")
+    return {"count": sum(1 for line in text.splitlines() if line.startswith("GPU "))}
+
+
+def parse_hccn(text: str) -> dict[str, str]:
+    """Device IPs from hccn.conf text: {"0": "192.1.27.6", ...} from `address_0=192.1.27.6` lines."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        match = _ADDRESS.match(line)
+        if match:
+            found[str(int(match.group(1)))] = match.group(2)
+    return found
+
+
+def read_hccn(path: str) -> dict:
+    """{"addresses": {...}} from the file, or {"error": why} when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return {"addresses": parse_hccn(handle.read(1 << 20))}
+    except OSError as exc:
+        return {"error": f"cannot read {path}: {exc.strerror or exc}"}
+
+
+def probe(gpus: bool, hccn: str | None, path: str) -> dict:
+    """This host's answers to what the job asks: always its CPUs; GPUs and device IPs on request."""
+    info: dict = {"cpus": usable_cpus()}
+    if gpus:
+        info["gpus"] = count_gpus(path)
+    if hccn:
+        info["hccn"] = read_hccn(hccn)
+    return info
+
+
+def write_file(path: str, data: str) -> str | None:
+    """Write a file the ranks read (the rank table) atomically: a rank, or another host sharing
+    the file system, never sees it half written. None, or why it failed."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return f"cannot write {path}: {exc.strerror or exc}"
+    return None

@@ -1,0 +1,255 @@
+"""Hosts from the environment, for a command line that names none (no -H, no --hostfile).
+
+A platform or batch system that allocated the machines says which ones in variables; reading
+them lets `mpilaunch python train.py` inside an allocation run where the allocation is, as
+mpirun does. Pure functions of the variables (and of the files they name). Every bad value is
+one LaunchError naming the variable (status 2), never a silent fallback to localhost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping
+
+from mpilaunch import hosts as hostlib
+from mpilaunch.errors import LaunchError
+from mpilaunch.hosts import Host, HostSyntaxError
+
+# Looked at in this order; the first one set (and not empty) is used.
+SOURCES = (
+    "MLP_MPI_HOSTFILE",
+    "MLP_MPI_HOSTS",
+    "SLURM_JOB_NODELIST",
+    "PBS_NODEFILE",
+    "LSB_MCPU_HOSTS",
+    "OMPI_MCA_orte_default_hostfile",
+)
+MAX_HOSTS = 65536  # an expression such as node[0-999999999] is a mistake, not a cluster
+MAX_COUNT = 1_000_000  # as for slots in a hostfile
+_RANGE_RE = re.compile(r"^([0-9]{1,12})(?:-([0-9]{1,12}))?$")  # ASCII digits only, never a huge int
+_TASKS_RE = re.compile(r"^([0-9]{1,12})(?:\(x([0-9]{1,12})\))?$")
+
+
+def _show(value: str) -> str:
+    """A value quoted for a one-line message, shortened when long."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:76] + "...'"
+
+
+def _is_count(text: str) -> bool:
+    """A whole number from 1 to MAX_COUNT in ASCII digits (int() would also take '١' or 10**5000)."""
+    return text.isascii() and text.isdigit() and len(text) <= 12 and 1 <= int(text) <= MAX_COUNT
+
+
+def _bad(var: str, value: str, problem: str) -> LaunchError:
+    return LaunchError(f"{var}={_show(value)}: {problem}")
+
+
+def _split_top(text: str, var: str) -> list[str]:
+    """Split at commas outside brackets; brackets must pair up and not nest."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            if depth:
+                raise _bad(var, text, "nested '['")
+            depth = 1
+        elif char == "]":
+            if not depth:
+                raise _bad(var, text, "']' without '['")
+            depth = 0
+        elif char == "," and not depth:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise _bad(var, text, "unclosed '['")
+    items.append(text[start:])
+    return items
+
+
+def _expand_group(body: str, var: str, value: str) -> list[str]:
+    """The inside of one bracket group: `01-04,07` -> 01 02 03 04 07 (width of the lower bound)."""
+    if not body:
+        raise _bad(var, value, "empty '[]'")
+    out: list[str] = []
+    for piece in body.split(","):
+        match = _RANGE_RE.match(piece)
+        if not match:
+            raise _bad(var, value, f"expected a number or a range such as 01-04 in brackets, not {_show(piece)}")
+        low_text, high_text = match.group(1), match.group(2)
+        low = int(low_text)
+        high = low if high_text is None else int(high_text)
+        if high < low:
+            raise _bad(var, value, f"range {_show(piece)} goes down")
+        if len(out) + high - low + 1 > MAX_HOSTS:
+            raise _bad(var, value, f"more than {MAX_HOSTS} hosts")
+        width = len(low_text)  # Slurm pads to the width of the lower bound: 08-10 is 08 09 10
+        out.extend(f"{n:0{width}d}" for n in range(low, high + 1))
+    return out
+
+
+def expand_hostlist(value: str, var: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Slurm's hostlist expression -> host names, in order.
+
+    `node[01-04,07],gpu[1-2]` lists seven hosts; several groups in one name multiply, the
+    first group varying slowest (`rack[1-2]-n[01-02]`: rack1-n01, rack1-n02, rack2-n01, ...).
+    """
+    text = value.strip()
+    if not text:
+        raise _bad(var, value, "no hosts")
+    names: list[str] = []
+    for item in _split_top(text, var):
+        if not item:
+            raise _bad(var, value, "empty host name")
+        parts: list[list[str]] = []  # literal text and groups, alternating
+        rest = item
+        while "[" in rest:
+            before, _, after = rest.partition("[")
+            body, _, rest = after.partition("]")
+            parts.append([before])
+            parts.append(_expand_group(body, var, value))
+        parts.append([rest])
+        total = 1
+        for choices in parts:
+            total *= len(choices)
+        if len(names) + total > MAX_HOSTS:
+            raise _bad(var, value, f"more than {MAX_HOSTS} hosts")
+        for combo in itertools.product(*parts):
+            name = "".join(combo)
+            try:
+                names.append(hostlib.check_host_name(name))
+            except HostSyntaxError as exc:
+                raise _bad(var, value, str(exc)) from None
+    return names
+
+
+def expand_tasks_per_node(value: str, var: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """Slurm's counts per node: `2(x3),1` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    text = value.strip()
+    if not text:
+        raise _bad(var, value, "no counts")
+    for item in text.split(","):
+        match = _TASKS_RE.match(item.strip())
+        if not match:
+            raise _bad(var, value, f"expected N or N(xM), not {_show(item)}")
+        count, times = int(match.group(1)), int(match.group(2) or 1)
+        if not 1 <= count <= MAX_COUNT:
+            raise _bad(var, value, f"count {count} is out of range (1 to {MAX_COUNT})")
+        if times < 1 or len(counts) + times > MAX_HOSTS:
+            raise _bad(var, value, f"repeat count {times} is out of range (1 to {MAX_HOSTS} nodes)")
+        counts.extend([count] * times)
+    return counts
+
+
+def slurm_hosts(env: Mapping[str, str]) -> list[Host]:
+    """The allocation of a Slurm job: SLURM_JOB_NODELIST with SLURM_TASKS_PER_NODE (else
+    SLURM_JOB_CPUS_PER_NODE; else one slot a node)."""
+    node_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    names = expand_hostlist(env.get(node_var, ""), node_var)
+    for count_var in ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE"):
+        if env.get(count_var):
+            counts = expand_tasks_per_node(env[count_var], count_var)
+            if len(counts) != len(names):
+                raise _bad(count_var, env[count_var], f"{len(counts)} counts for the {len(names)} nodes of {node_var}")
+            break
+    else:
+        counts = [1] * len(names)
+    return hostlib.merge_hosts([Host(name, count) for name, count in zip(names, counts)])
+
+
+def parse_mlp_hosts(value: str, var: str = "MLP_MPI_HOSTS") -> list[Host]:
+    """`worker0:2,worker1:2` (-H's grammar: a missing :N is one slot)."""
+    return hostlib.merge_hosts(hostlib.parse_host_list(value, label=f"{var}={_show(value)}"))
+
+
+def parse_lsf_hosts(value: str, var: str = "LSB_MCPU_HOSTS") -> list[Host]:
+    """LSF's `host1 4 host2 4`: names and slot counts, in pairs."""
+    words = value.split()
+    if not words:
+        raise _bad(var, value, "no hosts")
+    if len(words) % 2:
+        raise _bad(var, value, "expected pairs of a host name and a slot count")
+    if len(words) // 2 > MAX_HOSTS:
+        raise _bad(var, value, f"more than {MAX_HOSTS} hosts")
+    entries = []
+    for name, count in zip(words[::2], words[1::2]):
+        try:
+            hostlib.check_host_name(name)
+        except HostSyntaxError as exc:
+            raise _bad(var, value, str(exc)) from None
+        if not _is_count(count):
+            problem = f"slot count of {name!r} must be a whole number from 1 to {MAX_COUNT}, not {_show(count)}"
+            raise _bad(var, value, problem)
+        entries.append(Host(name, int(count)))
+    return hostlib.merge_hosts(entries)
+
+
+def parse_pbs_nodefile(text: str, path: str, var: str = "PBS_NODEFILE") -> list[Host]:
+    """PBS/Torque's node file: one line per slot, a host repeated once per slot it has."""
+    counts: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        name = line.strip()
+        if not name:
+            continue
+        try:
+            hostlib.check_host_name(name)
+        except HostSyntaxError as exc:
+            raise LaunchError(f"{var}: {path}:{lineno}: {exc}") from None
+        counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        raise LaunchError(f"{var}: {path}: no hosts in the node file")
+    return [Host(name, count) for name, count in counts.items()]
+
+
+def _read_text(path: str, var: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(hostlib.HOSTFILE_MAX + 1)
+    except OSError as exc:
+        raise LaunchError(f"{var}: {path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > hostlib.HOSTFILE_MAX:
+        raise LaunchError(f"{var}: {path}: larger than {hostlib.HOSTFILE_MAX >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise LaunchError(f"{var}: {path}:{line}: not UTF-8 text") from None
+
+
+def _hostfile(var: str, path: str) -> list[Host]:
+    try:
+        return hostlib.read_hostfile(path)
+    except LaunchError as exc:
+        raise LaunchError(f"{var}: {exc}") from None
+
+
+def mlp_np(env: Mapping[str, str]) -> int | None:
+    """MLP_MPI_NP, the platform's number of ranks (the default -n with its hosts)."""
+    raw = env.get("MLP_MPI_NP", "").strip()
+    if not raw:
+        return None
+    if not _is_count(raw):
+        raise _bad("MLP_MPI_NP", raw, "expected a number of ranks (a whole number, at least 1)")
+    return int(raw)
+
+
+def from_environment(env: Mapping[str, str]) -> tuple[list[Host], str] | None:
+    """The first host source set in env, as (hosts, where they came from); None for none."""
+    if env.get("MLP_MPI_HOSTFILE"):
+        path = env["MLP_MPI_HOSTFILE"]
+        return _hostfile("MLP_MPI_HOSTFILE", path), f"MLP_MPI_HOSTFILE {path}"
+    if env.get("MLP_MPI_HOSTS"):
+        return parse_mlp_hosts(env["MLP_MPI_HOSTS"]), "MLP_MPI_HOSTS"
+    if env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"):
+        node_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+        return slurm_hosts(env), f"Slurm allocation ({node_var})"
+    if env.get("PBS_NODEFILE"):
+        path = env["PBS_NODEFILE"]
+        return parse_pbs_nodefile(_read_text(path, "PBS_NODEFILE"), path), f"PBS_NODEFILE {path}"
+    if env.get("LSB_MCPU_HOSTS"):
+        return parse_lsf_hosts(env["LSB_MCPU_HOSTS"]), "LSB_MCPU_HOSTS"
+    if env.get("OMPI_MCA_orte_default_hostfile"):
+        path = env["OMPI_MCA_orte_default_hostfile"]
+        return _hostfile("OMPI_MCA_orte_default_hostfile", path), f"OMPI_MCA_orte_default_hostfile {path}"
+    return None
