@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
 HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
+ADOPTION_SCAN = 0.5  # seconds between looks for orphans we adopted (told to the guardian)
+SWEEP_LIMIT = 2.0  # the last sweep kills re-parented descendants, round after round, this long at most
 MAX_REFUSED = 16  # wrong PMI_IDs before the TCP PMI port is closed
 PR_SET_CHILD_SUBREAPER = 36
 FORGET = 1 << 31  # in a pid told to the guardian: that rank is gone
@@ -77,6 +79,7 @@ class Guardian:
         os.close(read_fd)
 
     def watch(self, pid: int) -> None:
+        """A rank, or an orphan we adopted: kill it and its process group if the agent dies."""
         self._tell(pid)
 
     def forget(self, pid: int) -> None:
@@ -113,11 +116,7 @@ def _guard(read_fd: int) -> None:
         except OSError:
             data = b""
         if not data:
-            for pgid in groups:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_recorded(groups)
             return
         buf += data
         while len(buf) >= 4:
@@ -128,6 +127,26 @@ def _guard(read_fd: int) -> None:
                 groups.discard(pid & ~FORGET)
             else:
                 groups.add(pid)
+
+
+def _kill_recorded(pids: set[int]) -> None:
+    """The agent died: SIGKILL each recorded process (a rank, or an orphan the agent adopted) with
+    its process group (a rank's is its pid; an orphan's may be a dead rank's group)."""
+    own = os.getpgrp()  # the agent's group: never ours to kill
+    for pid in pids:
+        try:
+            group = os.getpgid(pid)
+        except OSError:
+            group = pid
+        for pgid in {pid, group} - {own}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 class RankProcess:
@@ -193,6 +212,8 @@ class Agent:
         self.heartbeat: float | None = None  # remote agents: seconds of silence before the launcher counts as gone
         self.heard = time.monotonic()
         self.next_ping = 0.0
+        self.orphans: set[int] = set()  # adopted orphans the guardian was told about
+        self.next_adoption_scan = 0.0
 
     # -- sending -------------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -399,8 +420,12 @@ class Agent:
             if pid == 0:
                 return
             rp = self.by_pid.get(pid)
-            if rp is None:
-                continue  # an orphan adopted as subreaper
+            if rp is None or rp.status is not None:  # an orphan adopted as subreaper
+                if pid in self.orphans:
+                    self.orphans.discard(pid)
+                    if self.guardian is not None:
+                        self.guardian.forget(pid)
+                continue
             if self.guardian is not None:
                 self.guardian.forget(pid)
             rp.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -426,31 +451,73 @@ class Agent:
         self.send(wire.control("exited", proc=rp.ident, status=rp.status, pmi=pmi))
 
     # -- killing -------------------------------------------------------------------------
-    def signal_all(self, sig: int, include_dead: bool = False) -> None:
+    def signal_all(self, sig: int) -> None:
+        """Signal the process group of every rank not yet reaped (its pid cannot have been reused)."""
         for rp in self.ranks.values():
-            if rp.status is None or include_dead:
+            if rp.status is None:
                 try:
                     os.killpg(rp.pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
 
+    def adopted(self) -> list[int]:
+        """Our children that are neither a live rank nor the guardian: orphans re-parented to us
+        (we are a subreaper), zombies included until reaped."""
+        guardian = self.guardian.pid if self.guardian else None
+        return [
+            pid
+            for pid in _children_of(os.getpid())
+            if pid != guardian and (pid not in self.by_pid or self.by_pid[pid].status is not None)
+        ]
+
+    def signal_orphans(self, sig: int) -> None:
+        """Signal every adopted orphan and its process group. Whatever is left of a reaped rank's
+        group (a child it left behind) is an orphan of ours or a descendant of one, so this
+        reaches it without signalling a reaped rank's pid, which may belong to anyone by now."""
+        own = os.getpgrp()
+        for pid in self.adopted():
+            try:
+                group = os.getpgid(pid)  # an unreaped child of ours: its pid is still its own
+                if group != own:
+                    os.killpg(group, sig)
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def terminate_all(self, grace: float) -> None:
-        self.signal_all(signal.SIGTERM, include_dead=True)
+        self.signal_all(signal.SIGTERM)
+        self.signal_orphans(signal.SIGTERM)
         deadline = time.monotonic() + grace
         if self.kill_deadline is None or deadline < self.kill_deadline:
             self.kill_deadline = deadline
 
     def kill_stragglers(self) -> None:
-        """SIGKILL every rank's process group and every orphan this agent adopted."""
-        self.signal_all(signal.SIGKILL, include_dead=True)
-        me = os.getpid()
-        guardian = self.guardian.pid if self.guardian else None
-        for pid in _children_of(me):
-            if pid not in self.by_pid and pid != guardian:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        """SIGKILL every live rank's process group and every orphan this agent adopted, with its group."""
+        self.signal_all(signal.SIGKILL)
+        self.signal_orphans(signal.SIGKILL)
+
+    def sweep(self) -> None:
+        """The last kill, in rounds: an orphan's descendants that left its process group (a
+        daemon's worker in a session of its own) are re-parented to us only when it dies, so kill
+        and reap until no child but the guardian is left (SWEEP_LIMIT seconds at most)."""
+        deadline = time.monotonic() + SWEEP_LIMIT
+        while True:
+            self.kill_stragglers()
+            self.reap()
+            live = [rp for rp in self.ranks.values() if rp.status is None]
+            if (not live and not self.adopted()) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
+    def watch_adopted(self, now: float) -> None:
+        """Tell the guardian about orphans we adopted, so a kill -9 of this agent takes them too."""
+        if self.guardian is None or not self.ranks or now < self.next_adoption_scan:
+            return
+        self.next_adoption_scan = now + ADOPTION_SCAN
+        for pid in self.adopted():
+            if pid not in self.orphans:
+                self.orphans.add(pid)
+                self.guardian.watch(pid)
 
     # -- main loop -----------------------------------------------------------------------
     def handle(self, kind: int, value: object) -> None:
@@ -493,13 +560,15 @@ class Agent:
             return
         self.heard = time.monotonic()
         try:
-            frames = self.decoder.feed(data)
+            for kind, value in self.decoder.feed(data):
+                self.handle(kind, value)
         except wire.FrameError as exc:
             print(f"mpilaunch agent: {exc}; stopping", file=sys.stderr)
             self.link_lost()
-            return
-        for kind, value in frames:
-            self.handle(kind, value)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, OSError) as exc:
+            # A frame that decodes but asks for nothing we can do: the link is not to be trusted.
+            print(f"mpilaunch agent: bad request from the launcher ({exc!r}); stopping", file=sys.stderr)
+            self.link_lost()
 
     def all_done(self) -> bool:
         return all(rp.status is not None and not rp.open_fds for rp in self.ranks.values())
@@ -521,6 +590,15 @@ class Agent:
         version = ".".join(map(str, sys.version_info[:3]))
         hello = wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid(), python=version)
         self.send(hello)
+        try:
+            self.loop(wake_r)
+        finally:  # also after an exception: nothing this agent started may outlive it
+            self.sweep()
+            self.guardian.release()
+        self.send(wire.control("bye"))
+        return 0
+
+    def loop(self, wake_r: int) -> None:
         while not (self.finishing and self.all_done()):
             timeout = self.next_timeout()
             for key, _ in self.sel.select(timeout):
@@ -562,11 +640,7 @@ class Agent:
             if self.kill_deadline is not None and now >= self.kill_deadline:
                 self.kill_deadline = None
                 self.kill_stragglers()
-        self.kill_stragglers()
-        self.guardian.release()
-        self.send(wire.control("bye"))
-        self.reap()
-        return 0
+            self.watch_adopted(now)
 
     # -- PMI over TCP (PMI_PORT + PMI_ID) ---------------------------------------------------
     def pmi_port(self) -> int:
@@ -690,12 +764,27 @@ class Agent:
             deadlines.append(look)
         if self.heartbeat and self.link_open:
             deadlines += [self.next_ping, self.heard + self.heartbeat]
+        if self.ranks:
+            deadlines.append(self.next_adoption_scan)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
 
 
 def _children_of(pid: int) -> list[int]:
+    """Children of pid: from /proc/PID/task/*/children (cheap) where the kernel has it, else a scan."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        found: list[int] = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                found.extend(int(child) for child in handle.read().split())
+        return found
+    except (OSError, ValueError):
+        return _scan_children_of(pid)
+
+
+def _scan_children_of(pid: int) -> list[int]:
     found = []
     try:
         names = os.listdir("/proc")

@@ -154,9 +154,10 @@ class Controller:
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
+        self.saved_signals = {sig: signal.getsignal(sig) for sig in FORWARDED}
         for sig in FORWARDED:
             signal.signal(sig, lambda *_: None)
-        signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        self.saved_wakeup_fd = signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
 
     # -- sending -------------------------------------------------------------------------
@@ -272,8 +273,16 @@ class Controller:
         self.send(link, wire.control("pmi_spawn_reply", job=msg["job"], req=msg["req"], rc=0))
 
     # -- events from agents ----------------------------------------------------------------
+    def _own_proc(self, link: HostLink, proc: object) -> int:
+        """A process id an agent sent: one of the processes of its own host, or the frame is bad."""
+        if type(proc) is not int or not 0 <= proc < len(self.procs) or self.procs[proc].rank.host != link.index:
+            raise ValueError(f"process {proc!r} is not one of this host's")
+        return proc
+
     def on_control(self, link: HostLink, msg: dict) -> None:
         op = msg["op"]
+        if "proc" in msg or op in ("started", "exited", "failed", "pmi_abort", "pmi_error", "pmi_spawn"):
+            self._own_proc(link, msg.get("proc"))
         if op == "started":
             self.procs[msg["proc"]].pid = msg["pid"]
         elif op == "exited":
@@ -312,20 +321,19 @@ class Controller:
             self.link_closed(link)
             return
         try:
-            frames = link.decoder.feed(data)
-        except wire.FrameError as exc:
-            print(
-                f"mpilaunch: garbled message from the agent of {self.plan.hosts[link.index].name}: {exc}",
-                file=sys.stderr,
-            )
-            self.link_closed(link)
-            return
-        for kind, value in frames:
-            if kind == wire.OUTPUT:
-                proc, stream, chunk = value  # type: ignore[misc]
-                self.output.write(proc, stream, chunk, now)
-            elif kind == wire.CONTROL:
-                self.on_control(link, value)  # type: ignore[arg-type]
+            for kind, value in link.decoder.feed(data):
+                if kind == wire.OUTPUT:
+                    proc, stream, chunk = value  # type: ignore[misc]
+                    self.output.write(self._own_proc(link, proc), stream, chunk, now)
+                elif kind == wire.CONTROL:
+                    self.on_control(link, value)  # type: ignore[arg-type]
+        except (wire.FrameError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+            # Bytes that are no frame, or a frame with fields we cannot use: the link is not to be trusted.
+            why = exc if isinstance(exc, wire.FrameError) else repr(exc)
+            host = self.plan.hosts[link.index].name
+            print(f"mpilaunch: garbled message from the agent of {host}: {why}", file=sys.stderr)
+            if link.open:
+                self.link_closed(link)
 
     def keep_alive(self, now: float) -> None:
         """Give up on a remote agent that said nothing for a whole heartbeat timeout (its pings
@@ -388,6 +396,16 @@ class Controller:
             return self._run()
         finally:
             self._emergency_stop()
+            self._release()
+
+    def _release(self) -> None:
+        """Give the process back what the run took (a launcher embedded in a longer-lived process
+        runs many jobs): the signal handlers, the wake-up socket pair and the selector."""
+        self._restore_signals()
+        for sock in (getattr(self, "wake_r", None), getattr(self, "wake_w", None)):
+            if sock is not None:
+                sock.close()
+        self.sel.close()
 
     def _emergency_stop(self) -> None:
         """On any way out, no rank may outlive the launcher: kill what is still recorded as running."""
@@ -454,9 +472,13 @@ class Controller:
             self.on_signal(sig)
 
     def _restore_signals(self) -> None:
-        signal.set_wakeup_fd(-1)
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        saved = getattr(self, "saved_signals", None)
+        if saved is None:  # never installed, or already restored
+            return
+        signal.set_wakeup_fd(self.saved_wakeup_fd)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self.saved_signals = None
 
     def finish(self) -> int:
         self.output.close()

@@ -184,7 +184,7 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     options = plan.options
     log_dir = None
     copy_to_console = True
-    if options.output_filename:
+    if options.output_filename is not None:  # an empty one is refused by LogTree, not ignored
         log_dir = options.output_filename
         if log_dir.endswith(":nocopy"):
             log_dir, copy_to_console = log_dir[: -len(":nocopy")], False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 
 from mpilaunch.errors import LaunchError
@@ -28,25 +29,44 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class LogTree:
-    """DIR/JOB/rank.N/{stdout,stderr} (JOB is 1, then 2... for spawned jobs), no symlinks followed."""
+    """DIR/JOB/rank.N/{stdout,stderr} (JOB is 1, then 2... for spawned jobs).
+
+    DIR is the user's and may be a symbolic link; below it every name is built from numbers and
+    created and opened relative to its parent's descriptor without following a symbolic link, so
+    a link planted in a shared log directory cannot make the launcher write (or truncate) a file
+    elsewhere."""
 
     def __init__(self, base: str, np: int, merge: bool, job: int = 1) -> None:
         self.root = os.path.abspath(os.path.join(base, str(job)))
         self.fds: dict[tuple[int, int], int] = {}
         streams = (STDOUT,) if merge else (STDOUT, STDERR)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        where = os.path.abspath(base)
+        held: list[int] = []
         try:
-            os.makedirs(self.root, exist_ok=True)
+            if not base:
+                raise LaunchError("--output-filename: the directory name is empty")
+            os.makedirs(base, exist_ok=True)
+            held.append(os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            where = self.root
+            held.append(_subdir(held[0], str(int(job))))
             for rank in range(np):
-                directory = os.path.join(self.root, rank_dir_name(rank, np))
-                os.makedirs(directory, exist_ok=True)
-                for stream in streams:
-                    path = os.path.join(directory, _STREAM_NAMES[stream])
-                    self.fds[(rank, stream)] = os.open(path, flags, 0o644)
+                name = rank_dir_name(rank, np)
+                where = os.path.join(self.root, name)
+                rank_fd = _subdir(held[1], name)
+                try:
+                    for stream in streams:
+                        where = os.path.join(self.root, name, _STREAM_NAMES[stream])
+                        self.fds[(rank, stream)] = os.open(_STREAM_NAMES[stream], flags, 0o644, dir_fd=rank_fd)
+                finally:
+                    os.close(rank_fd)
         except OSError as exc:
             self.close()
-            where = exc.filename or base
-            raise LaunchError(f"--output-filename {base}: cannot write {where}: {exc.strerror}") from None
+            why = "a symbolic link, not followed" if exc.errno == errno.ELOOP else exc.strerror
+            raise LaunchError(f"--output-filename {base}: cannot write {where}: {why}") from None
+        finally:
+            for fd in held:
+                os.close(fd)
 
     def write(self, rank: int, stream: int, data: bytes) -> None:
         fd = self.fds.get((rank, stream)) or self.fds[(rank, STDOUT)]
@@ -56,6 +76,20 @@ class LogTree:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+
+
+def _subdir(parent: int, name: str) -> int:
+    """Create (if needed) and open directory `name` in `parent`, refusing a symbolic link."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except NotADirectoryError:  # also what a symbolic link gives here: say which
+        if stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
+        raise
 
 
 class Console:

@@ -67,7 +67,7 @@ def _decode(kind: int, payload: bytes) -> tuple[int, object]:
     if kind == CONTROL:
         try:
             message = json.loads(payload)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise FrameError(f"bad control frame: {exc}") from None
         if not isinstance(message, dict) or not isinstance(message.get("op"), str):
             raise FrameError("control frame without an op")

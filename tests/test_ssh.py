@@ -193,6 +193,7 @@ def test_killed_agent_aborts_the_job_naming_its_host(launcher: Launcher, bed: Ss
 
 def test_arguments_arrive_verbatim(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     args = ["a b", "it's", '"quoted"', "$(touch /tmp/mpilaunch-pwned)", "", "; echo no", "`id`", "\\n", "*", "-n"]
+    args += ["two\nlines", "\n", "", "tab\there", " ", "ünïcødé", "--", "'$(id)'", '"$(id)"', "a\\", "&& id |"]
     script = write_script(tmp_path, "argv.py", "import sys, json\nprint(json.dumps(sys.argv[1:]))\n")
     proc = ssh(launcher, bed, "-H", "node1:1", "-n", "1", PY, script, *args)
     assert proc.returncode == 0, proc.stderr.decode()
