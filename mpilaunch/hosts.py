@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, replace
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.textfiles import read_text
 
 _HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])$")
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
@@ -152,18 +153,7 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
 
 
 def read_hostfile(path: str) -> list[Host]:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(HOSTFILE_MAX + 1)
-    except OSError as exc:
-        raise LaunchError(f"{path}: cannot read hostfile: {exc.strerror or exc}") from None
-    if len(data) > HOSTFILE_MAX:
-        raise LaunchError(f"{path}: hostfile larger than {HOSTFILE_MAX >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise LaunchError(f"{path}:{line}: not UTF-8 text") from None
+    text = read_text(path, "hostfile", HOSTFILE_MAX)
     return parse_hostfile(text, path)
 
 

@@ -22,6 +22,7 @@ import click
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.spec import AppContext
+from mpilaunch.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
 NOT_IN_FILE = frozenset({"config"})  # a job file does not name another one
@@ -376,18 +377,7 @@ def _parse_root(root, path: str, keys: Mapping[str, click.Option]) -> JobFile:  
 
 
 def read_job_file(path: str, params: Sequence[click.Parameter]) -> JobFile:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(JOBFILE_MAX + 1)
-    except OSError as exc:
-        raise LaunchError(f"{path}: cannot read job file: {exc.strerror or exc}") from None
-    if len(data) > JOBFILE_MAX:
-        raise LaunchError(f"{path}: job file larger than {JOBFILE_MAX >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise LaunchError(f"{path}:{line}: not UTF-8 text") from None
+    text = read_text(path, "job file", JOBFILE_MAX)
     return parse_job_file(text, path, params)
 
 
