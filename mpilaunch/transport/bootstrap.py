@@ -78,20 +78,22 @@ raise SystemExit(serve_stdio())
 """
 
 
-def _module_files() -> dict[str, tuple[bool, str]]:
-    """Source of every module the agent may import, by name: (is a package, source)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files: dict[str, tuple[bool, str]] = {}
+def _agent_modules() -> dict[str, tuple[bool, str, bytes]]:
+    """Every module the agent may import, by name: (is a package, source, marshalled code).
+    The code comes from the package's own loader, so an installed mpilaunch ships its cached
+    bytecode instead of compiling the agent again at every launch."""
+    pmi_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pmi")
     names = list(AGENT_MODULES)
-    pmi_dir = os.path.join(root, "pmi")
     names += sorted(f"mpilaunch.pmi.{f[:-3]}" for f in os.listdir(pmi_dir) if f.endswith(".py") and f != "__init__.py")
+    modules = {}
     for name in names:
-        parts = name.split(".")[1:]
-        package = os.path.join(root, *parts, "__init__.py")
-        path = package if os.path.isfile(package) else os.path.join(root, *parts) + ".py"
-        with open(path, encoding="utf-8") as handle:
-            files[name] = (path == package, handle.read())
-    return files
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.loader is not None, name
+        loader = spec.loader
+        code = loader.get_code(name)  # type: ignore[attr-defined]
+        source = loader.get_source(name)  # type: ignore[attr-defined]
+        modules[name] = (spec.submodule_search_locations is not None, source, marshal.dumps(code))
+    return modules
 
 
 def _blob(data: bytes) -> bytes:
@@ -103,11 +105,7 @@ def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
     """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
     magic is the bytecode version the precompiled modules are for (tests give another one to
     exercise the path of a host whose Python differs)."""
-    modules = {
-        name: (is_package, source, marshal.dumps(compile(source, f"<mpilaunch>/{name}", "exec")))
-        for name, (is_package, source) in _module_files().items()
-    }
-    bundle = marshal.dumps({"magic": magic, "modules": modules})
+    bundle = marshal.dumps({"magic": magic, "modules": _agent_modules()})
     return _blob(f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}".encode()) + _blob(bundle)
 
 

@@ -486,6 +486,7 @@ def start_agents(
 
     if not names:
         return {}
+    agent_payload()  # built once here: the threads below would each build it on a cold cache
     # Daemon threads, not a pool: on Ctrl-C the launcher leaves at once instead of waiting for
     # connections to hung hosts to time out; the links opened so far are closed.
     results: dict[int, HostResult] = {}
