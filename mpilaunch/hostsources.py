@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from mpilaunch import hosts as hostlib
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host, HostSyntaxError
+from mpilaunch.textfiles import read_text
 
 # Looked at in this order; the first one set (and not empty) is used.
 SOURCES = (
@@ -203,18 +204,11 @@ def parse_pbs_nodefile(text: str, path: str, var: str = "PBS_NODEFILE") -> list[
 
 
 def _read_text(path: str, var: str) -> str:
+    """A file named by an environment variable, read as a hostfile is; errors name the variable."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(hostlib.HOSTFILE_MAX + 1)
-    except OSError as exc:
-        raise LaunchError(f"{var}: {path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > hostlib.HOSTFILE_MAX:
-        raise LaunchError(f"{var}: {path}: larger than {hostlib.HOSTFILE_MAX >> 20} MiB")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise LaunchError(f"{var}: {path}:{line}: not UTF-8 text") from None
+        return read_text(path, "host list", hostlib.HOSTFILE_MAX)
+    except LaunchError as exc:
+        raise LaunchError(f"{var}: {exc}") from None
 
 
 def _hostfile(var: str, path: str) -> list[Host]:
