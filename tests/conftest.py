@@ -38,6 +38,42 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
+def parent_pid(pid: int) -> int:
+    """A process's parent, 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def environ_text(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_remote_agent(pid: int) -> bool:
+    """A remote agent runs the loader and is a child of its session's sshd (its guardian is not)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            if b"mpilaunch-loader" not in handle.read():
+                return False
+    except OSError:
+        return False
+    return process_name(parent_pid(pid)) == "sshd"
+
+
 class Launcher:
     """Runs `python -m mpilaunch` with a tagged environment."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Launcher, write_script
+from tests.conftest import Launcher, environ_text, is_remote_agent, write_script
 from tests.sshbed import SshBed, bed_available
 
 available, why = bed_available()
@@ -175,7 +175,7 @@ def test_remote_agent_killed_its_guardian_takes_the_tree_along(launcher: Launche
     )
     read_up(proc, 3)
     time.sleep(1.0)  # the agent looks for adopted orphans twice a second
-    agents = [p for p in bed.leftover_pids() if _is_agent(p) and bed.address("node2") in _environ(p)]
+    agents = [p for p in bed.leftover_pids() if is_remote_agent(p) and bed.address("node2") in environ_text(p)]
     assert len(agents) == 1, agents
     os.kill(agents[0], signal.SIGKILL)
     killed = time.monotonic()
@@ -183,24 +183,6 @@ def test_remote_agent_killed_its_guardian_takes_the_tree_along(launcher: Launche
     assert proc.returncode != 0
     assert "lost the agent of host node2" in err.decode()
     assert_clean_within(bed, killed, "kill -9 of the agent")
-
-
-def _environ(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_agent(pid: int) -> bool:
-    """The agent runs the loader and is a child of its session's sshd (its guardian is not)."""
-    try:
-        if b"mpilaunch-loader" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False
-        parent = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-        return Path(f"/proc/{parent}/comm").read_text().strip() == "sshd"
-    except (OSError, ValueError, IndexError):
-        return False
 
 
 # -- output and stdin ----------------------------------------------------------------------------

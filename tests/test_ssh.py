@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Launcher, write_script
+from tests.conftest import Launcher, environ_text, is_remote_agent, parent_pid, process_name, write_script
 from tests.sshbed import SshBed, bed_available
 
 available, why = bed_available()
@@ -55,17 +55,7 @@ def ssh(launcher: Launcher, bed: SshBed, *args: str, config: Path | None = None,
 def session_sshd(bed: SshBed, name: str) -> list[int]:
     """The per-connection sshd processes of one host (children of its listening daemon)."""
     daemon = bed._host(name).proc.pid  # type: ignore[union-attr]
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as handle:
-                    fields = handle.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == daemon:
-                found.append(int(entry))
-    return found
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_pid(int(e)) == daemon]
 
 
 def test_four_hosts_allreduce_and_logs(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -164,26 +154,15 @@ def test_lost_host_aborts_the_job_naming_it(launcher: Launcher, bed: SshBed, tmp
     assert "lost the agent of host node2" in err.decode()
 
 
-def _parent_comm(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        parent = int(handle.read().rsplit(b")", 1)[1].split()[1])
-    with open(f"/proc/{parent}/comm") as handle:
-        return handle.read().strip()
-
-
 def test_killed_agent_aborts_the_job_naming_its_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     script = write_script(tmp_path, "sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
     proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node4:1", "-n", "2", PY, script)
     assert proc.stdout is not None
     for _ in range(2):
         assert proc.stdout.readline().startswith(b"up")
-    agents = [  # the agent is the child of a session's sshd; its guardian, forked from it, is not
-        p
-        for p in bed.leftover_pids()
-        if b"mpilaunch-loader" in Path(f"/proc/{p}/cmdline").read_bytes() and _parent_comm(p) == "sshd"
-    ]
+    agents = [p for p in bed.leftover_pids() if is_remote_agent(p)]
     assert len(agents) == 2
-    node4 = [p for p in agents if bed.address("node4") in Path(f"/proc/{p}/environ").read_text(errors="replace")]
+    node4 = [p for p in agents if bed.address("node4") in environ_text(p)]
     assert len(node4) == 1
     os.kill(node4[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=30)
@@ -524,7 +503,9 @@ def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed:
     time.sleep(2.5)  # longer than the timeout: the pings keep a healthy job alive
     assert proc.poll() is None
     sessions = session_sshd(bed, "node2")
-    stopped = [p for p in bed.leftover_pids() if p in sessions or (_parent_in(p, sessions) and _comm(p) == "sshd")]
+    stopped = [
+        p for p in bed.leftover_pids() if p in sessions or (parent_pid(p) in sessions and process_name(p) == "sshd")
+    ]
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -540,20 +521,6 @@ def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed:
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _parent_in(pid: int, parents: list[int]) -> bool:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]) in parents
-    except OSError:
-        return False
 
 
 def _ranks_running(script: str) -> list[int]:
