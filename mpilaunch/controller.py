@@ -438,10 +438,11 @@ class Controller:
                 self.broadcast(wire.control("finish", grace=0.5))
             read_stdin_now = self.update_stdin()
             now = time.monotonic()
-            remote = [link.heard + self.heartbeat for link in self.links.values() if link.open and not link.link.local]
-            if remote:
+            remote = [link.heard for link in self.links.values() if link.open and not link.link.local]
+            silent_at = min(remote) + self.heartbeat if remote else None
+            if silent_at is not None and silent_at < now:  # a remote link went quiet too long: look closer
                 self.keep_alive(now)
-            timers = [t for t in (deadline, self.output.next_deadline(), *remote) if t is not None]
+            timers = [t for t in (deadline, self.output.next_deadline(), silent_at) if t is not None]
             timeout = max(0.0, min(timers) - now) if timers else None
             if read_stdin_now:
                 self.read_stdin()
