@@ -454,7 +454,6 @@ class HostResult:
     link: SshLink | None = None
     reply: dict | None = None
     error: SshError | None = None
-    seconds: float = 0.0
 
 
 def start_agents(
@@ -471,7 +470,6 @@ def start_agents(
     config = load_config(options.config)
 
     def one(index: int) -> HostResult:
-        started = time.monotonic()
         result = HostResult(index)
         name, user, port = names[index]
         try:
@@ -481,7 +479,6 @@ def start_agents(
             result.error = exc
         except Exception as exc:  # anything paramiko raises that is not classified above
             result.error = SshError("connect", f"{type(exc).__name__}: {exc}")
-        result.seconds = time.monotonic() - started
         return result
 
     if not names:
