@@ -11,12 +11,11 @@ import select
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING
 
-from mpilaunch import hostinfo, wire
+from mpilaunch import hostinfo, spawn, wire
 from mpilaunch.binding import cpu_groups, cpus_for
 from mpilaunch.mpi_family import OpenMpiWatch
 from mpilaunch.programs import merge_host_environment, probe_port, program_problem
@@ -152,11 +151,10 @@ def _kill_recorded(pids: set[int]) -> None:
 class RankProcess:
     """One rank as this agent sees it, known by its process id (unique over the run's jobs)."""
 
-    def __init__(self, ident: int, job: int, proc: subprocess.Popen) -> None:
+    def __init__(self, ident: int, job: int, pid: int) -> None:
         self.ident = ident
         self.job = job
-        self.proc = proc
-        self.pid = proc.pid
+        self.pid = pid
         self.open_fds: set[int] = set()
         self.stdin_fd: int | None = None
         self.stdin_queue: list[bytes] = []
@@ -278,22 +276,20 @@ class Agent:
                 env.setdefault(name, value)  # a user's -mca or -x wins
         try:
             with _Affinity(cpus):
-                proc = subprocess.Popen(
+                started = spawn.start(
                     spec["argv"],
-                    stdin=subprocess.PIPE if spec.get("stdin") else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT if merge else subprocess.PIPE,
-                    env=env,
-                    cwd=spec.get("wdir") or None,
-                    start_new_session=True,
-                    pass_fds=(pmi_pair[1].fileno(),) if pmi_pair else (),
+                    env,
+                    spec.get("wdir") or None,
+                    stdin=bool(spec.get("stdin")),
+                    merge=merge,
+                    pass_fd=pmi_pair[1].fileno() if pmi_pair else None,
                 )
-        except (OSError, subprocess.SubprocessError) as exc:
+        except OSError as exc:
             if service:
                 if pmi_pair:
                     pmi_pair[1].close()
                 service.detach(ident)
-            reason = getattr(exc, "strerror", None) or str(exc)
+            reason = exc.strerror or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.send(wire.control("failed", proc=ident, error=f"{spec['argv'][0]}: {reason}", code=code))
             return
@@ -302,22 +298,21 @@ class Agent:
             self.pmi_fds[pmi_pair[0].fileno()] = service
             self.sel.register(pmi_pair[0].fileno(), selectors.EVENT_READ, "pmi")
         if self.guardian is not None:
-            self.guardian.watch(proc.pid)
-        rp = RankProcess(ident, job, proc)
+            self.guardian.watch(started.pid)
+        rp = RankProcess(ident, job, started.pid)
         self.ranks[ident] = rp
-        self.by_pid[proc.pid] = rp
-        for stream, pipe in ((wire.STDOUT, proc.stdout), (wire.STDERR, proc.stderr)):
-            if pipe is not None:
-                fd = pipe.fileno()
+        self.by_pid[started.pid] = rp
+        for stream, fd in ((wire.STDOUT, started.stdout), (wire.STDERR, started.stderr)):
+            if fd is not None:
                 rp.open_fds.add(fd)
                 self.fd_owner[fd] = (rp, stream)
                 self.sel.register(fd, selectors.EVENT_READ, "out")
-        if proc.stdin is not None:
-            rp.stdin_fd = proc.stdin.fileno()
+        if started.stdin is not None:
+            rp.stdin_fd = started.stdin
             os.set_blocking(rp.stdin_fd, False)
-        self.send(wire.control("started", proc=ident, pid=proc.pid))
+        self.send(wire.control("started", proc=ident, pid=started.pid))
         if service is not None:
-            self.open_mpi.watch(ident, proc.pid, time.monotonic())
+            self.open_mpi.watch(ident, started.pid, time.monotonic())
 
     def check(self, msg: dict) -> None:
         """Before anything starts: take the launcher's paths, and say whether each program and
@@ -356,9 +351,7 @@ class Agent:
         self.sel.unregister(fd)
         del self.fd_owner[fd]
         rp.open_fds.discard(fd)
-        pipe = rp.proc.stdout if stream == wire.STDOUT else rp.proc.stderr
-        if pipe is not None:
-            pipe.close()
+        os.close(fd)
         self.maybe_report(rp)
 
     def queue_stdin(self, rank: int, data: bytes) -> None:
@@ -407,7 +400,7 @@ class Agent:
             if registered:
                 self.sel.unregister(fd)
             if rp.stdin_eof:
-                rp.proc.stdin.close()  # type: ignore[union-attr]
+                os.close(fd)
                 rp.stdin_fd = None
 
     # -- exits ---------------------------------------------------------------------------
@@ -428,8 +421,7 @@ class Agent:
                 continue
             if self.guardian is not None:
                 self.guardian.forget(pid)
-            rp.proc.returncode = os.waitstatus_to_exitcode(status)
-            rp.status = rp.proc.returncode
+            rp.status = os.waitstatus_to_exitcode(status)
             rp.reaped_at = time.monotonic()
             if rp.stdin_fd is not None:
                 written = sum(len(c) for c in rp.stdin_queue)
@@ -575,6 +567,7 @@ class Agent:
 
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        spawn.close_on_exec_all()
         self.guardian = Guardian()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)

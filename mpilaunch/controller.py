@@ -13,7 +13,6 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mpilaunch import wire
@@ -37,27 +36,35 @@ TIMEOUT_STATUS = 124
 PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
 
 
-@dataclass
 class RankState:
-    proc: int
-    job: int
-    rank: Rank
-    pid: int | None = None
-    status: int | None = None
-    done: bool = False
-    killed: bool = False
-    reason: str | None = None
-    abort_code: int | None = None  # from MPI_Abort
+    """One process of the run, as the loop knows it (a plain class: see spec.py on dataclasses)."""
+
+    __slots__ = ("abort_code", "done", "job", "killed", "pid", "proc", "rank", "reason", "status")
+
+    def __init__(self, proc: int, job: int, rank: Rank) -> None:
+        self.proc = proc
+        self.job = job
+        self.rank = rank
+        self.pid: int | None = None
+        self.status: int | None = None
+        self.done = False
+        self.killed = False
+        self.reason: str | None = None
+        self.abort_code: int | None = None  # from MPI_Abort
 
 
-@dataclass
 class HostLink:
-    index: int
-    link: LocalLink | SshLink
-    decoder: wire.Decoder = field(default_factory=wire.Decoder)
-    inflight: int = 0
-    open: bool = True
-    heard: float = 0.0  # when the agent last sent anything (remote links are declared lost after a silence)
+    """The loop's end of one agent's link."""
+
+    __slots__ = ("decoder", "heard", "index", "inflight", "link", "open")
+
+    def __init__(self, index: int, link: LocalLink | SshLink, heard: float = 0.0) -> None:
+        self.index = index
+        self.link = link
+        self.decoder = wire.Decoder()
+        self.inflight = 0
+        self.open = True
+        self.heard = heard  # when the agent last sent anything (remote links are lost after a silence)
 
 
 class Controller:

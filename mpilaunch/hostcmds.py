@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mpilaunch import hosts as hostlib
 from mpilaunch.hosts import Host
@@ -122,8 +122,8 @@ def run_allrun(
     from mpilaunch.plan import build_plan
     from mpilaunch.report import describe_status
 
-    hosts = [replace(h, slots=1, max_slots=None) for h in _hosts(options)]
-    options = replace(options, map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))
+    hosts = [h._replace(slots=1, max_slots=None) for h in _hosts(options)]
+    options = options._replace(map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))
     spec = JobSpec((AppContext(argv, len(hosts), exports, wdir),), options)
     plan, _ = build_plan(spec, os.environ, hosts)
     controller = execute(plan, host_tags=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
+
+from mpilaunch.programs import find_program
 
 HCCN_CONF = "/etc/hccn.conf"  # where Ascend's hccn_tool keeps each device's IP (address_N=IP)
 SMI_TIMEOUT = 20.0  # seconds: nvidia-smi can be slow while the driver wakes up
@@ -27,8 +27,11 @@ def usable_cpus() -> int:
 def count_gpus(path: str) -> dict:
     """NVIDIA GPUs by `nvidia-smi -L` (one `GPU N: ...` line each; MIG lines are indented and not
     counted): {"count": N} or, where it cannot tell, {"count": None} with an "error" if it failed."""
-    smi = shutil.which("nvidia-smi", path=path)
-    if not smi:
+    import subprocess  # only here: a run that counts no GPUs does not pay for it
+
+    try:
+        smi = find_program("nvidia-smi", {"PATH": path})
+    except OSError:
         return {"count": None}
     try:
         proc = subprocess.run(

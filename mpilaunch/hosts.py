@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.textfiles import read_text
@@ -18,8 +18,7 @@ HOSTFILE_MAX = 16 << 20
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     """A machine of the job. slots None means "as many as it has cores"."""
 
     name: str
@@ -133,7 +132,7 @@ def merge_hosts(entries: list[Host]) -> list[Host]:
             continue
         slots = (old.slots or 1) + (host.slots or 1)
         max_slots = None if old.max_slots is None or host.max_slots is None else old.max_slots + host.max_slots
-        merged[key] = replace(old, slots=slots, max_slots=max_slots)
+        merged[key] = old._replace(slots=slots, max_slots=max_slots)
     return list(merged.values())
 
 
@@ -202,11 +201,11 @@ def merge_local_aliases(hosts: list[Host]) -> list[Host]:
     if first_local is None:
         return hosts
     renamed = [
-        replace(h, name=first_local) if h.user is None and h.port is None and is_local(h.name) else h for h in hosts
+        h._replace(name=first_local) if h.user is None and h.port is None and is_local(h.name) else h for h in hosts
     ]
     return merge_hosts(renamed)
 
 
 def with_core_counts(hosts: list[Host], cores_of: dict[str, int]) -> list[Host]:
     """Fill hosts without a slot count with their core count (Open MPI's rule)."""
-    return [h if h.slots is not None else replace(h, slots=cores_of.get(h.name, 1)) for h in hosts]
+    return [h if h.slots is not None else h._replace(slots=cores_of.get(h.name, 1)) for h in hosts]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mpilaunch import devices
@@ -77,7 +76,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     for index, link in links.items():  # what each host found out about itself, and where it was reached
         info[index] = {"cpus": link.hello.get("cpus"), **(results[index].reply or {}).get("info", {})}
         info[index]["address"] = link.peer
-    plan = replace(plan, host_info=info)
+    plan = plan._replace(host_info=info)
     master = plan.master
     if rank0 in remote:
         port = int(results[rank0].reply["port"]) if pick_port else plan.master[1]  # type: ignore[index]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host
 
 
-@dataclass(frozen=True)
-class Rank:
+class Rank(NamedTuple):
     """Where one process runs and what it is called there."""
 
     rank: int

@@ -10,7 +10,8 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import NamedTuple
 
 from mpilaunch import devices
 from mpilaunch import hosts as hostlib
@@ -25,8 +26,7 @@ from mpilaunch.spec import JobSpec, Options
 PMI_VERSION_NAMES = ("MPIR_CVAR_PMI_VERSION", "MPIR_PARAM_PMI_VERSION", "MPICH_PMI_VERSION")
 
 
-@dataclass
-class JobPlan:
+class JobPlan(NamedTuple):
     """One job: the launched one is job 1, each MPI_Comm_spawn adds one."""
 
     job: int
@@ -37,8 +37,7 @@ class JobPlan:
     pmi: dict | None = None  # what agents need to serve this job PMI, or None (--mpi none)
 
 
-@dataclass
-class LaunchPlan:
+class LaunchPlan(NamedTuple):
     """Everything the controller needs, computed before any process starts."""
 
     hosts: list[Host]
@@ -48,9 +47,9 @@ class LaunchPlan:
     job_id: str = ""
     master: tuple[str, int] = ("127.0.0.1", 0)
     exports: tuple[tuple[str, str | None], ...] = ()
-    launcher_env: Mapping[str, str] = field(default_factory=dict)
+    launcher_env: Mapping[str, str] = MappingProxyType({})
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
-    host_info: dict[int, dict] = field(default_factory=dict)  # hostinfo.probe answers (+ "address"), by host index
+    host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
 
 
 def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
@@ -67,7 +66,7 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
                 raise LaunchError(f"-H names {host.name!r}, which is not in the hostfile {options.hostfile}")
         counts = {h.name: h.slots or 1 for h in hostlib.merge_hosts(listed)}  # -H's counts win, up to max_slots
         chosen = [
-            replace(h, slots=min(counts[h.name], h.max_slots or counts[h.name])) for h in from_file if h.name in counts
+            h._replace(slots=min(counts[h.name], h.max_slots or counts[h.name])) for h in from_file if h.name in counts
         ]
         return hostlib.merge_local_aliases(chosen), f"hostfile {options.hostfile} restricted by -H"
     if listed:
@@ -133,7 +132,7 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
         env=plan.launcher_env,
         host_info=plan.host_info,
     )
-    return replace(plan, job=rebuilt, master=master)
+    return plan._replace(job=rebuilt, master=master)
 
 
 def stdin_ranks(choice: str, np: int) -> list[int]:
@@ -238,7 +237,7 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
     exports = spec.apps[0].exports
     apps = [(app.argv, os.path.abspath(app.wdir) if app.wdir else os.getcwd()) for app in spec.apps]
     if options.rank_table:
-        options = replace(options, rank_table=os.path.abspath(options.rank_table))
+        options = options._replace(rank_table=os.path.abspath(options.rank_table))
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, exports)
     host_info = devices.local_host_info(hosts, ranks, probe, inherited(env).get("PATH", os.defpath))
     job = job_plan(

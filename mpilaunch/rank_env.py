@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mpilaunch.placement import Rank
 
@@ -43,8 +43,7 @@ def valid_env_name(name: str) -> bool:
     return bool(_ENV_NAME.match(name))
 
 
-@dataclass(frozen=True)
-class JobLayout:
+class JobLayout(NamedTuple):
     """What every rank's variables are computed from."""
 
     ranks: Sequence[Rank]

@@ -14,14 +14,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.cli import command, parse_args
+from mpilaunch.cli import parse_args, run_command
 from mpilaunch.errors import LaunchError
 from mpilaunch.jobfile import FileApp, option_keys, parse_job_file
 from mpilaunch.spec import AppContext
 
 from .conftest import ROOT, Launcher
 
-PARAMS = command.params
+PARAMS = run_command().params
 
 
 def parse(text: str, path: str = "job.yaml"):

@@ -18,6 +18,7 @@ AGENT_MODULES = (
     "mpilaunch.wire",
     "mpilaunch.binding",
     "mpilaunch.programs",
+    "mpilaunch.spawn",
     "mpilaunch.hostinfo",
     "mpilaunch.mpi_family",
     "mpilaunch.pmi",

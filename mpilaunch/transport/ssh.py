@@ -255,8 +255,9 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
             waited = time.monotonic() - started
             if waited >= target.timeout * 0.8:  # it accepted TCP but never spoke SSH
                 raise SshError(
-                    "connect", f"{target.hostname}:{target.port} accepted a connection but gave no SSH answer "
-                    f"in {target.timeout:g} s"
+                    "connect",
+                    f"{target.hostname}:{target.port} accepted a connection but gave no SSH answer "
+                    f"in {target.timeout:g} s",
                 ) from None
             if attempt + 1 == ATTEMPTS or sock is not None:
                 raise SshError("connect", f"{target.hostname}:{target.port}: {exc or type(exc).__name__}") from None

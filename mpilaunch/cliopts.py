@@ -1,0 +1,140 @@
+"""The run command's options as plain data: one table for click, the fast scanner and job files.
+
+Kept free of click (and of dataclasses, which exec code at import) so that a plain run can
+read its command line without paying for either; `cli.run_command()` builds the click command
+from this same table for --help, errors and job files.
+"""
+
+from __future__ import annotations
+
+# How an option takes its value: FLAG (none), VALUE (one), MULTI (one, repeatable), PAIRS (two, repeatable).
+FLAG, VALUE, MULTI, PAIRS = "flag", "value", "multi", "pairs"
+# What a value must be; the click command maps each to its type (see cli.run_command).
+INT_MIN1, FLOAT_POS, FLOAT_NONNEG, CHOICE, RANK_CHOICE = "int>=1", "float>0", "float>=0", "choice", "stdin"
+
+
+class Opt:
+    """One option: its parameter name, every spelling, and what its value may be."""
+
+    __slots__ = ("check", "choices", "default", "flags", "help", "kind", "metavar", "name", "show_default")
+
+    def __init__(
+        self,
+        name: str,
+        flags: tuple[str, ...],
+        kind: str = VALUE,
+        *,
+        check: str | None = None,
+        default: object = None,
+        metavar: str | None = None,
+        help: str | None = None,
+        choices: tuple[str, ...] = (),
+        show_default: bool = False,
+    ) -> None:
+        self.name = name
+        self.flags = flags
+        self.kind = kind
+        self.check = check
+        self.default = default
+        self.metavar = metavar
+        self.help = help
+        self.choices = choices
+        self.show_default = show_default
+
+
+RUN_OPTIONS: tuple[Opt, ...] = (
+    Opt(
+        "config",
+        ("--config", "-config"),
+        metavar="JOB.yaml",
+        help="Job file: options, env, command; the command line wins.",
+    ),
+    Opt("np", ("-n", "-np", "--np", "-c"), check=INT_MIN1, help="Number of ranks (default: every slot)."),
+    Opt("hosts", ("-H", "--host", "-host"), MULTI, metavar="h1:N,h2:N", help="Hosts and their slots."),
+    Opt(
+        "hostfile", ("--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f"), metavar="PATH", help="Hostfile."
+    ),
+    Opt("map_by", ("--map-by", "-map-by"), default="slot", metavar="slot|node|ppr:N:node", help="Placement policy."),
+    Opt("npernode", ("--npernode", "-npernode"), check=INT_MIN1, help="Ranks per node (ppr:N:node)."),
+    Opt("oversubscribe", ("--oversubscribe", "-oversubscribe"), FLAG, help="Allow more ranks than slots."),
+    Opt("display_map", ("--display-map", "-display-map"), FLAG, help="Print the rank map, then launch."),
+    Opt("dry_run", ("--dry-run", "-dry-run"), FLAG, help="Print the map and every rank's variables; start nothing."),
+    Opt("exports", ("-x",), MULTI, metavar="VAR[=value]", help="Export a variable to every rank."),
+    Opt("wdir", ("--wdir", "-wdir", "--wd", "-wd"), metavar="DIR", help="Working directory of the ranks."),
+    Opt(
+        "output_filename",
+        ("--output-filename", "-output-filename"),
+        metavar="DIR",
+        help="Per-rank files DIR/1/rank.N/{stdout,stderr}.",
+    ),
+    Opt(
+        "merge_stderr_to_stdout",
+        ("--merge-stderr-to-stdout", "-merge-stderr-to-stdout"),
+        FLAG,
+        help="One stream per rank.",
+    ),
+    Opt("tag_output", ("--tag-output", "-tag-output"), FLAG, help="Prefix console lines with [1,rank]<stream>:."),
+    Opt(
+        "timestamp_output",
+        ("--timestamp-output", "-timestamp-output"),
+        FLAG,
+        help="Prefix console lines with a time stamp.",
+    ),
+    Opt("stdin", ("--stdin", "-stdin"), check=RANK_CHOICE, default="0", help="Rank that gets stdin: N, all or none."),
+    Opt("mca", ("--mca", "-mca"), PAIRS, metavar="KEY VALUE", help="MCA parameter (exported as OMPI_MCA_KEY)."),
+    Opt("bind_to", ("--bind-to", "-bind-to"), default="none", metavar="none|core|socket|hwthread", help="CPU binding."),
+    Opt("report_bindings", ("--report-bindings", "-report-bindings"), FLAG, help="Print each rank's CPU binding."),
+    Opt("timeout", ("--timeout", "-timeout"), check=FLOAT_POS, help="End the job after S seconds."),
+    Opt(
+        "kill_timeout",
+        ("--kill-timeout", "-kill-timeout"),
+        check=FLOAT_NONNEG,
+        default=2.0,
+        show_default=True,
+        help="Seconds between SIGTERM and SIGKILL.",
+    ),
+    Opt(
+        "mpi",
+        ("--mpi", "-mpi"),
+        check=CHOICE,
+        choices=("pmi1", "pmi2", "none"),
+        default="pmi1",
+        help="PMI for MPICH-family ranks: pmi1 (PMI-1 and PMI-2 served), pmi2 (also tell MPICH to use PMI-2) or none.",
+    ),
+    Opt(
+        "pmi_tcp",
+        ("--pmi-tcp", "-pmi-tcp"),
+        FLAG,
+        help="Serve PMI over loopback TCP (PMI_PORT + a secret PMI_ID) for ranks that cannot inherit PMI_FD.",
+    ),
+    Opt(
+        "devices_per_rank",
+        ("--devices-per-rank", "-devices-per-rank"),
+        check=INT_MIN1,
+        metavar="N",
+        help="Each rank sees only its N devices: CUDA_VISIBLE_DEVICES (or the ASCEND_RT_/HIP_ list you set) narrowed.",
+    ),
+    Opt(
+        "rank_table",
+        ("--rank-table", "-rank-table"),
+        metavar="PATH",
+        help="Write the job's HCCL rank table (MindSpore/Ascend).",
+    ),
+    Opt("ssh_config", ("--ssh-config", "-ssh-config"), metavar="PATH", help="SSH config (default ~/.ssh/config)."),
+    Opt(
+        "ssh_accept_new",
+        ("--ssh-accept-new", "-ssh-accept-new"),
+        FLAG,
+        help="Accept and record unknown host keys (a changed key is always refused).",
+    ),
+    Opt("allow_run_as_root", ("--allow-run-as-root", "-allow-run-as-root"), FLAG, help="Allow running as root."),
+)
+# Spellings click handles itself (eager options); the fast scanner leaves them to it.
+HELP_FLAGS = ("--help", "-help", "-h")
+VERSION_FLAGS = ("--version", "-V", "-version")
+
+
+def stdin_choice(value: str) -> str | None:
+    """--stdin's value normalised, or None when it is not a rank number, all or none."""
+    value = value.strip().lower()
+    return value if value in ("all", "none") or value.isdigit() else None

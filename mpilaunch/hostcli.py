@@ -1,0 +1,77 @@
+"""Command lines of `mpilaunch check` and `mpilaunch allrun`: per-host commands, not jobs.
+
+Their options are rows of the run command's table (cliopts), so a host is spelled the same way
+everywhere; click is imported only when one of them runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mpilaunch.cli import check_root, click_option, exports_of
+from mpilaunch.cliopts import RUN_OPTIONS
+from mpilaunch.errors import LaunchError
+from mpilaunch.spec import Options
+
+_ROWS = {opt.name: opt for opt in RUN_OPTIONS}
+HOST_KEYS = ("hosts", "hostfile", "ssh_config", "ssh_accept_new")
+ALLRUN_KEYS = ("exports", "wdir", "timeout", "allow_run_as_root")
+
+
+def _commands():  # type: ignore[no-untyped-def]
+    import click
+
+    hosts = [click_option(_ROWS[name]) for name in HOST_KEYS]
+    check = click.Command(
+        "mpilaunch check",
+        params=[
+            *hosts,
+            click.Option(
+                ["--port"], type=click.IntRange(0, 65535), help="MASTER_PORT to check (default $MASTER_PORT or 29500)."
+            ),
+            click.Argument(["program"], required=False),
+        ],
+        help="Preflight: can every host be reached, and can it run PROGRAM? One row per host.",
+        context_settings={"help_option_names": ["--help", "-h"]},
+    )
+    allrun = click.Command(
+        "mpilaunch allrun",
+        params=[
+            *hosts,
+            *(click_option(_ROWS[name]) for name in ALLRUN_KEYS),
+            click_option(_ROWS["output_filename"], help="Per-host files DIR/1/rank.N/."),
+            click.Argument(["argv"], nargs=-1, required=True, type=click.UNPROCESSED),
+        ],
+        help="Run a command once on every host (not once per slot), e.g. a pip install.",
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-h"]},
+    )
+    return check, allrun
+
+
+def run_subcommand(name: str, args: list[str]) -> int:
+    """`mpilaunch check ...` or `mpilaunch allrun ...` -> exit status."""
+    import click
+
+    from mpilaunch import hostcmds
+
+    check, allrun = _commands()
+    command = check if name == "check" else allrun
+    try:
+        params = command.make_context(command.name, args).params
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as exc:
+        raise LaunchError(exc.format_message()) from None
+    options = Options(
+        hosts=params["hosts"],
+        hostfile=params["hostfile"],
+        ssh_config=params["ssh_config"],
+        ssh_accept_new=bool(params["ssh_accept_new"]),
+        allow_run_as_root=bool(params.get("allow_run_as_root")),
+        output_filename=params.get("output_filename"),
+        timeout=params.get("timeout"),
+    )
+    if name == "check":
+        return hostcmds.run_check(options, params["program"], params["port"])
+    check_root(options, os.environ)
+    return hostcmds.run_allrun(options, tuple(params["argv"]), params["wdir"], exports_of(params["exports"]))

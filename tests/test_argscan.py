@@ -1,0 +1,111 @@
+"""The fast command-line scanner against click: same params and same 'given' set whenever the
+scanner answers, and it answers for the command lines people type."""
+
+from __future__ import annotations
+
+import pytest
+from click.core import ParameterSource
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpilaunch import argscan, cliopts
+from mpilaunch.cli import parse_args, run_command
+
+SPELLINGS = [flag for opt in cliopts.RUN_OPTIONS for flag in opt.flags]
+VALUES = [
+    "4",
+    "0",
+    "-1",
+    "1.5",
+    "0.0",
+    "2.",
+    ".5",
+    "1e3",
+    " 3",
+    "1_0",
+    "inf",
+    "nan",
+    "abc",
+    "",
+    "=",
+    "--",
+    "-",
+    "all",
+    "NONE",
+    "Pmi2",
+    "pmi1",
+    "ppr:2:node",
+    "a:2,b:2",
+    "k",
+    "-n",
+    "x=y",
+    "٣",
+    "²",
+    "pmi1\n",
+    "ß",
+]
+
+
+def click_parse(words: list[str]) -> tuple[dict, set[str]] | None:
+    import click
+
+    try:
+        ctx = run_command().make_context("mpilaunch", list(words))
+    except (click.ClickException, click.exceptions.Exit):
+        return None
+    given_ = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    return ctx.params, given_
+
+
+def word() -> st.SearchStrategy[str]:
+    spelling = st.sampled_from(SPELLINGS)
+    glued = st.builds(lambda s, v: f"{s}={v}", spelling, st.sampled_from(VALUES))
+    return st.one_of(
+        spelling, spelling, glued, st.sampled_from(VALUES), st.sampled_from(["prog", "-h", "-V", "-n4", "-x"])
+    )
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(word(), max_size=8))
+def test_scanner_agrees_with_click(words: list[str]) -> None:
+    scanned = argscan.scan(words)
+    if scanned is None:
+        return  # left to click, which answers for itself
+    assert click_parse(words) == scanned, words
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "-n 8 python net.py",
+        "-np 16 --hostfile hf --output-filename log --merge-stderr-to-stdout python net.py -n 5",
+        "--np=4 -H a:2,b:2 -H c --mca btl tcp -mca x y --oversubscribe --map-by node prog",
+        "-x A=1 -x B --bind-to core --tag-output --timeout 2.5 --kill-timeout 0 --mpi PMI2 prog",
+        "--stdin all -wdir /tmp --devices-per-rank 2 --rank-table rt.json --ssh-accept-new -- -prog",
+        "--allow-run-as-root --display-map --dry-run --report-bindings --timestamp-output --pmi-tcp prog",
+        "--config job.yaml",
+        "",
+    ],
+)
+def test_scanner_takes_everyday_command_lines(line: str) -> None:
+    """Without this, every run would quietly fall back to click and pay for it."""
+    words = line.split()
+    scanned = argscan.scan(words)
+    assert scanned is not None
+    assert scanned == click_parse(words)
+
+
+@pytest.mark.parametrize("line", ["--help prog", "-V", "-n 0 prog", "--bogus prog", "-np", "-n4 prog", "--stdin x p"])
+def test_scanner_leaves_help_version_and_errors_to_click(line: str) -> None:
+    assert argscan.scan(line.split()) is None
+
+
+def test_errors_still_read_as_click_writes_them() -> None:
+    from mpilaunch.errors import LaunchError
+
+    with pytest.raises(
+        LaunchError, match=r"Invalid value for '-n' / '-np' / '--np' / '-c': 0 is not in the range x>=1"
+    ):
+        parse_args(["-n", "0", "true"])
+    with pytest.raises(LaunchError, match="expected a rank number, all or none, not 'x'"):
+        parse_args(["--stdin", "x", "true"])
