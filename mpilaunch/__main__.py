@@ -1,4 +1,4 @@
-from mpilaunch.cli import main
+from mpilaunch.entry import main
 
 if __name__ == "__main__":
     main()

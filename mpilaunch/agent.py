@@ -13,15 +13,12 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from mpilaunch import hostinfo, spawn, wire
 from mpilaunch.binding import cpu_groups, cpus_for
 from mpilaunch.mpi_family import OpenMpiWatch
+from mpilaunch.pmi.server import PmiService
 from mpilaunch.programs import merge_host_environment, probe_port, program_problem
-
-if TYPE_CHECKING:
-    from mpilaunch.pmi.server import PmiService
 
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
 HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead
@@ -243,8 +240,6 @@ class Agent:
         job = int(msg.get("job", 1))
         self.pmi_tcp = bool(msg.get("pmi") and msg["pmi"].get("tcp"))
         if msg.get("pmi") and job not in self.pmi:
-            from mpilaunch.pmi.server import PmiService
-
             self.pmi[job] = PmiService(msg["pmi"], self.send, self.pmi_hangup)
         bind_to = msg.get("bind_to", "none")
         groups = cpu_groups(bind_to) if bind_to != "none" else []

@@ -17,7 +17,7 @@ from mpilaunch.rank_env import inherited
 from mpilaunch.ranktable import format_rank_table, job_rank_table
 from mpilaunch.report import dry_run_env, rank_map
 from mpilaunch.spec import JobSpec
-from mpilaunch.transport.local import LocalLink, start_local_agent
+from mpilaunch.transport.local import LocalLink, discard_early_agent, raise_fd_limit, start_local_agent
 
 if TYPE_CHECKING:
     from mpilaunch.transport.ssh import SshLink
@@ -150,18 +150,6 @@ def _reply(link: SshLink, op: str, timeout: float) -> dict | None:
             return frame
 
 
-def raise_fd_limit() -> None:
-    """Log files need two descriptors per rank; lift the soft limit to the hard one."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
 def run_job(spec: JobSpec) -> int:
     env = os.environ
     plan, source = build_plan(spec, env)
@@ -207,6 +195,8 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     for index in local:
         check_local_programs(plan, plan.launcher_env, index)
     raise_fd_limit()
+    if not local:
+        discard_early_agent()  # forked at start-up in case the job had local ranks; it has none
     links: dict[int, LocalLink | SshLink] = {}
     try:
         if remote:

@@ -23,7 +23,7 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_second() -> None:
 
 def test_the_package_has_its_console_script_and_extras() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'mpilaunch = "mpilaunch.cli:main"' in text
+    assert 'mpilaunch = "mpilaunch.entry:main"' in text
     for dep in ("click", "pyyaml", "paramiko", "psutil"):
         assert dep in text.split("[project.optional-dependencies]")[0]
     test_extra = text.split("test = [", 1)[1].split("]", 1)[0]

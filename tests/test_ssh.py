@@ -585,3 +585,15 @@ def test_a_refused_job_leaves_no_log_files(launcher: Launcher, bed: SshBed, tmp_
     proc = ssh(launcher, bed, "-H", "node1:1,node2:1", "-n", "2", "--output-filename", "logs", "/nonexistent/prog")
     assert proc.returncode == 2, proc.stderr.decode()
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_remote_only_job_keeps_no_local_agent(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """The local agent forked at start-up is ended as soon as the plan shows no local rank."""
+    script = write_script(tmp_path, "hold.py", "import time\nprint('up', flush=True)\ntime.sleep(2)\n")
+    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script)
+    for _ in range(2):
+        assert proc.stdout.readline().strip() == b"up"  # type: ignore[union-attr]
+    children = [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_pid(int(e)) == proc.pid]
+    assert children == []  # paramiko runs in threads; no forked agent waits here
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0

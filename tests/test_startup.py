@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Launcher, parent_pid, tagged_pids, write_script
 
 
 def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
@@ -22,3 +27,41 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
     assert "mpilaunch.controller" in imported
     for heavy in ("paramiko", "yaml", "mpilaunch.jobfile", "psutil", "asyncio", "mpi4py", "numpy"):
         assert heavy not in imported
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--bogus", "true"],  # click's error
+        ["-n", "0", "true"],
+        ["-n", "3", "-H", "localhost:1", "true"],  # not enough slots
+        ["-n", "1", "no-such-program-here"],
+        ["-n", "1", "--wdir", "/no/such/dir", "true"],
+    ],
+)
+def test_a_refused_job_leaves_no_early_agent(launcher: Launcher, args: list[str]) -> None:
+    """The local agent is forked before the command line is read; when the job is refused it is
+    ended before the launcher exits, not left to notice on its own."""
+    proc = launcher.run(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.decode().count("\n") == 1, proc.stderr  # one line, no traceback
+    assert tagged_pids(launcher.tag) == []  # at once: no grace
+
+
+def test_every_rank_is_a_child_of_the_early_agent(launcher: Launcher, tmp_path: Path) -> None:
+    """One local agent, the launcher's own child, runs every rank (the early fork is the one used)."""
+    body = "import os, time\nprint(os.getppid(), flush=True)\ntime.sleep(2)\n"
+    script = write_script(tmp_path, "parent.py", body)
+    proc = launcher.popen("-n", "4", "--oversubscribe", sys.executable, script)
+    agents = {int(proc.stdout.readline()) for _ in range(4)}  # type: ignore[union-attr]
+    assert len(agents) == 1
+    assert parent_pid(agents.pop()) == proc.pid
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
+def test_output_is_flushed_before_the_quick_exit(launcher: Launcher) -> None:
+    """The launcher leaves with os._exit: what it printed must be out first, even through a pipe."""
+    proc = launcher.run("--display-map", "-n", "3", "--oversubscribe", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().count("rank") >= 3
