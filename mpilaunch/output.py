@@ -112,24 +112,22 @@ class Console:
         self.host_tags: dict[int, str] = {}  # process id -> host name, for `allrun`
 
     def feed(self, rank: int, stream: int, data: bytes, now: float) -> None:
+        """Show the whole lines of data (after what was pending), keep the partial one. The
+        lines go out as a view of the chunk, not a copy: this runs once per chunk of output."""
         key = (rank, stream)
-        buf = self.pending.get(key)
-        if buf:
-            buf += data
-            data = bytes(buf)
-            buf.clear()
+        pending = self.pending.pop(key, None)
+        if pending:
+            pending += data
+            data = pending  # type: ignore[assignment]
         cut = data.rfind(b"\n") + 1
+        if len(data) - cut >= MAX_PENDING:  # a partial line this long is shown at once
+            cut = len(data)
         if cut:
-            self._show(key, data[:cut])
-            data = data[cut:]
-        if not data:
+            self._show(key, data if cut == len(data) else memoryview(data)[:cut])
             self.since.pop(key, None)
+        if cut == len(data):
             return
-        if len(data) >= MAX_PENDING:
-            self._show(key, data)
-            self.since.pop(key, None)
-            return
-        self.pending.setdefault(key, bytearray()).extend(data)
+        self.pending[key] = bytearray(data[cut:])
         self.since.setdefault(key, now)
 
     def next_deadline(self) -> float | None:
@@ -178,10 +176,10 @@ class Console:
             self._emit(self.open_line[1], b"\n")
         if self.tag or self.timestamp:
             prefix = self._prefix(*key)
-            lines = data.splitlines(keepends=True)
+            lines = bytes(data).splitlines(keepends=True)
             data = b"".join(line if (continuing and i == 0) else prefix + line for i, line in enumerate(lines))
         self._emit(key[1], data)
-        self.open_line = None if data.endswith(b"\n") else key
+        self.open_line = None if data[-1] == 0x0A else key
 
     def _emit(self, stream: int, data: bytes) -> None:
         fd = self.fds[stream]

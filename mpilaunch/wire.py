@@ -45,28 +45,32 @@ class Decoder:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[tuple[int, object]]:
-        self._buf += data
+        """Frames from what arrived so far. Payloads are cut out of the received bytes once
+        (a view, then one copy), and only an unfinished frame is kept for the next call."""
+        if self._buf:
+            self._buf += data
+            data = self._buf  # type: ignore[assignment]
         frames: list[tuple[int, object]] = []
-        buf = self._buf
+        size = len(data)
         pos = 0
-        while len(buf) - pos >= _HEAD.size:
-            length, kind = _HEAD.unpack_from(buf, pos)
-            if length < 1 or length > MAX_FRAME:
-                raise FrameError(f"frame length {length} out of range")
-            end = pos + 4 + length
-            if len(buf) < end:
-                break
-            start = pos + _HEAD.size
-            frames.append(_decode(kind, bytes(buf[start:end])))
-            pos = end
-        del buf[:pos]
+        with memoryview(data) as view:
+            while size - pos >= _HEAD.size:
+                length, kind = _HEAD.unpack_from(data, pos)
+                if length < 1 or length > MAX_FRAME:
+                    raise FrameError(f"frame length {length} out of range")
+                end = pos + 4 + length
+                if size < end:
+                    break
+                frames.append(_decode(kind, view[pos + _HEAD.size : end]))
+                pos = end
+        self._buf = bytearray(data[pos:])
         return frames
 
 
-def _decode(kind: int, payload: bytes) -> tuple[int, object]:
+def _decode(kind: int, payload: memoryview) -> tuple[int, object]:
     if kind == CONTROL:
         try:
-            message = json.loads(payload)
+            message = json.loads(bytes(payload))
         except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise FrameError(f"bad control frame: {exc}") from None
         if not isinstance(message, dict) or not isinstance(message.get("op"), str):
@@ -76,5 +80,5 @@ def _decode(kind: int, payload: bytes) -> tuple[int, object]:
         if len(payload) < _RANK.size:
             raise FrameError("short data frame")
         rank, stream = _RANK.unpack_from(payload)
-        return kind, (rank, stream, payload[_RANK.size :])
+        return kind, (rank, stream, bytes(payload[_RANK.size :]))
     raise FrameError(f"unknown frame kind {kind}")
