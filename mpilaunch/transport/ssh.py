@@ -18,9 +18,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
@@ -36,15 +35,50 @@ ATTEMPTS = 5  # for connections dropped before the banner (sshd MaxStartups)
 STRICT_ACCEPTING = ("no", "off", "false", "accept-new")
 
 
+class _VersionOnlyMetadata(ModuleType):
+    """Stands in for importlib.metadata while paramiko is imported: paramiko asks it for its own
+    version only, and importing the real module (email, zipfile, pathlib, csv...) costs about
+    50 ms. Anything else asked of it comes from the real module."""
+
+    def version(self, name: str) -> str:
+        prefix, suffix = name + "-", ".dist-info"
+        for folder in sys.path:
+            try:
+                entries = os.listdir(folder or ".")
+            except OSError:
+                continue
+            for entry in entries:
+                if (
+                    entry.startswith(prefix)
+                    and entry.endswith(suffix)
+                    and entry[len(prefix) : len(prefix) + 1].isdigit()
+                ):
+                    return entry[len(prefix) : -len(suffix)]
+        return self.__getattr__("version")(name)
+
+    def __getattr__(self, attr: str) -> object:
+        if sys.modules.get("importlib.metadata") is self:
+            del sys.modules["importlib.metadata"]
+        import importlib.metadata
+
+        return getattr(importlib.metadata, attr)
+
+
 def import_paramiko() -> ModuleType:
-    """paramiko without `invoke`: paramiko.config imports it only to run `Match exec`, and it
-    costs about 100 ms, half of paramiko's import. `Match exec` is therefore not supported."""
+    """paramiko without `invoke` and without importlib.metadata. paramiko.config imports invoke
+    only to run `Match exec` (which is therefore not supported), and it costs about 100 ms, half
+    of paramiko's import; importlib.metadata, for paramiko's version string, costs 50 ms more."""
     if "paramiko" not in sys.modules and "invoke" not in sys.modules:
-        sys.modules["invoke"] = None  # type: ignore[assignment]  # makes `import invoke` fail at once
+        stand_ins: dict[str, object] = {"invoke": None}  # None makes `import invoke` fail at once
+        if "importlib.metadata" not in sys.modules:
+            stand_ins["importlib.metadata"] = _VersionOnlyMetadata("importlib.metadata")
+        sys.modules.update(stand_ins)  # type: ignore[arg-type]
         try:
             import paramiko
         finally:
-            del sys.modules["invoke"]
+            for name, module in stand_ins.items():
+                if sys.modules.get(name) is module:
+                    del sys.modules[name]
     # paramiko logs a failed handshake with its traceback from its own thread; with no handler
     # configured, logging's last resort prints that on stderr. mpilaunch reports it in one line.
     import logging
@@ -65,15 +99,15 @@ class SshError(Exception):
         self.stage = stage
 
 
-@dataclass(frozen=True)
-class SshOptions:
+class SshOptions(NamedTuple):
+    """How to use SSH for a run (named tuples and plain classes here: see spec.py on dataclasses)."""
+
     config: str | None = None  # --ssh-config; None means ~/.ssh/config when it exists
     accept_new: bool = False  # --ssh-accept-new
     python: str | None = None  # interpreter for the agent where that path exists (default: ours)
 
 
-@dataclass(frozen=True)
-class SshTarget:
+class SshTarget(NamedTuple):
     """Where and how to reach one host, after ~/.ssh/config (or --ssh-config) is applied."""
 
     name: str
@@ -328,21 +362,22 @@ def read_frame(chan, timeout: float) -> dict | None:
         chan.settimeout(None)
 
 
-@dataclass
 class SshLink:
     """A connected agent on a remote host (its pids mean nothing here)."""
 
-    name: str
-    client: object
-    chan: object
-    jumps: list = field(default_factory=list)
-    peer: str = ""  # the address we reached: what the host's ranks are known by
-    local_address: str = ""  # our end: how that host reaches this machine
-    hello: dict = field(default_factory=dict)
-    local: bool = False
-    _err: bytearray = field(default_factory=bytearray)
-    _lock: threading.Lock = field(default_factory=threading.Lock)  # frames from two threads never interleave
-    _stop: threading.Event = field(default_factory=threading.Event)
+    local = False
+
+    def __init__(self, name: str, client: object, chan: object, jumps: list | None = None) -> None:
+        self.name = name
+        self.client = client
+        self.chan = chan
+        self.jumps = jumps if jumps is not None else []
+        self.peer = ""  # the address we reached: what the host's ranks are known by
+        self.local_address = ""  # our end: how that host reaches this machine
+        self.hello: dict = {}
+        self._err = bytearray()
+        self._lock = threading.Lock()  # frames from two threads never interleave
+        self._stop = threading.Event()
 
     def fileno(self) -> int:
         return self.chan.fileno()  # type: ignore[attr-defined]
@@ -446,15 +481,15 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
         raise
 
 
-@dataclass
 class HostResult:
     """What starting one host's agent gave: a link and its reply, or the error."""
 
-    index: int
-    target: SshTarget | None = None
-    link: SshLink | None = None
-    reply: dict | None = None
-    error: SshError | None = None
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.target: SshTarget | None = None
+        self.link: SshLink | None = None
+        self.reply: dict | None = None
+        self.error: SshError | None = None
 
 
 def start_agents(
