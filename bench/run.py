@@ -277,7 +277,13 @@ def main() -> None:
             results = {name: [] for name in runners}
             for _ in range(reps):
                 for name, prefix in runners.items():
-                    results[name].append(func(name, prefix, work))
+                    try:
+                        results[name].append(func(name, prefix, work))
+                    except (AssertionError, subprocess.TimeoutExpired) as exc:  # counted, shown, not fatal
+                        last = str(exc).strip().splitlines()[-1:] or [type(exc).__name__]
+                        print(f"  {name} failed once: {last[0][:200]}", file=sys.stderr, flush=True)
+                        results[name].append({"failed": True})
+            results = {name: res for name, res in results.items() if ok(res)}
             rows.append((key, title, results))
             print(report_row(key, title, results), flush=True)
     if args.write:
@@ -314,8 +320,18 @@ def chart(rows: list, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def ok(results: list[dict]) -> list[dict]:
+    """The runs that completed (a peer that crashes now and then still gets a median)."""
+    return [r for r in results if not r.get("failed")]
+
+
+def failed_note(results: list[dict]) -> str:
+    bad = len(results) - len(ok(results))
+    return f"; {bad} of {len(results)} runs failed" if bad else ""
+
+
 def median(results: list[dict], field: str = "seconds") -> float:
-    return statistics.median(r[field] for r in results)
+    return statistics.median(r[field] for r in ok(results))
 
 
 def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
@@ -325,15 +341,15 @@ def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
         extra = ""
         if key == "output":
             extra = (
-                f", mangled {max(r['mangled'] for r in res)}, console lines {min(r['console_lines'] for r in res)}"
-                f", file lines {min(r['file_lines'] for r in res)}"
+                f", mangled {max(r['mangled'] for r in ok(res))}, console lines "
+                f"{min(r['console_lines'] for r in ok(res))}, file lines {min(r['file_lines'] for r in ok(res))}"
             )
         if key == "abort":
-            extra = f", all ranks gone {median(res, 'all_gone'):.3f} s, status {res[0]['status']}"
+            extra = f", all ranks gone {median(res, 'all_gone'):.3f} s, status {ok(res)[0]['status']}"
         if key == "sleep256":
             extra = f", peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
         ratio = f" (mpilaunch/{name} = {ours / median(res):.2f}x)" if name != "mpilaunch" else ""
-        parts.append(f"  {name:10s} {median(res):.3f} s{extra}{ratio}")
+        parts.append(f"  {name:10s} {median(res):.3f} s{extra}{ratio}{failed_note(res)}")
     return "\n".join(parts)
 
 
@@ -355,13 +371,14 @@ def markdown(rows: list, reps: int) -> str:
         for name, res in results.items():
             notes = ""
             if key == "output":
-                notes = (f"mangled console lines {max(r['mangled'] for r in res)}; "
-                         f"lines in files {min(r['file_lines'] for r in res) or '-'}")  # fmt: skip
+                notes = (f"mangled console lines {max(r['mangled'] for r in ok(res))}; "
+                         f"lines in files {min(r['file_lines'] for r in ok(res)) or '-'}")  # fmt: skip
             if key == "abort":
-                notes = f"all ranks gone after {median(res, 'all_gone'):.3f} s; exit status {res[0]['status']}"
+                notes = f"all ranks gone after {median(res, 'all_gone'):.3f} s; exit status {ok(res)[0]['status']}"
             if key == "sleep256":
                 notes = f"launcher side peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
             ratio = "" if name == "mpilaunch" else f"{ours / median(res):.2f}x"
+            notes = (notes + failed_note(res)).lstrip("; ")
             lines.append(f"| {title} | {name} | {median(res):.3f} s | {ratio} | {notes} |")
     lines.append("")
     return "\n".join(lines)

@@ -22,7 +22,6 @@ from mpilaunch.placement import Rank
 from mpilaunch.plan import JobPlan, LaunchPlan, remote_hosts, spawn_plan
 from mpilaunch.pmi.kvs import JobKvs, NameService
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
-from mpilaunch.report import failure_summary, ranges
 from mpilaunch.transport.local import start_local_agent
 
 if TYPE_CHECKING:
@@ -493,6 +492,8 @@ class Controller:
         failure = self.first_failure
         ended = [s for s in self.procs if s.proc in self.failed and s is not failure]
         if failure is None and ended and self.stop_signal is not None:
+            from mpilaunch.report import ranges  # only a failed or stopped run reports
+
             name = signal.Signals(self.stop_signal).name
             first_job = ranges([s.rank.rank for s in ended if s.job == 1]) or "none of job 1"
             others = sum(1 for s in ended if s.job != 1)
@@ -502,6 +503,8 @@ class Controller:
                 file=sys.stderr,
             )
         if failure is not None and self.summary:
+            from mpilaunch.report import failure_summary
+
             killed = [s.proc for s in self.procs if s.killed and s is not failure]
             job = self.jobs[failure.job]
             status = abort_status(failure.abort_code) if failure.abort_code is not None else failure.status

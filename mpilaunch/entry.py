@@ -14,7 +14,9 @@ import sys
 NO_JOB = frozenset(("--help", "-help", "-h", "--version", "-version", "-V", "--dry-run", "-dry-run"))
 
 
-def main() -> None:
+def main(quick_exit: bool = True) -> None:
+    """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
+    caller that runs mpilaunch inside its own process and has more to do afterwards."""
     args = sys.argv[1:]
     early = bool(args) and args[0] not in ("check", "allrun") and NO_JOB.isdisjoint(args)
     if early:
@@ -34,6 +36,8 @@ def main() -> None:
     finally:
         if early:
             local.discard_early_agent()
+    if not quick_exit:
+        raise SystemExit(status)
     leave(status)
 
 

@@ -14,8 +14,6 @@ from mpilaunch.output import Console, OutputSink
 from mpilaunch.plan import LaunchPlan, build_plan, host_checks, remote_hosts, with_master
 from mpilaunch.programs import carried_environment, program_problem
 from mpilaunch.rank_env import inherited
-from mpilaunch.ranktable import format_rank_table, job_rank_table
-from mpilaunch.report import dry_run_env, rank_map
 from mpilaunch.spec import JobSpec
 from mpilaunch.transport.local import LocalLink, discard_early_agent, raise_fd_limit, start_local_agent
 
@@ -95,6 +93,8 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
 def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
     """The rank table's text for this plan, and notes on what HCCL may not accept."""
     job = plan.job
+    from mpilaunch.ranktable import format_rank_table, job_rank_table  # only with --rank-table
+
     table, notes = job_rank_table(
         job.ranks,
         plan.hosts,
@@ -156,6 +156,8 @@ def run_job(spec: JobSpec) -> int:
     options = spec.options
     job = plan.job
     if options.display_map or options.dry_run:
+        from mpilaunch.report import dry_run_env, rank_map
+
         print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
     if options.dry_run:
         print(dry_run_env(job.ranks, plan.hosts, job.envs), flush=True)

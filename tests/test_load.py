@@ -39,11 +39,12 @@ def report(what: str, **numbers: float) -> None:
 # the process that forked us) and the CPU time and largest peak RSS of what it waited for (the
 # agent, and through it the ranks) to a JSON file.
 MEASURED = """
-import json, resource, runpy, sys
+import json, resource, sys
+from mpilaunch.entry import main
 out = sys.argv.pop(1)
 sys.argv[0] = "mpilaunch"
 try:
-    runpy.run_module("mpilaunch", run_name="__main__")
+    main(quick_exit=False)  # the command as installed, but back here afterwards
 finally:
     me = resource.getrusage(resource.RUSAGE_SELF)
     them = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -193,7 +193,33 @@ def fingerprint(key) -> str:
     return f"{key.get_name()} SHA256:{digest}"
 
 
+_parsed_known_hosts: dict[str, tuple[int, paramiko.HostKeys]] = {}  # path -> (mtime, keys)
 _known_hosts_lock = threading.Lock()
+
+
+def _known_keys(path: str) -> paramiko.HostKeys:
+    """A known_hosts file, parsed once per run: every host's connection used to parse all of it."""
+    paramiko = import_paramiko()
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError as exc:
+        raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
+    with _known_hosts_lock:
+        cached = _parsed_known_hosts.get(path)
+        if cached is None or cached[0] != stamp:  # a key accepted by this run was appended
+            keys = paramiko.HostKeys()
+            try:
+                keys.load(path)
+            except OSError as exc:
+                raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
+            cached = _parsed_known_hosts[path] = (stamp, keys)
+    return cached[1]
+
+
+def _add_known_keys(into: paramiko.HostKeys, path: str, name: str) -> None:
+    """The keys known_hosts has for this host name (hashed entries too): all a client checks."""
+    for key_type, key in (_known_keys(path).lookup(name) or {}).items():
+        into.add(name, key_type, key)
 
 
 def _client_for(target: SshTarget, accept_new: bool) -> paramiko.SSHClient:
@@ -202,13 +228,10 @@ def _client_for(target: SshTarget, accept_new: bool) -> paramiko.SSHClient:
 
     client = paramiko.SSHClient()
     if os.path.isfile("/etc/ssh/ssh_known_hosts"):
-        client.load_system_host_keys("/etc/ssh/ssh_known_hosts")
+        _add_known_keys(client.get_system_host_keys(), "/etc/ssh/ssh_known_hosts", target.key_name)
     for path in target.known_hosts:
         if os.path.isfile(path):
-            try:
-                client.get_host_keys().load(path)
-            except OSError as exc:
-                raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
+            _add_known_keys(client.get_host_keys(), path, target.key_name)
     save_to = target.known_hosts[0] if target.known_hosts else os.path.expanduser("~/.ssh/known_hosts")
     accept = accept_new or target.strict in STRICT_ACCEPTING
 
