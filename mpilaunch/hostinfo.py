@@ -13,7 +13,7 @@ from mpilaunch.programs import find_program
 
 HCCN_CONF = "/etc/hccn.conf"  # where Ascend's hccn_tool keeps each device's IP (address_N=IP)
 SMI_TIMEOUT = 20.0  # seconds: nvidia-smi can be slow while the driver wakes up
-_ADDRESS = re.compile(r"^\s*address_(\d+)\s*=\s*(\S+)\s*$")
+_ADDRESS = r"^\s*address_(\d+)\s*=\s*(\S+)\s*$"  # compiled (and cached) by re on first use
 
 
 def usable_cpus() -> int:
@@ -51,7 +51,7 @@ def parse_hccn(text: str) -> dict[str, str]:
     """Device IPs from hccn.conf text: {"0": "192.1.27.6", ...} from `address_0=192.1.27.6` lines."""
     found: dict[str, str] = {}
     for line in text.splitlines():
-        match = _ADDRESS.match(line)
+        match = re.match(_ADDRESS, line)
         if match:
             found[str(int(match.group(1)))] = match.group(2)
     return found

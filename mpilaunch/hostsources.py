@@ -28,8 +28,8 @@ SOURCES = (
 )
 MAX_HOSTS = 65536  # an expression such as node[0-999999999] is a mistake, not a cluster
 MAX_COUNT = 1_000_000  # as for slots in a hostfile
-_RANGE_RE = re.compile(r"^([0-9]{1,12})(?:-([0-9]{1,12}))?$")  # ASCII digits only, never a huge int
-_TASKS_RE = re.compile(r"^([0-9]{1,12})(?:\(x([0-9]{1,12})\))?$")
+_RANGE_RE = r"^([0-9]{1,12})(?:-([0-9]{1,12}))?$"  # ASCII digits only, never a huge int
+_TASKS_RE = r"^([0-9]{1,12})(?:\(x([0-9]{1,12})\))?$"  # both compiled by re when a Slurm list is read
 
 
 def _show(value: str) -> str:
@@ -74,7 +74,7 @@ def _expand_group(body: str, var: str, value: str) -> list[str]:
         raise _bad(var, value, "empty '[]'")
     out: list[str] = []
     for piece in body.split(","):
-        match = _RANGE_RE.match(piece)
+        match = re.match(_RANGE_RE, piece)
         if not match:
             raise _bad(var, value, f"expected a number or a range such as 01-04 in brackets, not {_show(piece)}")
         low_text, high_text = match.group(1), match.group(2)
@@ -131,7 +131,7 @@ def expand_tasks_per_node(value: str, var: str = "SLURM_TASKS_PER_NODE") -> list
     if not text:
         raise _bad(var, value, "no counts")
     for item in text.split(","):
-        match = _TASKS_RE.match(item.strip())
+        match = re.match(_TASKS_RE, item.strip())
         if not match:
             raise _bad(var, value, f"expected N or N(xM), not {_show(item)}")
         count, times = int(match.group(1)), int(match.group(2) or 1)

@@ -1,8 +1,6 @@
 """Slot allocation: hosts and app sizes in, one Rank per process out (Open MPI 4.1 rules)."""
 
-from __future__ import annotations
-
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host
@@ -19,7 +17,7 @@ class Rank(NamedTuple):
     node_rank: int  # index of the host among the hosts that run ranks
 
 
-def parse_map_by(map_by: str, npernode: int | None) -> tuple[str, int]:
+def parse_map_by(map_by: str, npernode: Optional[int]) -> tuple[str, int]:
     """Normalise --map-by / --npernode to ("slot"|"node"|"ppr", per_node)."""
     if npernode is not None:
         if npernode < 1:
@@ -136,7 +134,9 @@ def _cycle(counts: list[int], order: list[int]) -> list[int]:
     return [i for round_ in range(max(counts, default=0)) for i in order if counts[i] > round_]
 
 
-def _by_ppr(np: int | None, per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
+def _by_ppr(
+    np: Optional[int], per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str
+) -> list[int]:
     want = per * len(hosts) if np is None else np
     counts = [0] * len(hosts)
     left = want
@@ -153,11 +153,11 @@ def _by_ppr(np: int | None, per: int, hosts: list[Host], used: list[int], oversu
 
 def place(
     hosts: list[Host],
-    apps: list[tuple[int | None, str]],
+    apps: list[tuple[Optional[int], str]],
     map_by: str = "slot",
-    npernode: int | None = None,
+    npernode: Optional[int] = None,
     oversubscribe: bool = False,
-    in_use: list[int] | None = None,
+    in_use: Optional[list[int]] = None,
 ) -> list[Rank]:
     """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun.
 

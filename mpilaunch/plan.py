@@ -4,14 +4,12 @@ Pure functions of the JobSpec and the launcher's environment; MPI_Comm_spawn pla
 jobs with the same code.
 """
 
-from __future__ import annotations
-
 import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from mpilaunch import devices
 from mpilaunch import hosts as hostlib
@@ -34,7 +32,7 @@ class JobPlan(NamedTuple):
     argvs: list[tuple[str, ...]]  # per app
     wdirs: list[str]  # per app
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
-    pmi: dict | None = None  # what agents need to serve this job PMI, or None (--mpi none)
+    pmi: Optional[dict] = None  # what agents need to serve this job PMI, or None (--mpi none)
 
 
 class LaunchPlan(NamedTuple):
@@ -46,13 +44,13 @@ class LaunchPlan(NamedTuple):
     options: Options
     job_id: str = ""
     master: tuple[str, int] = ("127.0.0.1", 0)
-    exports: tuple[tuple[str, str | None], ...] = ()
+    exports: tuple[tuple[str, Optional[str]], ...] = ()
     launcher_env: Mapping[str, str] = MappingProxyType({})
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
     host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
 
 
-def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
+def resolve_hosts(options: Options, env: Optional[Mapping[str, str]] = None) -> tuple[list[Host], str]:
     """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names.
     With neither, an allocation in env (MLP_MPI_*, Slurm, PBS, LSF; see hostsources), else localhost."""
     listed = [h for value in options.hosts for h in hostlib.parse_host_list(value)]
@@ -155,10 +153,10 @@ def job_plan(
     job_id: str,
     master: tuple[str, int],
     options: Options,
-    exports: Sequence[tuple[str, str | None]],
+    exports: Sequence[tuple[str, Optional[str]]],
     env: Mapping[str, str],
-    extra: Mapping[str, str] | None = None,
-    host_info: Mapping[int, Mapping] | None = None,
+    extra: Optional[Mapping[str, str]] = None,
+    host_info: Optional[Mapping[int, Mapping]] = None,
 ) -> JobPlan:
     """Environments and PMI data of one job's ranks."""
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
@@ -210,7 +208,7 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
     return value
 
 
-def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
+def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: Optional[list[Host]] = None) -> tuple[LaunchPlan, str]:
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
     if hosts is None:

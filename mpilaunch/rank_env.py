@@ -1,10 +1,8 @@
 """Per-rank environment: what each rank is told about itself and the job."""
 
-from __future__ import annotations
-
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from mpilaunch.placement import Rank
 
@@ -26,8 +24,8 @@ LEAK_NAMES = frozenset(
 )
 # Defaults that the launcher's own environment may override (they are the user's choice).
 _USER_DEFAULTS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # these two compiled by re on first use (-x, --dry-run)
+SECRET_NAME = r"(?i)TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL"
 
 
 def is_leaked(name: str) -> bool:
@@ -40,7 +38,7 @@ def inherited(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def valid_env_name(name: str) -> bool:
-    return bool(_ENV_NAME.match(name))
+    return bool(re.match(_ENV_NAME, name))
 
 
 class JobLayout(NamedTuple):
@@ -106,7 +104,7 @@ def rank_variables(rank: Rank) -> dict[str, str]:
 def rank_environment(
     rank: Rank,
     common: Mapping[str, str],
-    exports: Sequence[tuple[str, str | None]],
+    exports: Sequence[tuple[str, Optional[str]]],
     launcher_env: Mapping[str, str],
 ) -> dict[str, str]:
     """The variables set for one rank on top of its host's inherited environment.
@@ -126,4 +124,4 @@ def rank_environment(
 
 def mask(name: str, value: str) -> str:
     """Hide values whose names look like credentials (for --dry-run output)."""
-    return "****" if SECRET_NAME.search(name) else value
+    return "****" if re.search(SECRET_NAME, name) else value

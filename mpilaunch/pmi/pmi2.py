@@ -21,8 +21,8 @@ FRAME_MAX = 1 << 16  # MPICH's PMI-2 client never sends more (PMII_MAX_COMMAND_L
 KEYLEN_MAX = 64  # PMI2_MAX_KEYLEN
 VALLEN_MAX = 1024  # PMI2_MAX_VALLEN
 NPROCS_MAX = 1 << 16
-_LENGTH = re.compile(rb"^ *[0-9]{1,6} *$")
-_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_LENGTH = rb"^ *[0-9]{1,6} *$"  # these two compiled by re when a PMI-2 client first speaks
+_KEY = r"^[A-Za-z0-9_.-]{1,64}$"
 
 Pairs = list[tuple[str, str]]
 
@@ -36,7 +36,7 @@ def split_frame(buf: bytes | bytearray) -> tuple[bytes, int] | None:
     if len(buf) < LENGTH_DIGITS:
         return None
     prefix = bytes(buf[:LENGTH_DIGITS])
-    if not _LENGTH.match(prefix):
+    if not re.match(_LENGTH, prefix):
         raise ProtocolError(f"bad PMI-2 length prefix {prefix!r}")
     length = int(prefix)
     if length > FRAME_MAX:
@@ -51,7 +51,7 @@ def looks_like_frame(buf: bytes | bytearray) -> bool:
     """A client that starts with a PMI-2 frame instead of the PMI-1 init line (hydra accepts it)."""
     return (
         len(buf) >= LENGTH_DIGITS + 4
-        and bool(_LENGTH.match(bytes(buf[:LENGTH_DIGITS])))
+        and bool(re.match(_LENGTH, bytes(buf[:LENGTH_DIGITS])))
         and (bytes(buf[LENGTH_DIGITS : LENGTH_DIGITS + 4]) == b"cmd=")
     )
 
@@ -70,7 +70,7 @@ def parse_body(body: bytes) -> Pairs:
         key, eq, value = field.partition("=")
         if not eq:
             raise ProtocolError(f"PMI-2 field without '=': {field[:40]!r}")
-        if not _KEY.match(key):
+        if not re.match(_KEY, key):
             raise ProtocolError(f"bad PMI-2 key {key[:40]!r}")
         pairs.append((key, value))
     if not pairs or pairs[0][0] != "cmd" or not pairs[0][1]:
