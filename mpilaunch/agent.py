@@ -244,14 +244,23 @@ class Agent:
         bind_to = msg.get("bind_to", "none")
         groups = cpu_groups(bind_to) if bind_to != "none" else []
         merge = bool(msg.get("merge"))
-        for spec in msg["ranks"]:
-            cpus = cpus_for(bind_to, spec["local_rank"], groups)
-            if msg.get("report_bindings"):
-                where = f"bound to CPUs {','.join(map(str, cpus))}" if cpus else "not bound"
-                self.send(wire.control("note", text=f"[{self.host}:{os.getpid()}] MCW rank {spec['rank']} {where}"))
-            self.spawn(job, spec, base, merge, cpus)
+        gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
+        started = 0
+        try:
+            for spec in msg["ranks"]:
+                cpus = cpus_for(bind_to, spec["local_rank"], groups)
+                if msg.get("report_bindings"):
+                    where = f"bound to CPUs {','.join(map(str, cpus))}" if cpus else "not bound"
+                    note = f"[{self.host}:{os.getpid()}] MCW rank {spec['rank']} {where}"
+                    self.send(wire.control("note", text=note))
+                started += self.spawn(job, spec, base, merge, cpus, gate)
+        finally:
+            gate.release(started)
 
-    def spawn(self, job: int, spec: dict, base: dict[str, str], merge: bool, cpus: list[int] | None) -> None:
+    def spawn(
+        self, job: int, spec: dict, base: dict[str, str], merge: bool, cpus: list[int] | None, gate: spawn.Gate
+    ) -> bool:
+        """Start one rank behind the gate; False (and a `failed` report) if it could not."""
         env = dict(base)
         env.update(spec["env"])
         ident = spec["proc"]
@@ -278,6 +287,7 @@ class Agent:
                     stdin=bool(spec.get("stdin")),
                     merge=merge,
                     pass_fd=pmi_pair[1].fileno() if pmi_pair else None,
+                    gate=gate,
                 )
         except OSError as exc:
             if service:
@@ -287,7 +297,7 @@ class Agent:
             reason = exc.strerror or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.send(wire.control("failed", proc=ident, error=f"{spec['argv'][0]}: {reason}", code=code))
-            return
+            return False
         if pmi_pair and service:
             pmi_pair[1].close()
             self.pmi_fds[pmi_pair[0].fileno()] = service
@@ -308,6 +318,7 @@ class Agent:
         self.send(wire.control("started", proc=ident, pid=started.pid))
         if service is not None:
             self.open_mpi.watch(ident, started.pid, time.monotonic())
+        return True
 
     def check(self, msg: dict) -> None:
         """Before anything starts: take the launcher's paths, and say whether each program and
