@@ -289,12 +289,12 @@ class Agent:
                     pass_fd=pmi_pair[1].fileno() if pmi_pair else None,
                     gate=gate,
                 )
-        except OSError as exc:
+        except (OSError, NotImplementedError) as exc:  # NotImplementedError: posix_spawn without setsid (glibc < 2.26)
             if service:
                 if pmi_pair:
                     pmi_pair[1].close()
                 service.detach(ident)
-            reason = exc.strerror or str(exc)
+            reason = getattr(exc, "strerror", None) or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.send(wire.control("failed", proc=ident, error=f"{spec['argv'][0]}: {reason}", code=code))
             return False

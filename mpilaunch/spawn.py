@@ -59,16 +59,21 @@ def close_on_exec_all() -> None:
                 pass
 
 
-def _above_stdio(fd: int) -> int:
-    """fd itself, or a copy above 2 when it landed on a free 0, 1 or 2 (dup2 onto itself would
-    leave it close-on-exec in the rank)."""
-    if fd > 2:
+def _above(fd: int, floor: int) -> int:
+    """fd itself if it is at least floor, else a close-on-exec copy that is (the original closed)."""
+    if fd >= floor:
         return fd
     import fcntl
 
-    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
     os.close(fd)
     return high
+
+
+def _above_stdio(fd: int) -> int:
+    """fd, or a copy above 2 when it landed on a free 0, 1 or 2 (dup2 onto itself would leave it
+    close-on-exec in the rank)."""
+    return _above(fd, 3)
 
 
 def _pipe() -> tuple[int, int]:
@@ -80,7 +85,10 @@ class Gate:
     """A pipe the ranks of one launch wait on; release(n) lets n of them through."""
 
     def __init__(self) -> None:
-        self.read, self.write = os.pipe()
+        read, self.write = os.pipe()
+        # Never 3 or 4, the numbers it gets in the rank: a dup2 onto itself would keep it
+        # close-on-exec where the C library predates glibc 2.29.
+        self.read = _above(read, 5)
 
     def release(self, count: int) -> None:
         try:
