@@ -47,7 +47,8 @@ def leave(status: int) -> None:
     (log files, agents, SSH connections) is closed or ended by the time we get here."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None when the descriptor was closed at start
+                stream.flush()
         except (OSError, ValueError):  # a reader that left, or a closed stream: nothing to keep
             pass
     import os

@@ -81,6 +81,16 @@ def _pipe() -> tuple[int, int]:
     return _above_stdio(read), _above_stdio(write)
 
 
+def _spawn(program: str, args: list[str], env: dict[str, str], actions: list) -> int:
+    """posix_spawn in a new session; where the C library cannot do that (POSIX_SPAWN_SETSID came
+    with glibc 2.26), in a new process group, which is what signals and kills address."""
+    common = {"file_actions": actions, "setsigmask": (), "setsigdef": RESTORED_SIGNALS}
+    try:
+        return os.posix_spawn(program, args, env, setsid=True, **common)
+    except NotImplementedError:
+        return os.posix_spawn(program, args, env, setpgroup=0, **common)
+
+
 class Gate:
     """A pipe the ranks of one launch wait on; release(n) lets n of them through."""
 
@@ -91,10 +101,14 @@ class Gate:
         self.read = _above(read, 5)
 
     def release(self, count: int) -> None:
+        os.close(self.read)  # ours: with it closed, shells that died make the write fail, not hang
         try:
-            os.write(self.write, b"go\n" * count)  # a line per rank (beyond 21,000 ranks this waits for readers)
+            lines = memoryview(b"go\n" * count)  # a line per rank; a full pipe waits for its readers
+            while lines:
+                lines = lines[os.write(self.write, lines) :]  # a signal can cut a write short
+        except BrokenPipeError:  # no shell is waiting any more
+            pass
         finally:
-            os.close(self.read)
             os.close(self.write)
 
 
@@ -108,7 +122,7 @@ def start(
     gate: Gate,
 ) -> Started:
     """Start argv in a new session, waiting at the gate; OSError if it cannot be started."""
-    find_program(argv[0], env)  # the error, in words, now; the shell's exec finds the same file
+    path = find_program(argv[0], env)  # the error, in words, now; the shell's exec finds the same file
     out_r, out_w = _pipe()
     err_r, err_w = _pipe() if not merge else (None, out_w)
     if stdin:
@@ -117,6 +131,13 @@ def start(
         in_r, in_w = _above_stdio(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)), None
     child_ends = {in_r, out_w, err_w}
     gate_fd = 4 if pass_fd == 3 else 3
+    stdio = [(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+    if argv[0].startswith("-"):  # bash as sh would read it as options of `exec`: no gate for it
+        program, args, actions = path, argv, stdio
+    else:
+        program = SHELL
+        args = ["sh", "-c", GATE_SCRIPT.format(fd=gate_fd), "mpilaunch-gate", *argv]
+        actions = [*stdio, (os.POSIX_SPAWN_DUP2, gate.read, gate_fd)]
     here = None
     try:
         if wdir:
@@ -124,20 +145,7 @@ def start(
             os.chdir(wdir)  # the agent runs no threads: its directory is the next child's
         if pass_fd is not None:
             os.set_inheritable(pass_fd, True)
-        pid = os.posix_spawn(
-            SHELL,
-            ["sh", "-c", GATE_SCRIPT.format(fd=gate_fd), "mpilaunch-gate", *argv],
-            env,
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, in_r, 0),
-                (os.POSIX_SPAWN_DUP2, out_w, 1),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-                (os.POSIX_SPAWN_DUP2, gate.read, gate_fd),
-            ],
-            setsid=True,
-            setsigmask=(),
-            setsigdef=RESTORED_SIGNALS,
-        )
+        pid = _spawn(program, args, env, actions)
     except BaseException:
         for fd in (out_r, err_r, in_w):
             if fd is not None:

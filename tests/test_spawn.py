@@ -5,6 +5,7 @@ descriptors 0, 1, 2 and PMI_FD, default SIGPIPE."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from mpilaunch import spawn
@@ -69,3 +70,67 @@ def test_a_rank_sees_its_argv_its_descriptors_and_default_sigpipe(launcher: Laun
         assert not mask & (1 << (13 - 1)) and not mask & (1 << (25 - 1))  # SIGPIPE, SIGXFSZ: default
         pmi_fd = int(pmi.removeprefix("PMI="))
         assert sorted(map(int, fds)) == sorted([0, 1, 2, pmi_fd])  # nothing of the agent, the gate included
+
+
+def test_release_returns_when_some_waiting_shells_died(tmp_path: Path) -> None:
+    """The agent must not hang writing lines that nobody will read."""
+    marker = tmp_path / "ran"
+    gate = spawn.Gate()
+    env = dict(os.environ)
+    dead = spawn.start(["sh", "-c", "true"], env, None, False, True, None, gate)
+    alive = spawn.start(["sh", "-c", f"touch {marker}"], env, None, False, True, None, gate)
+    os.killpg(dead.pid, signal.SIGKILL)
+    assert _wait(dead.pid) == -signal.SIGKILL
+    gate.release(2)
+    assert _wait(alive.pid) == 0
+    assert marker.exists()
+    for started in (dead, alive):
+        _read_all(started.stdout)
+
+
+def test_a_program_named_like_an_option_starts_without_the_gate(tmp_path: Path) -> None:
+    """`-x` would be read as an option of the shell's `exec` (bash as /bin/sh)."""
+    program = tmp_path / "-odd"
+    program.write_text("#!/bin/sh\necho odd $1\n")
+    program.chmod(0o755)
+    gate = spawn.Gate()
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ.get('PATH', '')}"}
+    started = spawn.start(["-odd", "one"], env, None, False, True, None, gate)
+    gate.release(1)
+    assert _wait(started.pid) == 0
+    assert _read_all(started.stdout) == b"odd one\n"
+
+
+def test_without_posix_spawn_setsid_a_rank_gets_its_own_process_group(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Python built against a C library older than glibc 2.26 raises NotImplementedError for
+    setsid=True; the rank then leads a process group of its own, which is what kills address."""
+    real = os.posix_spawn
+
+    def without_setsid(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("setsid"):
+            raise NotImplementedError("setsid is not supported")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, "posix_spawn", without_setsid)
+    gate = spawn.Gate()
+    started = spawn.start(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"], dict(os.environ), None, False, True, None, gate)
+    gate.release(1)
+    assert _wait(started.pid) == 0
+    assert int(_read_all(started.stdout)) == started.pid
+
+
+def test_a_launcher_whose_stdout_was_closed_still_runs(launcher: Launcher) -> None:
+    """sys.stdout is None then: flushing it before the fork and at exit must not fail."""
+    import subprocess
+
+    proc = subprocess.run(
+        launcher.argv("-n", "1", "true"),
+        env=launcher.env,
+        cwd=launcher.tmp_path,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(1),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert b"Traceback" not in proc.stderr

@@ -96,8 +96,9 @@ def start_local_agent() -> LocalLink:
 def _fork_agent() -> LocalLink:
     """Fork an agent; it runs in its own session so terminal signals reach only the controller."""
     ours, theirs = socket.socketpair()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
+        if stream is not None:
+            stream.flush()
     pid = os.fork()
     if pid == 0:  # the agent
         status = 1

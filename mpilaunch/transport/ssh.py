@@ -193,7 +193,7 @@ def fingerprint(key) -> str:
     return f"{key.get_name()} SHA256:{digest}"
 
 
-_parsed_known_hosts: dict[str, tuple[int, paramiko.HostKeys]] = {}  # path -> (mtime, keys)
+_parsed_known_hosts: dict[str, tuple[tuple[int, int, int], paramiko.HostKeys]] = {}  # path -> (stamp, keys)
 _known_hosts_lock = threading.Lock()
 
 
@@ -201,7 +201,8 @@ def _known_keys(path: str) -> paramiko.HostKeys:
     """A known_hosts file, parsed once per run: every host's connection used to parse all of it."""
     paramiko = import_paramiko()
     try:
-        stamp = os.stat(path).st_mtime_ns
+        info = os.stat(path)
+        stamp = (info.st_mtime_ns, info.st_size, info.st_ino)  # an append in the same tick still changes the size
     except OSError as exc:
         raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
     with _known_hosts_lock:
