@@ -272,7 +272,8 @@ def main() -> None:
             title, func = SCENARIOS[key]
             results: dict[str, list[dict]] = {name: [] for name in peers}
             slow = ("output", "barrier16", "barrier32", "ssh_fanout32")
-            reps = args.reps if key not in slow else max(3, args.reps // 2)
+            quick = ("true", "barrier2", "barrier4")  # under 0.4 s: three times the runs, for a steadier median
+            reps = max(3, args.reps // 2) if key in slow else args.reps * 3 if key in quick else args.reps
             runners = {n: p for n, p in peers.items() if not (key in NO_OPENMPI and n == "openmpi")}
             results = {name: [] for name in runners}
             for _ in range(reps):
@@ -360,7 +361,8 @@ def markdown(rows: list, reps: int) -> str:
         "Measured by `python -m bench.run --write docs/performance.md` on this project's machines "
         f"({os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
         f"{platform.system()} {platform.release()}); medians of {reps} alternating runs "
-        "(3 for the output scenario). Peers: Open MPI 4.1 `mpirun` (Debian `openmpi-bin`) and hydra "
+        f"({max(3, reps // 2)} for the output, 16- and 32-rank and 32-host scenarios, {reps * 3} for `true` and the "
+        "2- and 4-rank barriers). Peers: Open MPI 4.1 `mpirun` (Debian `openmpi-bin`) and hydra "
         "`mpiexec` (the `mpich` wheel). Ratios are mpilaunch / peer: below 1 is faster.",
         "",
         "| scenario | launcher | median | ratio | notes |",
