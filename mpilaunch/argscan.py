@@ -53,8 +53,7 @@ def _value(opt: Opt, text: str) -> object:
 
 def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
     """One app context's words -> (params, names given) as click's command gives them, or None."""
-    values: dict[str, object] = {}
-    given: set[str] = set()
+    values: dict[str, object] = {}  # what the words give; the names given are its keys
     i, count = 0, len(words)
     while i < count:
         word = words[i]
@@ -81,7 +80,6 @@ def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
             i += 1 + need - (1 if eq else 0)
             if opt.kind == PAIRS:
                 values.setdefault(opt.name, []).append((args[0], args[1]))  # type: ignore[union-attr]
-                given.add(opt.name)
                 continue
             value = _value(opt, args[0])
             if value is _NO:
@@ -90,7 +88,7 @@ def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
                 values.setdefault(opt.name, []).append(value)  # type: ignore[union-attr]
             else:
                 values[opt.name] = value
-        given.add(opt.name)
+    given = set(values)
     params: dict[str, object] = {}
     for opt in RUN_OPTIONS:
         value = values.get(opt.name, _NO)

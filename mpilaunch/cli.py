@@ -205,7 +205,7 @@ def check_root(options: Options, env: dict[str, str] | os._Environ[str]) -> None
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args and args[0] in ("check", "allrun"):
+        if args and args[0] in cliopts.SUBCOMMANDS:
             from mpilaunch.hostcli import run_subcommand
 
             status = run_subcommand(args[0], args[1:])

@@ -132,6 +132,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
 VERSION_FLAGS = ("--version", "-V", "-version")
+SUBCOMMANDS = ("check", "allrun")  # first words that are not a job: hostcli's commands
 
 
 def stdin_choice(value: str) -> str | None:

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import sys
 
-NO_JOB = frozenset(("--help", "-help", "-h", "--version", "-version", "-V", "--dry-run", "-dry-run"))
+from mpilaunch import cliopts
+
+# Words that mean no job starts here (help, version, a dry run): the early fork is skipped.
+NO_JOB = frozenset(
+    (*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS, *next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "dry_run"))
+)
 
 
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
     args = sys.argv[1:]
-    early = bool(args) and args[0] not in ("check", "allrun") and NO_JOB.isdisjoint(args)
+    early = bool(args) and args[0] not in cliopts.SUBCOMMANDS and NO_JOB.isdisjoint(args)
     if early:
         from mpilaunch.transport import local
 

@@ -23,11 +23,11 @@ import signal
 
 from mpilaunch.programs import find_program
 
-# Python sets these to SIG_IGN at start-up; an ignored signal stays ignored across exec.
 SHELL = "/bin/sh"
 # $1... is the program as given (so the rank's argv[0] is too) and its arguments; the gate's
 # descriptor (3, or 4 when the PMI descriptor is 3) is closed before the exec.
 GATE_SCRIPT = 'read -r go <&{fd} || exit 125; exec {fd}<&-; exec "$@"'
+# Python sets these to SIG_IGN at start-up; an ignored signal stays ignored across exec.
 RESTORED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
 
 

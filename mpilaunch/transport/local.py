@@ -63,7 +63,7 @@ _early: LocalLink | None = None  # forked by prestart_local_agent, not yet taken
 
 
 def prestart_local_agent() -> None:
-    """Fork the local agent now, right after the command line is read: its imports and set-up
+    """Fork the local agent now, before the command line is read: its imports and set-up
     (subreaper, guardian, PMI server) then run on another core while this process imports and
     plans, instead of after it (about 10 ms of a short job)."""
     global _early

@@ -203,17 +203,14 @@ def _known_keys(path: str) -> paramiko.HostKeys:
     try:
         info = os.stat(path)
         stamp = (info.st_mtime_ns, info.st_size, info.st_ino)  # an append in the same tick still changes the size
+        with _known_hosts_lock:
+            cached = _parsed_known_hosts.get(path)
+            if cached is None or cached[0] != stamp:  # a key accepted by this run was appended
+                keys = paramiko.HostKeys()
+                keys.load(path)
+                cached = _parsed_known_hosts[path] = (stamp, keys)
     except OSError as exc:
         raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
-    with _known_hosts_lock:
-        cached = _parsed_known_hosts.get(path)
-        if cached is None or cached[0] != stamp:  # a key accepted by this run was appended
-            keys = paramiko.HostKeys()
-            try:
-                keys.load(path)
-            except OSError as exc:
-                raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
-            cached = _parsed_known_hosts[path] = (stamp, keys)
     return cached[1]
 
 
