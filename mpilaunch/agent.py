@@ -19,6 +19,7 @@ from mpilaunch.binding import cpu_groups, cpus_for
 from mpilaunch.mpi_family import OpenMpiWatch
 from mpilaunch.pmi.server import PmiService
 from mpilaunch.programs import merge_host_environment, probe_port, program_problem
+from mpilaunch.relay import Relay
 
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
 HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead
@@ -181,8 +182,10 @@ class PipeLink:
 
 
 class Agent:
-    def __init__(self, link: socket.socket | PipeLink) -> None:
+    def __init__(self, link: socket.socket | PipeLink, payload: bytes | None = None) -> None:
         self.link = link
+        self.payload = payload  # the loader and modules this agent came with (remote agents)
+        self.relay: Relay | None = None  # tree spawn: the hosts this agent started
         self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
         self.sel = selectors.DefaultSelector()
         self.decoder = wire.Decoder()
@@ -229,6 +232,8 @@ class Agent:
                 pass
             self.terminate_all(ORPHAN_GRACE)
             self.finishing = True
+            if self.relay is not None:
+                self.relay.close_all()  # their agents stop as this one does
 
     # -- launching -----------------------------------------------------------------------
     def launch(self, msg: dict) -> None:
@@ -418,6 +423,10 @@ class Agent:
                 return
             if pid == 0:
                 return
+            if self.relay is not None and self.relay.reaped(pid, status):  # an ssh client of tree spawn
+                if self.guardian is not None:
+                    self.guardian.forget(pid)
+                continue
             rp = self.by_pid.get(pid)
             if rp is None or rp.status is not None:  # an orphan adopted as subreaper
                 if pid in self.orphans:
@@ -462,10 +471,13 @@ class Agent:
         """Our children that are neither a live rank nor the guardian: orphans re-parented to us
         (we are a subreaper), zombies included until reaped."""
         guardian = self.guardian.pid if self.guardian else None
+        relayed = self.relay.pids() if self.relay is not None else ()
         return [
             pid
             for pid in _children_of(os.getpid())
-            if pid != guardian and (pid not in self.by_pid or self.by_pid[pid].status is not None)
+            if pid != guardian
+            and pid not in relayed
+            and (pid not in self.by_pid or self.by_pid[pid].status is not None)
         ]
 
     def signal_orphans(self, sig: int) -> None:
@@ -493,17 +505,24 @@ class Agent:
         """SIGKILL every live rank's process group and every orphan this agent adopted, with its group."""
         self.signal_all(signal.SIGKILL)
         self.signal_orphans(signal.SIGKILL)
+        if self.relay is not None and not self.link_open:  # its children's links: to be cut now
+            self.relay.kill()
 
     def sweep(self) -> None:
         """The last kill, in rounds: an orphan's descendants that left its process group (a
         daemon's worker in a session of its own) are re-parented to us only when it dies, so kill
         and reap until no child but the guardian is left (SWEEP_LIMIT seconds at most)."""
         deadline = time.monotonic() + SWEEP_LIMIT
+        if self.relay is not None:
+            self.relay.close_all()
         while True:
             self.kill_stragglers()
+            if self.relay is not None:
+                self.relay.kill()
             self.reap()
             live = [rp for rp in self.ranks.values() if rp.status is None]
-            if (not live and not self.adopted()) or time.monotonic() >= deadline:
+            relaying = self.relay is not None and not self.relay.done()
+            if (not live and not relaying and not self.adopted()) or time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
 
@@ -522,6 +541,15 @@ class Agent:
         if kind == wire.STDIN:
             rank, _, data = value  # type: ignore[misc]
             self.queue_stdin(rank, data)
+            return
+        if kind == wire.ROUTED:  # tree spawn: for the hosts below, or (ALL) for them and us
+            host, frame = value  # type: ignore[misc]
+            if host == wire.ALL:
+                if self.relay is not None:
+                    self.relay.broadcast(frame)
+                self.handle(*wire.decode_frame(frame))
+            elif self.relay is not None:
+                self.relay.down(host, frame)
             return
         msg = value
         assert isinstance(msg, dict)
@@ -547,6 +575,20 @@ class Agent:
         elif op == "finish":
             self.finishing = True
             self.terminate_all(float(msg.get("grace", 0.5)))
+        elif op == "relay":
+            self.start_relay(msg)
+        elif op == "drop" and self.relay is not None:
+            self.relay.drop(int(msg["host"]))
+
+    def start_relay(self, msg: dict) -> None:
+        """Tree spawn: start the agents of the hosts below this one, with our own code."""
+        if self.payload is None:
+            raise ValueError("this agent was not started over SSH and cannot relay")
+        if self.relay is None:
+            self.relay = Relay(self.payload, self.send, self.sel)
+        for pid in self.relay.start(msg, dict(os.environ)):
+            if self.guardian is not None:
+                self.guardian.watch(pid)  # a kill -9 of this agent cuts its children's links too
 
     def read_link(self) -> None:
         try:
@@ -569,6 +611,8 @@ class Agent:
             self.link_lost()
 
     def all_done(self) -> bool:
+        if self.relay is not None and not self.relay.done():
+            return False
         return all(rp.status is not None and not rp.open_fds for rp in self.ranks.values())
 
     def run(self) -> int:
@@ -587,7 +631,15 @@ class Agent:
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.link, selectors.EVENT_READ, "link")
         version = ".".join(map(str, sys.version_info[:3]))
-        hello = wire.control("hello", host=self.host, cpus=os.cpu_count() or 1, pid=os.getpid(), python=version)
+        reached = os.environ.get("SSH_CONNECTION", "").split()  # client, port, the address we were reached at, port
+        hello = wire.control(
+            "hello",
+            host=self.host,
+            cpus=os.cpu_count() or 1,
+            pid=os.getpid(),
+            python=version,
+            addr=reached[2] if len(reached) > 2 else "",
+        )
         self.send(hello)
         try:
             self.loop(wake_r)
@@ -610,6 +662,8 @@ class Agent:
                     self.write_stdin(rp)
                 elif tag == "link":
                     self.read_link()
+                elif tag in ("relay_out", "relay_err", "relay_in"):
+                    self.relay.readable(key.fd, tag)  # type: ignore[union-attr,arg-type]
                 elif tag == "pmi_listen":
                     self.pmi_accept()
                 elif tag == "pmi_hello":
@@ -744,6 +798,8 @@ class Agent:
         if now >= self.next_ping:
             self.next_ping = now + self.heartbeat / 6
             self.send(wire.control("ping"))
+            if self.relay is not None:
+                self.relay.ping()  # our children count our silence as the launcher's
         if now - self.heard > self.heartbeat and not select.select([self.link], [], [], 0)[0]:
             print(f"mpilaunch agent: no word from the launcher for {self.heartbeat:g} s; stopping", file=sys.stderr)
             self.link_lost()
@@ -808,7 +864,7 @@ def serve(link: socket.socket) -> int:
     return Agent(link).run()
 
 
-def serve_stdio() -> int:
+def serve_stdio(payload: bytes | None = None) -> int:
     """Run as a remote host's agent: the link is stdin/stdout (the SSH channel). They are moved
     to private descriptors, so no rank inherits them and a stray print cannot corrupt a frame."""
     read_fd, write_fd = os.dup(0), os.dup(1)  # dup'd descriptors are not inherited
@@ -816,4 +872,4 @@ def serve_stdio() -> int:
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     os.close(devnull)
-    return Agent(PipeLink(read_fd, write_fd)).run()
+    return Agent(PipeLink(read_fd, write_fd), payload).run()

@@ -127,6 +127,13 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         FLAG,
         help="Accept and record unknown host keys (a changed key is always refused).",
     ),
+    Opt(
+        "ssh_tree_width",
+        ("--ssh-tree-width", "-ssh-tree-width"),
+        check=INT_MIN1,
+        metavar="K",
+        help="Tree spawn: connect to K hosts; each one's agent starts up to K more with ssh (hosts reach each other).",
+    ),
     Opt("allow_run_as_root", ("--allow-run-as-root", "-allow-run-as-root"), FLAG, help="Allow running as root."),
 )
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.

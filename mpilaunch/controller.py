@@ -27,6 +27,7 @@ from mpilaunch.transport.local import start_local_agent
 if TYPE_CHECKING:
     from mpilaunch.transport.local import LocalLink
     from mpilaunch.transport.ssh import SshLink
+    from mpilaunch.transport.tree import RelayedLink
 
 STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher stops reading
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -78,6 +79,7 @@ class Controller:
         self.names = NameService()
         self.sel = selectors.DefaultSelector()
         self.links: dict[int, HostLink] = {}
+        self.relays: set[int] = set()  # tree spawn: hosts whose connection carries hosts below them
         self.first_failure: RankState | None = None
         self.failed: list[int] = []
         self.aborting = False
@@ -143,9 +145,12 @@ class Controller:
                 ),
             )
 
-    def _add_link(self, index: int, agent: LocalLink | SshLink) -> HostLink:
+    def _add_link(self, index: int, agent: LocalLink | SshLink | RelayedLink) -> HostLink:
         link = self.links[index] = HostLink(index, agent, heard=time.monotonic())
-        self.sel.register(agent.fileno(), selectors.EVENT_READ, link)
+        if _relayed(agent):  # its frames come on its head's connection
+            self.relays.add(agent.head_index)  # type: ignore[union-attr]
+        else:
+            self.sel.register(agent.fileno(), selectors.EVENT_READ, link)
         return link
 
     def start(self) -> None:
@@ -176,8 +181,16 @@ class Controller:
             pass  # the agent is gone; its EOF is handled by the loop
 
     def broadcast(self, frame: bytes) -> None:
+        """To every agent; a relay passes an ALL frame to the hosts below it (one frame per head)."""
+        routed = None
         for link in self.links.values():
-            self.send(link, frame)
+            if _relayed(link.link):
+                continue
+            if link.index in self.relays:
+                routed = routed or wire.routed(wire.ALL, frame)
+                self.send(link, routed)
+            else:
+                self.send(link, frame)
 
     def _link_of(self, proc: int) -> HostLink:
         return self.links[self.procs[proc].rank.host]
@@ -317,6 +330,12 @@ class Controller:
             self.send(link, reply)
         elif op == "pmi_spawn":
             self.on_spawn(link, msg)
+        elif op == "gone":  # a relay's child ended (tree spawn)
+            below = self.links.get(msg["host"])
+            if below is None or getattr(below.link, "parent", None) != link.index:
+                raise ValueError(f"host {msg['host']!r} is not one this agent started")
+            if below.open:
+                self.link_closed(below, str(msg.get("why") or ""), tell_relay=False)
 
     def read_link(self, link: HostLink, now: float) -> None:
         data = link.link.recv()
@@ -328,11 +347,7 @@ class Controller:
             return
         try:
             for kind, value in link.decoder.feed(data):
-                if kind == wire.OUTPUT:
-                    proc, stream, chunk = value  # type: ignore[misc]
-                    self.output.write(self._own_proc(link, proc), stream, chunk, now)
-                elif kind == wire.CONTROL:
-                    self.on_control(link, value)  # type: ignore[arg-type]
+                self._frame(link, kind, value, now)
         except (wire.FrameError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
             # Bytes that are no frame, or a frame with fields we cannot use: the link is not to be trusted.
             why = exc if isinstance(exc, wire.FrameError) else repr(exc)
@@ -340,6 +355,24 @@ class Controller:
             print(f"mpilaunch: garbled message from the agent of {host}: {why}", file=sys.stderr)
             if link.open:
                 self.link_closed(link)
+
+    def _frame(self, link: HostLink, kind: int, value: object, now: float) -> None:
+        if kind == wire.OUTPUT:
+            proc, stream, chunk = value  # type: ignore[misc]
+            self.output.write(self._own_proc(link, proc), stream, chunk, now)
+        elif kind == wire.CONTROL:
+            self.on_control(link, value)  # type: ignore[arg-type]
+        elif kind == wire.ROUTED:  # from a host below this one (tree spawn)
+            host, frame = value  # type: ignore[misc]
+            below = self.links.get(host)
+            if below is None or getattr(below.link, "head_index", None) != link.index:
+                raise ValueError(f"a frame of host {host!r}, which is not below this one")
+            if below.open:
+                below.heard = now
+                kind, value = wire.decode_frame(frame)
+                if kind == wire.ROUTED:
+                    raise wire.FrameError("a routed frame inside a routed frame")
+                self._frame(below, kind, value, now)
 
     def keep_alive(self, now: float) -> None:
         """Give up on a remote agent that said nothing for a whole heartbeat timeout (its pings
@@ -349,24 +382,32 @@ class Controller:
         for link in list(self.links.values()):
             if link.open and not link.link.local and now - link.heard > self.heartbeat:
                 if link.link.readable():  # it did speak, while this loop was busy elsewhere
-                    self.read_link(link, now)
+                    self.read_link(self.links[link.link.head_index] if _relayed(link.link) else link, now)  # type: ignore[union-attr]
                 else:
                     self.link_closed(link, f"no word from it for {self.heartbeat:g} s")
 
-    def link_closed(self, link: HostLink, why: str = "") -> None:
+    def link_closed(self, link: HostLink, why: str = "", tell_relay: bool = True) -> None:
+        """The agent's link ended (or was given up): its ranks are lost, and so is every host
+        it relayed to. A host behind relays is cut off by its relay when tell_relay."""
         link.open = False
-        self.sel.unregister(link.link.fileno())
-        link.link.close()
+        if _relayed(link.link):
+            if tell_relay:
+                link.link.close()
+        else:
+            self.sel.unregister(link.link.fileno())
+            link.link.close()
         link.link.wait()
         lost = [s for s in self.procs if s.rank.host == link.index and not s.done]
-        if not lost:
-            return
         host = self.plan.hosts[link.index].name
-        because = f" ({why})" if why else ""
-        print(f"mpilaunch: lost the agent of host {host}{because}; its ranks are killed", file=sys.stderr)
-        self._kill_groups(lost)
-        for state in lost:
-            self.rank_exited(state, -signal.SIGKILL, f"agent of host {host} lost")
+        if lost:
+            because = f" ({why})" if why else ""
+            print(f"mpilaunch: lost the agent of host {host}{because}; its ranks are killed", file=sys.stderr)
+            self._kill_groups(lost)
+            for state in lost:
+                self.rank_exited(state, -signal.SIGKILL, f"agent of host {host} lost")
+        for other in self.links.values():
+            if other.open and getattr(other.link, "parent", None) == link.index:
+                self.link_closed(other, f"its relay {host} was lost", tell_relay=False)
 
     # -- stdin ----------------------------------------------------------------------------
     def update_stdin(self) -> bool:
@@ -537,6 +578,11 @@ class Controller:
             return abort_status(failure.abort_code)
         status = failure.status if failure.status is not None else 1
         return 128 - status if status < 0 else status
+
+
+def _relayed(link: object) -> bool:
+    """A host reached through relays (tree spawn): no descriptor of its own here."""
+    return getattr(link, "relayed", False)
 
 
 def _stdin_usable() -> bool:

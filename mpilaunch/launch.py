@@ -19,6 +19,7 @@ from mpilaunch.transport.local import LocalLink, discard_early_agent, raise_fd_l
 
 if TYPE_CHECKING:
     from mpilaunch.transport.ssh import SshLink
+    from mpilaunch.transport.tree import RelayedLink
 
 
 def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> None:
@@ -56,7 +57,13 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
 
     hosts = {i: (plan.hosts[i].name, plan.hosts[i].user, plan.hosts[i].port) for i in remote}
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
-    results = start_agents(hosts, ssh, check)
+    width = options.ssh_tree_width
+    if width and len(hosts) > width:
+        from mpilaunch.transport.tree import start_tree
+
+        results = start_tree(hosts, ssh, check, width)
+    else:
+        results = start_agents(hosts, ssh, check)
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = []
     for index, result in sorted(results.items()):
@@ -106,11 +113,12 @@ def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
     return format_rank_table(table), notes
 
 
-def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink]) -> None:
+def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink | RelayedLink]) -> None:
     """--rank-table: the file here, and at the same path on every remote host (by its agent), so
     each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
     from mpilaunch import wire
     from mpilaunch.hostinfo import write_file
+    from mpilaunch.transport.tree import gather
 
     path = plan.options.rank_table
     assert path is not None
@@ -122,8 +130,9 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink])
     for link in remote.values():
         link.send(wire.control("put", path=path, data=text))
     problems = []
-    for index, link in remote.items():
-        reply = _reply(link, "put_done", max(10.0, plan.heartbeat))
+    replies = gather(remote, "put_done", max(10.0, plan.heartbeat)) if remote else {}  # type: ignore[arg-type]
+    for index in remote:
+        reply = replies.get(index)
         if reply is None or reply.get("error"):
             why = reply.get("error") if reply else "no answer from its agent"
             problems.append(f"{plan.hosts[index].name}: --rank-table: {why}")
@@ -135,19 +144,6 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink])
     print(f"mpilaunch: rank table ({what}) written to {path}{where}", file=sys.stderr, flush=True)
     for note in notes:
         print(f"mpilaunch: rank table: {note}", file=sys.stderr, flush=True)
-
-
-def _reply(link: SshLink, op: str, timeout: float) -> dict | None:
-    """The agent's next control frame with this op (its heartbeat pings are skipped)."""
-    from mpilaunch.transport.ssh import read_frame
-
-    while True:
-        try:
-            frame = read_frame(link.chan, timeout)
-        except OSError:
-            return None
-        if frame is None or frame.get("op") == op:
-            return frame
 
 
 def run_job(spec: JobSpec) -> int:
@@ -199,7 +195,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     raise_fd_limit()
     if not local:
         discard_early_agent()  # forked at start-up in case the job had local ranks; it has none
-    links: dict[int, LocalLink | SshLink] = {}
+    links: dict[int, LocalLink | SshLink | RelayedLink] = {}
     try:
         if remote:
             if local:  # forked before any SSH connection exists, so it holds none of them

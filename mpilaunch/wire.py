@@ -3,6 +3,10 @@
 A frame is a 4-byte big-endian length, a 1-byte kind and a payload. Control messages are JSON
 objects with an "op"; rank output and stdin are raw bytes behind a small header, so the hot
 path never encodes or copies text.
+
+Tree spawn adds ROUTED frames: a 4-byte host index and a whole inner frame. The controller
+addresses a host behind relays with one (ALL: every host of the relay's subtree); a relay
+forwards what its children send wrapped in one, so every frame names its host of origin.
 """
 
 from __future__ import annotations
@@ -10,11 +14,18 @@ from __future__ import annotations
 import json
 import struct
 
-CONTROL, OUTPUT, STDIN = 0, 1, 2
+CONTROL, OUTPUT, STDIN, ROUTED = 0, 1, 2, 3
 STDOUT, STDERR = 1, 2
+ALL = 0xFFFFFFFF  # a ROUTED frame for the relay and every host below it
 MAX_FRAME = 64 * 1024 * 1024
 _HEAD = struct.Struct(">IB")
 _RANK = struct.Struct(">IB")
+_INDEX = struct.Struct(">I")
+
+# Before its first frame an agent started over SSH writes MARKER: whatever a login script printed
+# before it (a banner in ~/.bashrc) is skipped up to there.
+MARKER = b"\0mpilaunch-agent\0"
+MAX_NOISE = 1 << 16  # bytes of such output tolerated
 
 
 class FrameError(ValueError):
@@ -35,10 +46,46 @@ def stdin(rank: int, data: bytes) -> bytes:
     return _HEAD.pack(len(data) + 1 + _RANK.size, STDIN) + _RANK.pack(rank, 0) + data
 
 
+def routed(host: int, frame: bytes) -> bytes:
+    """frame (a whole frame) for host behind relays, or from it on the way up."""
+    return _HEAD.pack(len(frame) + 1 + _INDEX.size, ROUTED) + _INDEX.pack(host) + frame
+
+
+def split(data: bytearray) -> list[tuple[int, bytes]]:
+    """Whole frames, as (kind, the frame's bytes), cut from the front of data (a relay forwards
+    them without decoding their payloads); what is left in data is an unfinished frame."""
+    frames = []
+    size = len(data)
+    pos = 0
+    while size - pos >= _HEAD.size:
+        length, kind = _HEAD.unpack_from(data, pos)
+        if length < 1 or length > MAX_FRAME:
+            raise FrameError(f"frame length {length} out of range")
+        end = pos + 4 + length
+        if size < end:
+            break
+        frames.append((kind, bytes(data[pos:end])))
+        pos = end
+    del data[:pos]
+    return frames
+
+
+def decode_frame(frame: bytes) -> tuple[int, object]:
+    """One whole frame (the inner frame of a ROUTED one) as (kind, value), like Decoder.feed."""
+    if len(frame) < _HEAD.size:
+        raise FrameError("short routed frame")
+    length, kind = _HEAD.unpack_from(frame)
+    if length != len(frame) - 4:
+        raise FrameError("routed frame of the wrong length")
+    with memoryview(frame) as view:
+        return _decode(kind, view[_HEAD.size :])
+
+
 class Decoder:
     """Accumulates bytes and yields whole frames as (kind, value) tuples.
 
-    value is a dict for CONTROL and (rank, stream, bytes) for OUTPUT and STDIN.
+    value is a dict for CONTROL, (rank, stream, bytes) for OUTPUT and STDIN, and (host, the
+    inner frame's bytes) for ROUTED.
     """
 
     def __init__(self) -> None:
@@ -66,6 +113,10 @@ class Decoder:
         self._buf = bytearray(data[pos:])
         return frames
 
+    def pending(self) -> bytes:
+        """The unfinished frame kept so far (handed on when another reader takes over the link)."""
+        return bytes(self._buf)
+
 
 def _decode(kind: int, payload: memoryview) -> tuple[int, object]:
     if kind == CONTROL:
@@ -81,4 +132,8 @@ def _decode(kind: int, payload: memoryview) -> tuple[int, object]:
             raise FrameError("short data frame")
         rank, stream = _RANK.unpack_from(payload)
         return kind, (rank, stream, bytes(payload[_RANK.size :]))
+    if kind == ROUTED:
+        if len(payload) < _INDEX.size + _HEAD.size:
+            raise FrameError("short routed frame")
+        return kind, (_INDEX.unpack_from(payload)[0], bytes(payload[_INDEX.size :]))
     raise FrameError(f"unknown frame kind {kind}")

@@ -186,7 +186,16 @@ def test_environment_travels_as_data_never_on_a_command_line(launcher: Launcher,
         tmp_path, "env.py", "import os, time\nprint(os.environ['MY_TOKEN'], flush=True)\ntime.sleep(60)\n"
     )
     proc = launcher.popen(
-        "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", "-x", "MY_TOKEN", PY, script,
+        "--ssh-config",
+        str(bed.config),
+        "-H",
+        "node1:1,node2:1",
+        "-n",
+        "2",
+        "-x",
+        "MY_TOKEN",
+        PY,
+        script,
         env={"MY_TOKEN": secret},
     )
     assert proc.stdout is not None
@@ -214,9 +223,7 @@ def test_missing_working_directory_is_refused_before_launch(launcher: Launcher, 
     assert proc.returncode == 2 and "node3: working directory '/nonexistent/dir' does not exist" in err
 
 
-def test_unknown_host_key_is_refused_then_accepted_on_request(
-    launcher: Launcher, bed: SshBed, tmp_path: Path
-) -> None:
+def test_unknown_host_key_is_refused_then_accepted_on_request(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     known = bed.write_known_hosts(tmp_path / "known_hosts", without=["node2"])
     config = bed.write_ssh_config(known, tmp_path / "ssh_config")
     proc = ssh(launcher, bed, "-H", "node2:1", "-n", "1", "true", config=config)

@@ -172,6 +172,70 @@ def test_fuzz_wire_decoder_rejects_garbage_cleanly(data: bytes) -> None:
         pass
 
 
+@given(st.lists(st.binary(max_size=40), max_size=8), st.integers(0, 2**32 - 2), st.integers(1, 9))
+@settings(max_examples=200)
+def test_routed_frames_survive_two_relays_in_any_chunking(items: list, host: int, chunk: int) -> None:
+    """What relays do: split whole frames off a child's stream without decoding them, wrap those
+    not routed yet in the child's index, pass routed ones on as they are; the controller's
+    decoder gets the host's frames back, each naming the host."""
+
+    def relay(stream: bytes, child: int) -> bytes:
+        buf, up = bytearray(), b""
+        for start in range(0, len(stream), chunk):
+            buf += stream[start : start + chunk]
+            up += b"".join(f if kind == wire.ROUTED else wire.routed(child, f) for kind, f in wire.split(buf))
+        assert not buf
+        return up
+
+    stream = b"".join(wire.output(i, wire.STDOUT, data) for i, data in enumerate(items))
+    frames = wire.Decoder().feed(relay(relay(stream, host), 7))
+    assert len(frames) == len(items)
+    for i, (kind, (origin, inner)) in enumerate(frames):
+        assert kind == wire.ROUTED and origin == host
+        assert wire.decode_frame(inner) == (wire.OUTPUT, (i, wire.STDOUT, items[i]))
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300)
+def test_fuzz_relay_splitting_and_inner_frames_fail_cleanly(data: bytes) -> None:
+    for step in (lambda: wire.split(bytearray(data)), lambda: wire.decode_frame(data)):
+        try:
+            step()
+        except wire.FrameError:
+            pass
+
+
+def test_an_inner_frame_must_fill_its_routed_frame_exactly() -> None:
+    frame = wire.control("ping")
+    with pytest.raises(wire.FrameError, match="wrong length"):
+        wire.decode_frame(frame + b"x")
+    with pytest.raises(wire.FrameError, match="short"):
+        wire.Decoder().feed(wire.routed(3, b""))
+
+
+@given(st.integers(1, 300), st.integers(1, 12))
+@settings(max_examples=200)
+def test_tree_layout_is_breadth_first_with_at_most_width_children(hosts: int, width: int) -> None:
+    from mpilaunch.transport.tree import depth_of, tree_layout
+
+    order = list(range(100, 100 + hosts))
+    parents = tree_layout(order, width)
+    assert [h for h in order if parents[h] is None] == order[:width]  # the launcher's own connections
+    counts: dict[int, int] = {}
+    for host in order:
+        parent = parents[host]
+        if parent is not None:
+            assert order.index(parent) < order.index(host)  # a relay is started before its children
+            counts[parent] = counts.get(parent, 0) + 1
+    assert max(counts.values(), default=0) <= width
+    levels, reach, total = 1, width, width  # hosts the tree holds within `levels` levels
+    while total < hosts:
+        reach *= width
+        total += reach
+        levels += 1
+    assert max(depth_of(parents, h) for h in order) == levels  # as shallow as the width allows
+
+
 def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -> None:
     from mpilaunch.programs import carried_environment, merge_host_environment
 

@@ -12,6 +12,8 @@ import sys
 import zlib
 from functools import lru_cache
 
+from mpilaunch.wire import MARKER, MAX_NOISE  # noqa: F401  (the launcher's side reads them from here)
+
 # The agent's import closure (all stdlib-only); tests check that it imports from this alone.
 AGENT_MODULES = (
     "mpilaunch",
@@ -23,13 +25,10 @@ AGENT_MODULES = (
     "mpilaunch.hostinfo",
     "mpilaunch.mpi_family",
     "mpilaunch.pmi",
+    "mpilaunch.relay",
 )
 MIN_PYTHON = (3, 9)
 
-# Before its first frame the agent writes MARKER: whatever a login script printed before it
-# (a banner in ~/.bashrc) is skipped up to there.
-MARKER = b"\0mpilaunch-agent\0"
-MAX_NOISE = 1 << 16  # bytes of such output tolerated
 
 # Stage 1, on the command line: say where the stream starts, read a length-prefixed program
 # from stdin and run it.
@@ -53,6 +52,8 @@ exec(compile(r(int(r(10))), "<mpilaunch-loader>", "exec"))
 # The importer is duck-typed, and the magic is importlib.util's, taken from where it is
 # defined: importing importlib.abc and importlib.util would cost every agent about 45 ms
 # (they pull in typing, contextlib and more), a third of its start.
+# The agent gets this payload back (stage 2 is in the bundle): as a relay of tree spawn it
+# starts agents on other hosts with the very code it runs.
 LOADER = """import sys
 if sys.version_info < MIN_PYTHON:
     sys.stderr.write("mpilaunch: the agent needs Python %d.%d or newer; this host runs %s\\n"
@@ -60,7 +61,8 @@ if sys.version_info < MIN_PYTHON:
     raise SystemExit(4)
 import importlib.machinery, marshal, zlib
 from importlib._bootstrap_external import MAGIC_NUMBER
-BUNDLE = marshal.loads(zlib.decompress(r(int(r(10)))))
+PACKED = r(int(r(10)))
+BUNDLE = marshal.loads(zlib.decompress(PACKED))
 SAME = BUNDLE["magic"] == MAGIC_NUMBER
 
 class BundleImporter:
@@ -81,7 +83,8 @@ class BundleImporter:
 
 sys.meta_path.insert(0, BundleImporter())
 from mpilaunch.agent import serve_stdio
-raise SystemExit(serve_stdio())
+STAGE2 = BUNDLE["stage2"].encode()
+raise SystemExit(serve_stdio(b"%010d" % len(STAGE2) + STAGE2 + b"%010d" % len(PACKED) + PACKED))
 """
 
 
@@ -112,8 +115,9 @@ def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
     """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
     magic is the bytecode version the precompiled modules are for (tests give another one to
     exercise the path of a host whose Python differs)."""
-    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules()}), 6)
-    return _blob(f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}".encode()) + _blob(bundle)
+    stage2 = f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}"
+    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}), 6)
+    return _blob(stage2.encode()) + _blob(bundle)
 
 
 def agent_command(python: str | None = None) -> str:

@@ -396,6 +396,7 @@ class SshLink:
         self.peer = ""  # the address we reached: what the host's ranks are known by
         self.local_address = ""  # our end: how that host reaches this machine
         self.hello: dict = {}
+        self.unread = b""  # read during start-up (tree spawn) but not yet a whole frame
         self._err = bytearray()
         self._lock = threading.Lock()  # frames from two threads never interleave
         self._stop = threading.Event()
@@ -405,6 +406,9 @@ class SshLink:
 
     def recv(self) -> bytes | None:
         """Data, None when there is nothing yet, b'' at end (the agent or the connection is gone)."""
+        if self.unread:
+            data, self.unread = self.unread, b""
+            return data
         chan = self.chan
         while chan.recv_stderr_ready():  # type: ignore[attr-defined]
             self._stderr(chan.recv_stderr(1 << 16))  # type: ignore[attr-defined]
