@@ -219,16 +219,25 @@ class SshHosts:
             cls.bed = None
 
 
-def scenario_ssh(hosts: int, per_host: int, program: list[str]):
+def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None = None):
+    """tree: mpilaunch runs with --ssh-tree-width tree (the peers' fan-out is flat)."""
+
     def run(name: str, prefix: list[str], work: Path) -> dict:
+        import resource
+
         bed = SshHosts.get(hosts, work)
         spec = ",".join(f"{n}:{per_host}" for n in bed.names[:hosts])
-        argv = [*SshHosts.argv(name, prefix, spec), "-n", str(hosts * per_host), *program]
+        width = ["--ssh-tree-width", str(tree)] if tree and name == "mpilaunch" else []
+        argv = [*SshHosts.argv(name, prefix, spec), *width, "-n", str(hosts * per_host), *program]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         elapsed, proc = timed(argv, capture_output=True, timeout=120)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         assert proc.returncode == 0, proc.stderr[-2000:]
         left = bed.wait_clean(5.0)
         assert not left, f"{name} left processes on the hosts: {left}"
-        return {"seconds": elapsed}
+        # The launcher's own CPU (its children here, not the remote side, which sshd runs).
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return {"seconds": elapsed, "cpu": cpu}
 
     return run
 
@@ -251,10 +260,18 @@ SCENARIOS = {
         scenario_ssh(4, 2, [sys.executable, "-c", BARRIER]),
     ),
     "ssh_fanout32": ("ssh fan-out, 32 hosts x 1 rank of `true`", scenario_ssh(32, 1, ["true"])),
+    "ssh_tree32": (
+        "ssh tree spawn, 32 hosts x 1 rank of `true` (mpilaunch --ssh-tree-width 8; peers flat)",
+        scenario_ssh(32, 1, ["true"], tree=8),
+    ),
+    "ssh_chain8": (
+        "ssh tree spawn as a chain, 8 hosts x 1 rank of `true` (mpilaunch --ssh-tree-width 1; peers flat)",
+        scenario_ssh(8, 1, ["true"], tree=1),
+    ),
 }
 MPICH_ONLY = {key for key in SCENARIOS if key.startswith("barrier") or key == "ssh_barrier"}
 # Open MPI's mpirun over 32 bed hosts took 38 s once, then failed (orte_session_dir errors).
-NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32"}
+NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32", "ssh_tree32", "ssh_chain8"}
 
 
 def main() -> None:
@@ -271,7 +288,7 @@ def main() -> None:
         for key in args.only or SCENARIOS:
             title, func = SCENARIOS[key]
             results: dict[str, list[dict]] = {name: [] for name in peers}
-            slow = ("output", "barrier16", "barrier32", "ssh_fanout32")
+            slow = ("output", "barrier16", "barrier32", "ssh_fanout32", "ssh_tree32")
             quick = ("true", "barrier2", "barrier4")  # under 0.4 s: three times the runs, for a steadier median
             reps = max(3, args.reps // 2) if key in slow else args.reps * 3 if key in quick else args.reps
             runners = {n: p for n, p in peers.items() if not (key in NO_OPENMPI and n == "openmpi")}
@@ -349,6 +366,8 @@ def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
             extra = f", all ranks gone {median(res, 'all_gone'):.3f} s, status {ok(res)[0]['status']}"
         if key == "sleep256":
             extra = f", peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
+        if key.startswith("ssh"):
+            extra = f", launcher CPU {median(res, 'cpu'):.2f} s"
         ratio = f" (mpilaunch/{name} = {ours / median(res):.2f}x)" if name != "mpilaunch" else ""
         parts.append(f"  {name:10s} {median(res):.3f} s{extra}{ratio}{failed_note(res)}")
     return "\n".join(parts)
@@ -379,6 +398,8 @@ def markdown(rows: list, reps: int) -> str:
                 notes = f"all ranks gone after {median(res, 'all_gone'):.3f} s; exit status {ok(res)[0]['status']}"
             if key == "sleep256":
                 notes = f"launcher side peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
+            if key.startswith("ssh"):
+                notes = f"launcher process CPU {median(res, 'cpu'):.2f} s"
             ratio = "" if name == "mpilaunch" else f"{ours / median(res):.2f}x"
             notes = (notes + failed_note(res)).lstrip("; ")
             lines.append(f"| {title} | {name} | {median(res):.3f} s | {ratio} | {notes} |")

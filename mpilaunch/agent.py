@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from mpilaunch import hostinfo, spawn, wire
 from mpilaunch.binding import cpu_groups, cpus_for
@@ -163,11 +164,18 @@ class RankProcess:
 
 
 class PipeLink:
-    """The link of a remote agent: its stdin and stdout, which sshd joins to the SSH channel."""
+    """The link of a remote agent: its stdin and stdout, which sshd joins to the SSH channel.
+
+    A send waits while the launcher does not read (its console is paused, say). Every
+    stall_every seconds of that wait it calls on_stall: a relay pings its children from
+    there, or an idle child would take the silence for a lost launcher."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
+        os.set_blocking(write_fd, False)
+        self.stall_every = 5.0
+        self.on_stall: Callable[[], None] | None = None
 
     def fileno(self) -> int:
         return self.read_fd
@@ -178,7 +186,12 @@ class PipeLink:
     def sendall(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.write_fd, view) :]
+            try:
+                view = view[os.write(self.write_fd, view) :]
+            except BlockingIOError:
+                select.select([], [self.write_fd], [], self.stall_every)
+                if self.on_stall is not None:
+                    self.on_stall()  # after every wait: a slow reader stalls a long send too
 
 
 class Agent:
@@ -186,6 +199,8 @@ class Agent:
         self.link = link
         self.payload = payload  # the loader and modules this agent came with (remote agents)
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
+        if isinstance(link, PipeLink):
+            link.on_stall = self._send_stalled
         self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
         self.sel = selectors.DefaultSelector()
         self.decoder = wire.Decoder()
@@ -210,6 +225,7 @@ class Agent:
         self.heartbeat: float | None = None  # remote agents: seconds of silence before the launcher counts as gone
         self.heard = time.monotonic()
         self.next_ping = 0.0
+        self.next_relay_ping = 0.0  # pings to our children from inside a stalled send
         self.orphans: set[int] = set()  # adopted orphans the guardian was told about
         self.next_adoption_scan = 0.0
 
@@ -332,6 +348,8 @@ class Agent:
         self.host_env = merge_host_environment(dict(os.environ), msg.get("carried", {}))
         if msg.get("heartbeat"):
             self.heartbeat = float(msg["heartbeat"])
+            if isinstance(self.link, PipeLink):
+                self.link.stall_every = self.heartbeat / 6
         problems = []
         for app in msg.get("apps", ()):
             path = app.get("path") or self.host_env.get("PATH", os.defpath)
@@ -521,7 +539,7 @@ class Agent:
                 self.relay.kill()
             self.reap()
             live = [rp for rp in self.ranks.values() if rp.status is None]
-            relaying = self.relay is not None and not self.relay.done()
+            relaying = self.relay is not None and self.relay.running()
             if (not live and not relaying and not self.adopted()) or time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
@@ -800,9 +818,18 @@ class Agent:
             self.send(wire.control("ping"))
             if self.relay is not None:
                 self.relay.ping()  # our children count our silence as the launcher's
+                self.next_relay_ping = self.next_ping
         if now - self.heard > self.heartbeat and not select.select([self.link], [], [], 0)[0]:
             print(f"mpilaunch agent: no word from the launcher for {self.heartbeat:g} s; stopping", file=sys.stderr)
             self.link_lost()
+
+    def _send_stalled(self) -> None:
+        """A send to the launcher waits: our children still hear from us on the ping schedule."""
+        if self.relay is not None and self.heartbeat:
+            now = time.monotonic()
+            if now >= self.next_relay_ping:
+                self.next_relay_ping = now + self.heartbeat / 6
+                self.relay.ping()
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True

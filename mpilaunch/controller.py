@@ -33,7 +33,9 @@ STDIN_WINDOW = 1 << 16  # bytes of stdin in flight per agent before the launcher
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
 TIMEOUT_STATUS = 124
+BAD_FRAME = (wire.FrameError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError)
 PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
+PENDING_READS = 16  # reads of a head's backlog (up to 4 MB) before a silent host behind it is lost
 
 
 class RankState:
@@ -155,6 +157,10 @@ class Controller:
 
     def start(self) -> None:
         self._install_signals()
+        now = time.monotonic()
+        for link in list(self.links.values()):
+            if getattr(link.link, "unread", b""):  # frames read during tree start-up, not used there
+                self.read_link(link, now)
         self.launch(self.plan.job)
         if self.stdin_open and not _stdin_usable():
             self.stdin_open = False
@@ -195,9 +201,14 @@ class Controller:
     def _link_of(self, proc: int) -> HostLink:
         return self.links[self.procs[proc].rank.host]
 
+    def _connection_of(self, link: HostLink) -> HostLink:
+        """The link whose connection carries this host's frames: its head's behind relays (the
+        stdin window is per connection, or many hosts under one head could fill its channel)."""
+        return self.links[link.link.head_index] if _relayed(link.link) else link  # type: ignore[union-attr]
+
     def _send_stdin(self, proc: int, data: bytes) -> None:
         link = self._link_of(proc)
-        link.inflight += len(data)
+        self._connection_of(link).inflight += len(data)
         self.send(link, wire.stdin(proc, data))
 
     # -- policy --------------------------------------------------------------------------
@@ -311,7 +322,7 @@ class Controller:
             print(f"mpilaunch: {self.describe(state)} could not start: {msg['error']}", file=sys.stderr)
             self.rank_exited(state, int(msg.get("code", 127)), msg["error"])
         elif op == "stdin_ack":
-            link.inflight -= int(msg["n"])
+            self._connection_of(link).inflight -= int(msg["n"])
         elif op == "note":
             print(msg["text"], file=sys.stderr)
         elif op == "pmi_fence":
@@ -348,13 +359,16 @@ class Controller:
         try:
             for kind, value in link.decoder.feed(data):
                 self._frame(link, kind, value, now)
-        except (wire.FrameError, KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
-            # Bytes that are no frame, or a frame with fields we cannot use: the link is not to be trusted.
-            why = exc if isinstance(exc, wire.FrameError) else repr(exc)
-            host = self.plan.hosts[link.index].name
-            print(f"mpilaunch: garbled message from the agent of {host}: {why}", file=sys.stderr)
-            if link.open:
-                self.link_closed(link)
+        except BAD_FRAME as exc:
+            self._garbled(link, exc)
+
+    def _garbled(self, link: HostLink, exc: Exception) -> None:
+        """Bytes that are no frame, or a frame with fields we cannot use: the link is not to be trusted."""
+        why = exc if isinstance(exc, wire.FrameError) else repr(exc)
+        host = self.plan.hosts[link.index].name
+        print(f"mpilaunch: garbled message from the agent of {host}: {why}", file=sys.stderr)
+        if link.open:
+            self.link_closed(link)
 
     def _frame(self, link: HostLink, kind: int, value: object, now: float) -> None:
         if kind == wire.OUTPUT:
@@ -367,12 +381,16 @@ class Controller:
             below = self.links.get(host)
             if below is None or getattr(below.link, "head_index", None) != link.index:
                 raise ValueError(f"a frame of host {host!r}, which is not below this one")
-            if below.open:
-                below.heard = now
+            if not below.open:
+                return
+            below.heard = now
+            try:
                 kind, value = wire.decode_frame(frame)
                 if kind == wire.ROUTED:
                     raise wire.FrameError("a routed frame inside a routed frame")
                 self._frame(below, kind, value, now)
+            except BAD_FRAME as exc:  # that host is not to be trusted; its relay and neighbours still are
+                self._garbled(below, exc)
 
     def keep_alive(self, now: float) -> None:
         """Give up on a remote agent that said nothing for a whole heartbeat timeout (its pings
@@ -381,9 +399,17 @@ class Controller:
         stuck on a full console pipe does not make the agents give up."""
         for link in list(self.links.values()):
             if link.open and not link.link.local and now - link.heard > self.heartbeat:
-                if link.link.readable():  # it did speak, while this loop was busy elsewhere
-                    self.read_link(self.links[link.link.head_index] if _relayed(link.link) else link, now)  # type: ignore[union-attr]
-                else:
+                connection = self._connection_of(link)
+                # It may have spoken while this loop was busy elsewhere. Behind a relay, its frames
+                # may wait behind other hosts' on the head's connection: read on, but not for
+                # ever (a busy neighbour must not hide a silent host).
+                for _ in range(PENDING_READS if connection is not link else 1):
+                    if not (link.open and connection.open and link.link.readable()):
+                        break
+                    self.read_link(connection, now)
+                    if now - link.heard <= self.heartbeat:
+                        break
+                if link.open and now - link.heard > self.heartbeat:
                     self.link_closed(link, f"no word from it for {self.heartbeat:g} s")
 
     def link_closed(self, link: HostLink, why: str = "", tell_relay: bool = True) -> None:
@@ -412,7 +438,9 @@ class Controller:
     # -- stdin ----------------------------------------------------------------------------
     def update_stdin(self) -> bool:
         """(Un)register stdin by the flow-control window; True when it must be read without polling."""
-        want = self.stdin_open and all(self._link_of(p).inflight < STDIN_WINDOW for p in self.stdin_procs)
+        want = self.stdin_open and all(
+            self._connection_of(self._link_of(p)).inflight < STDIN_WINDOW for p in self.stdin_procs
+        )
         if want and not self.stdin_registered and self.stdin_pollable:
             try:
                 self.sel.register(0, selectors.EVENT_READ, "stdin")

@@ -26,11 +26,14 @@ READ_SIZE = 1 << 18
 KEX = "KexAlgorithms=^curve25519-sha256"
 
 
-def ssh_argv(ssh: dict, host: dict, command: str) -> list[str]:
-    """OpenSSH's command line for one child: the launcher's ssh config and host-key policy, the
-    hostfile's user and port, and the agent's loader as the remote command."""
-    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", KEX]
-    if ssh.get("config"):
+def ssh_argv(ssh: dict, host: dict, command: str, version: tuple[int, int] = (8, 0)) -> list[str]:
+    """OpenSSH's command line for one child: the launcher's ssh config (where that path exists
+    here too; else this host's own) and host-key policy, the hostfile's user and port, and the
+    agent's loader as the remote command. version is the ssh client's (for KEX)."""
+    argv = ["ssh", "-T", "-o", "BatchMode=yes"]
+    if version >= (8, 0):
+        argv += ["-o", KEX]
+    if ssh.get("config") and os.path.isfile(str(ssh["config"])):
         argv += ["-F", str(ssh["config"])]
     if ssh.get("accept_new"):
         argv += ["-o", "StrictHostKeyChecking=accept-new"]
@@ -39,6 +42,19 @@ def ssh_argv(ssh: dict, host: dict, command: str) -> list[str]:
     if host.get("port"):
         argv += ["-p", str(int(host["port"]))]
     return [*argv, "--", str(host["name"]), command]
+
+
+def ssh_version(env: dict[str, str]) -> tuple[int, int]:
+    """(major, minor) of the `ssh` this host runs, (0, 0) if it cannot tell: asked once per relay."""
+    import re
+    import subprocess
+
+    try:
+        found = subprocess.run(["ssh", "-V"], capture_output=True, env=env, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    match = re.search(rb"OpenSSH_(\d+)\.(\d+)", found.stderr + found.stdout)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
 def subtree_of(spec: dict) -> set[int]:
@@ -81,16 +97,19 @@ class Relay:
         self.route: dict[int, Child] = {}  # every host below, by index -> the child it is under
         self.by_pid: dict[int, Child] = {}
         self.by_fd: dict[int, Child] = {}
+        self.version: tuple[int, int] | None = None  # of the ssh client, once asked
 
     # -- starting ---------------------------------------------------------------------------
     def start(self, msg: dict, env: dict[str, str]) -> list[int]:
         """Start one child per host of the `relay` message; its check and, where it relays in
         turn, its own `relay` are queued behind its code. Returns the pids (for the guardian)."""
+        if self.version is None:
+            self.version = ssh_version(env)
         gate = spawn.Gate()
         started = []
         try:
             for spec in msg["hosts"]:
-                argv = ssh_argv(msg.get("ssh") or {}, spec, str(msg["command"]))
+                argv = ssh_argv(msg.get("ssh") or {}, spec, str(msg["command"]), self.version)
                 try:
                     proc = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
                 except OSError as exc:
@@ -210,9 +229,18 @@ class Relay:
         except wire.FrameError as exc:
             self._closed(child, f"garbled stream: {exc}")
             return
-        if frames:
-            index = child.index
-            self.send_up(b"".join(f if kind == wire.ROUTED else wire.routed(index, f) for kind, f in frames))
+        up = []
+        for kind, frame in frames:
+            if kind != wire.ROUTED:
+                up.append(wire.routed(child.index, frame))
+            elif int.from_bytes(frame[5:9], "big") in child.subtree - {child.index}:
+                up.append(frame)  # from a host below the child, which the child relays
+            else:  # a frame in another host's name: the child is not to be trusted
+                self.send_up(b"".join(up))
+                self._closed(child, "it sent a frame in the name of a host it does not relay to")
+                return
+        if up:
+            self.send_up(b"".join(up))
 
     def _stderr(self, child: Child, data: bytes) -> None:
         """The child's agent's own messages (and ssh's), shown with its name, like the launcher
@@ -294,6 +322,10 @@ class Relay:
 
     def done(self) -> bool:
         return all(c.stdout is None and c.status is not None for c in self.children.values())
+
+    def running(self) -> bool:
+        """Whether an ssh client is still to be reaped (the last sweep waits for no stream)."""
+        return any(c.status is None for c in self.children.values())
 
     def kill(self) -> None:
         for child in self.children.values():

@@ -82,53 +82,60 @@ class RelayedLink:
 
 
 class HeadReader:
-    """Control frames from the head connections during start-up, as (host, message): the host is
-    the head itself or the one a ROUTED frame came from. Whatever is left unread of a frame is
-    handed back to its link for the controller."""
+    """Control frames from the head connections during start-up, as (host, message, key): the
+    host is the head itself or the one a ROUTED frame came from. A frame the caller does not
+    take (keep(key)) goes back to its link, with whatever is left unread of the next one, for
+    the controller: a host that said `gone` right after its check is not missed."""
 
     def __init__(self, heads: Mapping[int, SshLink]) -> None:
         self.heads = dict(heads)
-        self.decoders = {index: wire.Decoder() for index in heads}
+        self.buffers = {index: bytearray() for index in heads}
+        self.kept: dict[int, list[bytes]] = {index: [] for index in heads}
         self.sel = selectors.DefaultSelector()
         for index, link in heads.items():
             self.sel.register(link.fileno(), selectors.EVENT_READ, index)
         self.closed: set[int] = set()
 
-    def read(self, timeout: float) -> list[tuple[int, dict]]:
+    def read(self, timeout: float) -> list[tuple[int, dict, tuple[int, bytes]]]:
         """Messages that arrived within timeout; a head whose connection ended is added to closed."""
-        found: list[tuple[int, dict]] = []
+        found: list[tuple[int, dict, tuple[int, bytes]]] = []
         for key, _ in self.sel.select(timeout):
             head = key.data
-            link = self.heads[head]
-            data = link.recv()
+            data = self.heads[head].recv()
             if data is None:
                 continue
+            buffer = self.buffers[head]
+            buffer += data
+            try:
+                frames = wire.split(buffer) if data else []
+            except wire.FrameError:
+                frames = []
+                data = b""
             if not data:
                 self.sel.unregister(key.fd)
                 self.closed.add(head)
-                continue
-            try:
-                frames = self.decoders[head].feed(data)
-            except wire.FrameError:
-                self.sel.unregister(key.fd)
-                self.closed.add(head)
-                continue
-            for kind, value in frames:
-                origin = head
-                if kind == wire.ROUTED:
-                    origin, inner = value  # type: ignore[misc]
-                    try:
-                        kind, value = wire.decode_frame(inner)
-                    except wire.FrameError:
-                        continue
-                if kind == wire.CONTROL:
-                    found.append((origin, value))  # type: ignore[arg-type]
+            for kind, frame in frames:
+                origin, inner = head, frame
+                try:
+                    if kind == wire.ROUTED:
+                        origin, inner = wire.decode_frame(frame)[1]  # type: ignore[misc]
+                    inner_kind, value = wire.decode_frame(inner)
+                except wire.FrameError:
+                    continue  # the controller would close the head for it; start-up has no use for it
+                if inner_kind == wire.CONTROL:
+                    found.append((origin, value, (head, frame)))  # type: ignore[arg-type]
+                else:
+                    self.keep((head, frame))
         return found
+
+    def keep(self, key: tuple[int, bytes]) -> None:
+        head, frame = key
+        self.kept[head].append(frame)
 
     def close(self) -> None:
         for index, link in self.heads.items():
             if index not in self.closed:
-                link.unread = self.decoders[index].pending()
+                link.unread = b"".join(self.kept[index]) + bytes(self.buffers[index])
         self.sel.close()
 
 
@@ -150,9 +157,11 @@ def gather(links: Mapping[int, SshLink | RelayedLink], op: str, timeout: float) 
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            for origin, msg in reader.read(left):
-                if origin in links and msg.get("op") == op:
-                    found.setdefault(origin, msg)
+            for origin, msg, key in reader.read(left):
+                if origin in links and origin not in found and msg.get("op") == op:
+                    found[origin] = msg
+                else:
+                    reader.keep(key)
     finally:
         reader.close()
     return found
@@ -216,8 +225,9 @@ def start_tree(
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            for origin, msg in reader.read(left):
-                tree.take(origin, msg)
+            for origin, msg, key in reader.read(left):
+                if not tree.take(origin, msg):
+                    reader.keep(key)
             for head in reader.closed:
                 for host in [h for h in tree.waiting if tree.head_of(h) == head]:
                     tree.fail(host, f"its relay {names[head][0]} was lost")
@@ -253,25 +263,33 @@ class _Tree:
             host, parent = parent, self.parents[parent]
         return host
 
-    def take(self, origin: int, msg: dict) -> None:
-        """One start-up message from a host below the heads, or a relay's word about one."""
+    def take(self, origin: int, msg: dict) -> bool:
+        """One start-up message from a host below the heads, or a relay's word about one; False
+        when it is not for start-up (the controller gets it)."""
         op = msg.get("op")
         if op == "note":
             print(msg.get("text", ""), file=sys.stderr)
-        elif op == "gone":
+            return True
+        if op == "gone":
             host = msg.get("host")
             if host in self.waiting and self.parents.get(host) == origin:  # type: ignore[arg-type]
                 self.fail(host, str(msg.get("why", "")))  # type: ignore[arg-type]
-        elif origin in self.waiting:
-            result = self.results[origin]
-            if op == "hello":
-                head = self.head_of(origin)
-                parent = self.parents[origin]
-                assert parent is not None
-                result.link = RelayedLink(origin, self.names[origin][0], self.heads[head], head, parent, msg)  # type: ignore[assignment]
-            elif op == "checked" and result.link is not None:
-                result.reply = msg
-                self.waiting.discard(origin)
+                return True
+            return False
+        if origin not in self.waiting:
+            return False
+        result = self.results[origin]
+        if op == "hello":
+            head = self.head_of(origin)
+            parent = self.parents[origin]
+            assert parent is not None
+            result.link = RelayedLink(origin, self.names[origin][0], self.heads[head], head, parent, msg)  # type: ignore[assignment]
+            return True
+        if op == "checked" and result.link is not None:
+            result.reply = msg
+            self.waiting.discard(origin)
+            return True
+        return False
 
     def fail(self, host: int, why: str) -> None:
         """host could not be started through its relay; nor can anything below it."""
