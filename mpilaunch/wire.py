@@ -51,10 +51,9 @@ def routed(host: int, frame: bytes) -> bytes:
     return _HEAD.pack(len(frame) + 1 + _INDEX.size, ROUTED) + _INDEX.pack(host) + frame
 
 
-def split(data: bytearray) -> list[tuple[int, bytes]]:
-    """Whole frames, as (kind, the frame's bytes), cut from the front of data (a relay forwards
-    them without decoding their payloads); what is left in data is an unfinished frame."""
-    frames = []
+def _bounds(data: bytes | bytearray) -> tuple[list[tuple[int, int, int]], int]:
+    """(kind, start, end) of each whole frame at the front of data, and where the rest begins."""
+    found = []
     size = len(data)
     pos = 0
     while size - pos >= _HEAD.size:
@@ -64,8 +63,16 @@ def split(data: bytearray) -> list[tuple[int, bytes]]:
         end = pos + 4 + length
         if size < end:
             break
-        frames.append((kind, bytes(data[pos:end])))
+        found.append((kind, pos, end))
         pos = end
+    return found, pos
+
+
+def split(data: bytearray) -> list[tuple[int, bytes]]:
+    """Whole frames, as (kind, the frame's bytes), cut from the front of data (a relay forwards
+    them without decoding their payloads); what is left in data is an unfinished frame."""
+    bounds, pos = _bounds(data)
+    frames = [(kind, bytes(data[start:end])) for kind, start, end in bounds]
     del data[:pos]
     return frames
 
@@ -97,19 +104,9 @@ class Decoder:
         if self._buf:
             self._buf += data
             data = self._buf  # type: ignore[assignment]
-        frames: list[tuple[int, object]] = []
-        size = len(data)
-        pos = 0
+        bounds, pos = _bounds(data)
         with memoryview(data) as view:
-            while size - pos >= _HEAD.size:
-                length, kind = _HEAD.unpack_from(data, pos)
-                if length < 1 or length > MAX_FRAME:
-                    raise FrameError(f"frame length {length} out of range")
-                end = pos + 4 + length
-                if size < end:
-                    break
-                frames.append(_decode(kind, view[pos + _HEAD.size : end]))
-                pos = end
+            frames = [_decode(kind, view[start + _HEAD.size : end]) for kind, start, end in bounds]
         self._buf = bytearray(data[pos:])
         return frames
 
