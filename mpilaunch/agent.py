@@ -200,7 +200,7 @@ class Agent:
         self.payload = payload  # the loader and modules this agent came with (remote agents)
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
         if isinstance(link, PipeLink):
-            link.on_stall = self._send_stalled
+            link.on_stall = self.ping_children
         self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
         self.sel = selectors.DefaultSelector()
         self.decoder = wire.Decoder()
@@ -225,7 +225,7 @@ class Agent:
         self.heartbeat: float | None = None  # remote agents: seconds of silence before the launcher counts as gone
         self.heard = time.monotonic()
         self.next_ping = 0.0
-        self.next_relay_ping = 0.0  # pings to our children from inside a stalled send
+        self.next_relay_ping = 0.0  # tree spawn: when our children are pinged next
         self.orphans: set[int] = set()  # adopted orphans the guardian was told about
         self.next_adoption_scan = 0.0
 
@@ -816,20 +816,20 @@ class Agent:
         if now >= self.next_ping:
             self.next_ping = now + self.heartbeat / 6
             self.send(wire.control("ping"))
-            if self.relay is not None:
-                self.relay.ping()  # our children count our silence as the launcher's
-                self.next_relay_ping = self.next_ping
+            self.ping_children(now)
         if now - self.heard > self.heartbeat and not select.select([self.link], [], [], 0)[0]:
             print(f"mpilaunch agent: no word from the launcher for {self.heartbeat:g} s; stopping", file=sys.stderr)
             self.link_lost()
 
-    def _send_stalled(self) -> None:
-        """A send to the launcher waits: our children still hear from us on the ping schedule."""
-        if self.relay is not None and self.heartbeat:
-            now = time.monotonic()
-            if now >= self.next_relay_ping:
-                self.next_relay_ping = now + self.heartbeat / 6
-                self.relay.ping()
+    def ping_children(self, now: float | None = None) -> None:
+        """Tree spawn: our children count our silence as the launcher's. On the schedule of our
+        own pings, from the loop and from inside a send to the launcher that waits."""
+        if self.relay is None or not self.heartbeat:
+            return
+        now = time.monotonic() if now is None else now
+        if now >= self.next_relay_ping:
+            self.next_relay_ping = now + self.heartbeat / 6
+            self.relay.ping()
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True

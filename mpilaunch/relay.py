@@ -26,10 +26,10 @@ READ_SIZE = 1 << 18
 KEX = "KexAlgorithms=^curve25519-sha256"
 
 
-def ssh_argv(ssh: dict, host: dict, command: str, version: tuple[int, int] = (8, 0)) -> list[str]:
-    """OpenSSH's command line for one child: the launcher's ssh config (where that path exists
-    here too; else this host's own) and host-key policy, the hostfile's user and port, and the
-    agent's loader as the remote command. version is the ssh client's (for KEX)."""
+def ssh_options(ssh: dict, version: tuple[int, int] = (8, 0)) -> list[str]:
+    """OpenSSH's command line up to the host, the same for every child: the launcher's ssh
+    config (where that path exists here too; else this host's own) and host-key policy.
+    version is the ssh client's (for KEX)."""
     argv = ["ssh", "-T", "-o", "BatchMode=yes"]
     if version >= (8, 0):
         argv += ["-o", KEX]
@@ -37,6 +37,13 @@ def ssh_argv(ssh: dict, host: dict, command: str, version: tuple[int, int] = (8,
         argv += ["-F", str(ssh["config"])]
     if ssh.get("accept_new"):
         argv += ["-o", "StrictHostKeyChecking=accept-new"]
+    return argv
+
+
+def ssh_argv(options: list[str], host: dict, command: str) -> list[str]:
+    """One child's command line: ssh_options, the hostfile's user and port, the host, and the
+    agent's loader as the remote command."""
+    argv = list(options)
     if host.get("user"):
         argv += ["-l", str(host["user"])]
     if host.get("port"):
@@ -105,11 +112,12 @@ class Relay:
         turn, its own `relay` are queued behind its code. Returns the pids (for the guardian)."""
         if self.version is None:
             self.version = ssh_version(env)
+        options = ssh_options(msg.get("ssh") or {}, self.version)
         gate = spawn.Gate()
         started = []
         try:
             for spec in msg["hosts"]:
-                argv = ssh_argv(msg.get("ssh") or {}, spec, str(msg["command"]), self.version)
+                argv = ssh_argv(options, spec, str(msg["command"]))
                 try:
                     proc = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
                 except OSError as exc:
@@ -233,7 +241,7 @@ class Relay:
         for kind, frame in frames:
             if kind != wire.ROUTED:
                 up.append(wire.routed(child.index, frame))
-            elif int.from_bytes(frame[5:9], "big") in child.subtree - {child.index}:
+            elif wire.routed_host(frame) in child.subtree - {child.index}:
                 up.append(frame)  # from a host below the child, which the child relays
             else:  # a frame in another host's name: the child is not to be trusted
                 self.send_up(b"".join(up))

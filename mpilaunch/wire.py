@@ -68,6 +68,11 @@ def _bounds(data: bytes | bytearray) -> tuple[list[tuple[int, int, int]], int]:
     return found, pos
 
 
+def routed_host(frame: bytes) -> int:
+    """The host a whole ROUTED frame names (read without decoding the frame inside)."""
+    return _INDEX.unpack_from(frame, _HEAD.size)[0]
+
+
 def split(data: bytearray) -> list[tuple[int, bytes]]:
     """Whole frames, as (kind, the frame's bytes), cut from the front of data (a relay forwards
     them without decoding their payloads); what is left in data is an unfinished frame."""

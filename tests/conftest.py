@@ -74,6 +74,21 @@ def is_remote_agent(pid: int) -> bool:
     return process_name(parent_pid(pid)) == "sshd"
 
 
+def session_sshd(bed, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """The per-connection sshd processes of one host of an SshBed (children of its listening daemon)."""
+    daemon = bed._host(name).proc.pid
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_pid(int(e)) == daemon]
+
+
+def sshd_of_sessions(bed, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """Every sshd process that carries one host's sessions (the per-connection ones and their
+    privilege-separated children): stopping them all cuts that host off without a reset."""
+    sessions = session_sshd(bed, name)
+    return [
+        p for p in bed.leftover_pids() if p in sessions or (parent_pid(p) in sessions and process_name(p) == "sshd")
+    ]
+
+
 class Launcher:
     """Runs `python -m mpilaunch` with a tagged environment."""
 

@@ -335,7 +335,8 @@ def test_the_shipped_agent_answers_the_probe_and_writes_the_table(tmp_path: Path
     import subprocess
 
     from mpilaunch import wire
-    from mpilaunch.transport.bootstrap import MARKER, agent_command, agent_payload
+    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+    from mpilaunch.wire import MARKER
 
     smi_dir = fake_smi(tmp_path, "echo 'GPU 0: X'; echo 'GPU 1: X'")
     conf = tmp_path / "hccn.conf"

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Launcher, environ_text, is_remote_agent, parent_pid, process_name, write_script
+from tests.conftest import (
+    Launcher,
+    environ_text,
+    is_remote_agent,
+    parent_pid,
+    session_sshd,
+    sshd_of_sessions,
+    write_script,
+)
 from tests.sshbed import SshBed, bed_available
 
 available, why = bed_available()
@@ -50,12 +58,6 @@ def clean_hosts(bed: SshBed) -> Iterator[None]:
 
 def ssh(launcher: Launcher, bed: SshBed, *args: str, config: Path | None = None, **kw) -> subprocess.CompletedProcess:
     return launcher.run("--ssh-config", str(config or bed.config), *args, **kw)
-
-
-def session_sshd(bed: SshBed, name: str) -> list[int]:
-    """The per-connection sshd processes of one host (children of its listening daemon)."""
-    daemon = bed._host(name).proc.pid  # type: ignore[union-attr]
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_pid(int(e)) == daemon]
 
 
 def test_four_hosts_allreduce_and_logs(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -509,10 +511,7 @@ def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed:
         assert proc.stdout.readline() == b"up\n"
     time.sleep(2.5)  # longer than the timeout: the pings keep a healthy job alive
     assert proc.poll() is None
-    sessions = session_sshd(bed, "node2")
-    stopped = [
-        p for p in bed.leftover_pids() if p in sessions or (parent_pid(p) in sessions and process_name(p) == "sshd")
-    ]
+    stopped = sshd_of_sessions(bed, "node2")
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:

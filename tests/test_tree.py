@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import Launcher, environ_text, is_remote_agent, parent_pid, process_name, write_script
+from tests.conftest import Launcher, environ_text, is_remote_agent, sshd_of_sessions, write_script
 from tests.sshbed import SshBed, bed_available
 
 available, why = bed_available()
@@ -232,11 +232,7 @@ def test_a_silent_cut_below_a_relay_is_detected(launcher: Launcher, bed: SshBed,
     wait_for(proc, b"up", 7)
     time.sleep(2.5)  # longer than the timeout: the relays' pings keep a healthy tree alive
     assert proc.poll() is None
-    daemon = bed._host("node5").proc.pid  # type: ignore[union-attr]
-    sessions = [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_pid(int(e)) == daemon]
-    stopped = [
-        p for p in bed.leftover_pids() if p in sessions or (parent_pid(p) in sessions and process_name(p) == "sshd")
-    ]
+    stopped = sshd_of_sessions(bed, "node5")
     assert stopped
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)

@@ -282,7 +282,8 @@ def test_the_shipped_agent_runs_from_its_bundle_alone(tmp_path: Path, magic: byt
     nothing of mpilaunch importable from disk (from an empty directory, no site-packages)."""
     import subprocess
 
-    from mpilaunch.transport.bootstrap import MARKER, agent_command, agent_payload
+    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+    from mpilaunch.wire import MARKER
 
     payload = agent_payload() if magic is None else agent_payload(magic)
     check = wire.control("check", apps=[{"program": "sh", "wdir": str(tmp_path)}], carried={}, mpi=True, port=0)
@@ -305,7 +306,8 @@ def test_the_agent_runs_on_every_python_from_3_9_and_says_so_below() -> None:
     differs, and a Python older than 3.9 gets one clear line instead of a traceback."""
     import subprocess
 
-    from mpilaunch.transport.bootstrap import MARKER, agent_command, agent_payload
+    from mpilaunch.transport.bootstrap import agent_command, agent_payload
+    from mpilaunch.wire import MARKER
 
     for python in OTHER_PYTHONS:
         version = tuple(int(x) for x in python.split("/versions/")[1].split("/")[0].split(".")[:2])

@@ -12,8 +12,6 @@ import sys
 import zlib
 from functools import lru_cache
 
-from mpilaunch.wire import MARKER, MAX_NOISE  # noqa: F401  (the launcher's side reads them from here)
-
 # The agent's import closure (all stdlib-only); tests check that it imports from this alone.
 AGENT_MODULES = (
     "mpilaunch",

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import HostSyntaxError, check_host_name, check_user_name
-from mpilaunch.transport.bootstrap import MARKER, MAX_NOISE, agent_command, agent_payload
+from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.wire import MARKER, MAX_NOISE
 
 if TYPE_CHECKING:
     import paramiko  # only for annotations: importing it costs 85 ms, paid only with remote hosts

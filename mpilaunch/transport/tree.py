@@ -32,13 +32,16 @@ def tree_layout(indices: Iterable[int], width: int) -> dict[int, int | None]:
     return {host: None if j < width else order[(j - width) // width] for j, host in enumerate(order)}
 
 
+def path_up(parents: Mapping[int, int | None], host: int) -> list[int]:
+    """host, its relay, that one's relay... up to its head (the last one)."""
+    path = [host]
+    while parents[path[-1]] is not None:
+        path.append(parents[path[-1]])  # type: ignore[arg-type]
+    return path
+
+
 def depth_of(parents: Mapping[int, int | None], host: int) -> int:
-    depth = 1
-    parent = parents[host]
-    while parent is not None:
-        depth += 1
-        parent = parents[parent]
-    return depth
+    return len(path_up(parents, host))
 
 
 class RelayedLink:
@@ -258,10 +261,7 @@ class _Tree:
         self.waiting: set[int] = set()
 
     def head_of(self, host: int) -> int:
-        parent = self.parents[host]
-        while parent is not None:
-            host, parent = parent, self.parents[parent]
-        return host
+        return path_up(self.parents, host)[-1]
 
     def take(self, origin: int, msg: dict) -> bool:
         """One start-up message from a host below the heads, or a relay's word about one; False
