@@ -219,8 +219,9 @@ class SshHosts:
             cls.bed = None
 
 
-def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None = None):
-    """tree: mpilaunch runs with --ssh-tree-width tree (the peers' fan-out is flat)."""
+def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None = None, client: str | None = None):
+    """tree: mpilaunch runs with --ssh-tree-width tree (the peers' fan-out is flat); client:
+    mpilaunch runs with --ssh-client client (the peers run `ssh` anyway)."""
 
     def run(name: str, prefix: list[str], work: Path) -> dict:
         import resource
@@ -228,6 +229,7 @@ def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None
         bed = SshHosts.get(hosts, work)
         spec = ",".join(f"{n}:{per_host}" for n in bed.names[:hosts])
         width = ["--ssh-tree-width", str(tree)] if tree and name == "mpilaunch" else []
+        width += ["--ssh-client", client] if client and name == "mpilaunch" else []
         argv = [*SshHosts.argv(name, prefix, spec), *width, "-n", str(hosts * per_host), *program]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         elapsed, proc = timed(argv, capture_output=True, timeout=120)
@@ -260,6 +262,18 @@ SCENARIOS = {
         scenario_ssh(4, 2, [sys.executable, "-c", BARRIER]),
     ),
     "ssh_fanout32": ("ssh fan-out, 32 hosts x 1 rank of `true`", scenario_ssh(32, 1, ["true"])),
+    "ssh_true_openssh": (
+        "ssh, 4 hosts x 2 ranks of `true` (mpilaunch --ssh-client openssh)",
+        scenario_ssh(4, 2, ["true"], client="openssh"),
+    ),
+    "ssh_barrier_openssh": (
+        "ssh, 4 hosts x 2 ranks, mpi4py wire-up + barrier (mpilaunch --ssh-client openssh; hydra only)",
+        scenario_ssh(4, 2, [sys.executable, "-c", BARRIER], client="openssh"),
+    ),
+    "ssh_fanout32_openssh": (
+        "ssh fan-out, 32 hosts x 1 rank of `true` (mpilaunch --ssh-client openssh)",
+        scenario_ssh(32, 1, ["true"], client="openssh"),
+    ),
     "ssh_tree32": (
         "ssh tree spawn, 32 hosts x 1 rank of `true` (mpilaunch --ssh-tree-width 8; peers flat)",
         scenario_ssh(32, 1, ["true"], tree=8),
@@ -269,9 +283,9 @@ SCENARIOS = {
         scenario_ssh(8, 1, ["true"], tree=1),
     ),
 }
-MPICH_ONLY = {key for key in SCENARIOS if key.startswith("barrier") or key == "ssh_barrier"}
+MPICH_ONLY = {key for key in SCENARIOS if key.startswith(("barrier", "ssh_barrier"))}
 # Open MPI's mpirun over 32 bed hosts took 38 s once, then failed (orte_session_dir errors).
-NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32", "ssh_tree32", "ssh_chain8"}
+NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32", "ssh_fanout32_openssh", "ssh_tree32", "ssh_chain8"}
 
 
 def main() -> None:
@@ -288,7 +302,7 @@ def main() -> None:
         for key in args.only or SCENARIOS:
             title, func = SCENARIOS[key]
             results: dict[str, list[dict]] = {name: [] for name in peers}
-            slow = ("output", "barrier16", "barrier32", "ssh_fanout32", "ssh_tree32")
+            slow = ("output", "barrier16", "barrier32", "ssh_fanout32", "ssh_fanout32_openssh", "ssh_tree32")
             quick = ("true", "barrier2", "barrier4")  # under 0.4 s: three times the runs, for a steadier median
             reps = max(3, args.reps // 2) if key in slow else args.reps * 3 if key in quick else args.reps
             runners = {n: p for n, p in peers.items() if not (key in NO_OPENMPI and n == "openmpi")}

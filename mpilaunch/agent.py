@@ -657,6 +657,7 @@ class Agent:
             pid=os.getpid(),
             python=version,
             addr=reached[2] if len(reached) > 2 else "",
+            client=reached[0] if reached else "",  # the launcher's address as this host sees it (over OpenSSH)
         )
         self.send(hello)
         try:

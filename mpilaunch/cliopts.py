@@ -128,6 +128,14 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="Accept and record unknown host keys (a changed key is always refused).",
     ),
     Opt(
+        "ssh_client",
+        ("--ssh-client", "-ssh-client"),
+        check=CHOICE,
+        choices=("paramiko", "openssh"),
+        default="paramiko",
+        help="SSH client for the hosts: paramiko (in the launcher) or openssh (an `ssh` process per host).",
+    ),
+    Opt(
         "ssh_tree_width",
         ("--ssh-tree-width", "-ssh-tree-width"),
         check=INT_MIN1,

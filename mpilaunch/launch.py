@@ -35,7 +35,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     """One agent on every remote host, each checked before anything starts; then MASTER_ADDR is
     the address rank 0's host was reached at, and MASTER_PORT a port free there."""
     from mpilaunch import wire
-    from mpilaunch.transport.ssh import SshOptions, start_agents
+    from mpilaunch.transport.ssh import SshOptions
 
     options = plan.options
     env = plan.launcher_env
@@ -57,11 +57,15 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
 
     hosts = {i: (plan.hosts[i].name, plan.hosts[i].user, plan.hosts[i].port) for i in remote}
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
+    if options.ssh_client == "openssh":
+        from mpilaunch.transport.openssh import start_agents
+    else:
+        from mpilaunch.transport.ssh import start_agents
     width = options.ssh_tree_width
     if width and len(hosts) > width:
         from mpilaunch.transport.tree import start_tree
 
-        results = start_tree(hosts, ssh, check, width)
+        results = start_tree(hosts, ssh, check, width, start_agents)
     else:
         results = start_agents(hosts, ssh, check)
     links = {i: r.link for i, r in results.items() if r.link is not None}

@@ -45,6 +45,7 @@ class Options(NamedTuple):
     pmi_tcp: bool = False  # PMI over loopback TCP (PMI_PORT + PMI_ID) instead of an inherited PMI_FD
     ssh_config: Optional[str] = None  # instead of ~/.ssh/config
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
+    ssh_client: str = "paramiko"  # paramiko (in the launcher) or openssh (an `ssh` process per host)
     ssh_tree_width: Optional[int] = None  # tree spawn: the launcher and each agent start at most this many hosts
 
     @property

@@ -175,9 +175,11 @@ def start_tree(
     options: SshOptions,
     first: Callable[[int], bytes | None],
     width: int,
+    start_heads: Callable[..., dict[int, HostResult]] = start_agents,
 ) -> dict[int, HostResult]:
-    """Start every host's agent, the first `width` by the launcher and the rest by relays, each
-    checked with first(index) like start_agents does; failures are results."""
+    """Start every host's agent, the first `width` by the launcher (with start_heads: paramiko's
+    start_agents or OpenSSH's) and the rest by relays, each checked with first(index) like
+    start_agents does; failures are results."""
     parents = tree_layout(sorted(names), width)
     children: dict[int | None, list[int]] = {}
     for host, parent in parents.items():
@@ -208,7 +210,7 @@ def start_tree(
             frame += wire.control("relay", ssh=ssh, command=command, hosts=hosts)
         return frame
 
-    results = start_agents({h: names[h] for h in heads}, options, first_of_head)
+    results = start_heads({h: names[h] for h in heads}, options, first_of_head)
     below = [h for h in sorted(names) if parents[h] is not None]
     if not below:
         return results

@@ -1,0 +1,352 @@
+"""Remote agents over OpenSSH's `ssh` client (`--ssh-client openssh`), as hydra and Open MPI do.
+
+One `ssh` per host, with pipes for its streams. Each client does its cryptography in its own
+process, so N connections use every core instead of taking turns on this interpreter's lock
+(paramiko), and the launcher never imports paramiko (about 100 ms). OpenSSH reads the ssh
+config itself (ProxyJump, Match, ControlMaster included) and applies its host-key policy with
+BatchMode: known_hosts, unknown hosts refused unless --ssh-accept-new, changed keys always
+refused. A host that cannot be used is named with ssh's own last words.
+
+The start-up is one selector loop over every client: write the agent's code and the check,
+skip what a login script prints before the agent's marker, read the hello and the check's
+answer. What comes after them stays in the link for the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from mpilaunch import wire
+from mpilaunch.errors import LaunchError
+from mpilaunch.relay import ssh_argv, ssh_options, ssh_version
+from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.transport.ssh import CONNECT_TIMEOUT, HostResult, SshError, SshOptions
+
+READ_SIZE = 1 << 18
+# What to do about ssh's terse refusals (BatchMode asks nothing).
+HINTS = {
+    "Host key verification failed.": "(its key is unknown: --ssh-accept-new records it; or it CHANGED: always refused)",
+}
+REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
+
+
+class OpensshLink:
+    """A remote agent behind an `ssh` client process that this launcher started."""
+
+    local = False
+
+    def __init__(self, name: str, proc: subprocess.Popen) -> None:
+        self.name = name
+        self.proc = proc
+        self.pid = proc.pid
+        self.peer = ""  # the address its sshd was reached at (from the agent's hello)
+        self.local_address = ""  # this machine's address as that host sees it
+        self.hello: dict = {}
+        self.unread = b""  # read during start-up but not taken there: the controller's
+        self.stderr_text = bytearray()  # ssh's and the agent's own messages
+        self._lock = threading.Lock()  # pings from a thread and frames from the loop never interleave
+        self._stop = threading.Event()
+        self._out = proc.stdout.fileno()  # type: ignore[union-attr]
+        self._err = proc.stderr.fileno()  # type: ignore[union-attr]
+        self._in = proc.stdin.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._err, False)
+
+    def take_hello(self, hello: dict) -> None:
+        self.hello = hello
+        self.peer = str(hello.get("addr") or self.name)
+        self.local_address = str(hello.get("client") or "")
+
+    def fileno(self) -> int:
+        return self._out
+
+    def recv(self) -> bytes | None:
+        """Data, None when there is nothing yet, b'' at end (the agent or its connection is gone)."""
+        if self.unread:
+            data, self.unread = self.unread, b""
+            return data
+        self.read_stderr(show=True)
+        try:
+            data = os.read(self._out, READ_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self.read_stderr(show=True, final=True)
+        return data
+
+    def read_stderr(self, show: bool, final: bool = False) -> None:
+        """Take what ssh wrote on stderr; with show, whole lines are printed with the host's name."""
+        while True:
+            try:
+                chunk = os.read(self._err, 1 << 16)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            self.stderr_text += chunk
+        if not show:
+            return
+        *lines, rest = bytes(self.stderr_text).split(b"\n")
+        if final and rest:
+            lines.append(rest)
+            rest = b""
+        self.stderr_text[:] = rest
+        for line in lines:
+            if line.strip():
+                print(f"mpilaunch: agent on {self.name}: {line.decode(errors='replace')}", file=sys.stderr)
+
+    def last_words(self) -> str:
+        """ssh's last non-empty line on stderr: why the connection or the agent did not start."""
+        self.read_stderr(show=False)
+        lines = [line for line in bytes(self.stderr_text).decode(errors="replace").splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else ""
+        return f"{last} {HINTS[last]}" if last in HINTS else last
+
+    def readable(self) -> bool:
+        return bool(self.unread) or bool(select.select([self._out], [], [], 0)[0])
+
+    def send(self, frame: bytes) -> None:
+        with self._lock:
+            view = memoryview(frame)
+            while view:
+                view = view[os.write(self._in, view) :]
+
+    def ping_every(self, interval: float, frame: bytes) -> None:
+        """Keep the agent's heartbeat from a thread, as SshLink does: the loop may be blocked."""
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.send(frame)
+                except OSError:
+                    return
+
+        threading.Thread(target=loop, name=f"ping {self.name}", daemon=True).start()
+
+    def close(self) -> None:
+        """End of our side: the agent reads the end of its stdin and stops its ranks."""
+        self._stop.set()
+        for stream in (self.proc.stdin,):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+
+    def wait(self) -> None:
+        """Reap the ssh client; one that outstays the grace is killed, with its process group."""
+        try:
+            self.proc.wait(REAP_GRACE)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.pid)
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+
+
+def _kill_group(pid: int) -> None:
+    """The client runs in a session of its own (so Ctrl-C reaches the launcher only); its group
+    holds it and anything it started (a ProxyCommand)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class _Start:
+    """One host's start-up: what is left to write, what was read, where it stands."""
+
+    def __init__(self, index: int, link: OpensshLink, first: bytes) -> None:
+        self.index = index
+        self.link = link
+        self.out = memoryview(agent_payload() + first)
+        self.inbox = bytearray()
+        self.marked = False  # the agent's marker was seen
+        self.frames: list[bytes] = []  # read after the hello and the reply
+        self.hello: dict | None = None
+        self.reply: dict | None = None
+        self.wants_reply = bool(first)
+
+    @property
+    def done(self) -> bool:
+        return not self.out and self.hello is not None and (self.reply is not None or not self.wants_reply)
+
+    def take(self, data: bytes) -> str | None:
+        """Bytes from the agent's stdout; an error in words, or None."""
+        self.inbox += data
+        if not self.marked:
+            at = self.inbox.find(wire.MARKER)
+            if at < 0:
+                if len(self.inbox) > wire.MAX_NOISE + len(wire.MARKER):
+                    return f"the remote shell printed more than {wire.MAX_NOISE} bytes before the agent"
+                return None
+            del self.inbox[: at + len(wire.MARKER)]
+            self.marked = True
+        try:
+            frames = wire.split(self.inbox)
+        except wire.FrameError as exc:
+            return f"the agent's stream is garbled: {exc}"
+        for kind, frame in frames:
+            if self.done or kind != wire.CONTROL:
+                self.frames.append(frame)
+                continue
+            try:
+                _, message = wire.decode_frame(frame)
+            except wire.FrameError as exc:
+                return f"the agent's stream is garbled: {exc}"
+            if self.hello is None:
+                if not isinstance(message, dict) or message.get("op") != "hello":
+                    return "the agent did not say hello"
+                self.hello = message
+            elif isinstance(message, dict) and message.get("op") == "checked":
+                self.reply = message
+            else:
+                self.frames.append(frame)
+        return None
+
+
+def start_agents(
+    names: Mapping[int, tuple[str, str | None, int | None]],
+    options: SshOptions,
+    first: Callable[[int], bytes | None],
+) -> dict[int, HostResult]:
+    """Start one agent on each host (index -> (name, user, port)) with an `ssh` client each;
+    the same contract as transport.ssh.start_agents: failures are results."""
+    if not names:
+        return {}
+    if options.config and not os.path.isfile(options.config):
+        raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
+    env = dict(os.environ)
+    version = ssh_version(env)
+    if version == (0, 0):
+        raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
+    base = ssh_options({"config": options.config, "accept_new": options.accept_new}, version)
+    base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
+    command = agent_command(options.python)
+    results = {index: HostResult(index) for index in sorted(names)}
+    starting: dict[int, _Start] = {}
+    sel = selectors.DefaultSelector()
+    try:
+        for index in sorted(names):
+            name, user, port = names[index]
+            argv = ssh_argv(base, {"name": name, "user": user, "port": port}, command)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                results[index].error = SshError("connect", f"cannot run ssh: {exc.strerror or exc}")
+                continue
+            link = OpensshLink(name, proc)
+            results[index].link = link  # type: ignore[assignment]
+            start = starting[index] = _Start(index, link, first(index) or b"")
+            os.set_blocking(link._in, False)
+            sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
+            sel.register(link._out, selectors.EVENT_READ, (start, "out"))
+        _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
+    except BaseException:
+        for start in starting.values():
+            _give_up(start.link)
+        raise
+    finally:
+        sel.close()
+    for index, start in starting.items():
+        result = results[index]
+        if result.error is not None:
+            _give_up(start.link)
+            result.link = None
+            continue
+        os.set_blocking(start.link._in, True)
+        start.link.take_hello(start.hello or {})
+        start.link.unread = b"".join(start.frames) + bytes(start.inbox)
+        result.reply = start.reply
+    return results
+
+
+def _run(
+    sel: selectors.BaseSelector, starting: dict[int, _Start], results: dict[int, HostResult], deadline: float
+) -> None:
+    """Write the code, read the hellos and replies, until every host has answered or failed."""
+    waiting = set(starting)
+
+    def fail(start: _Start, why: str) -> None:
+        results[start.index].error = SshError("agent", why)
+        waiting.discard(start.index)
+        for fd in (start.link._in, start.link._out):
+            try:
+                sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            for index in sorted(waiting):
+                start = starting[index]
+                fail(start, start.link.last_words() or f"no answer in {CONNECT_TIMEOUT * 2:g} s")
+            return
+        for key, _ in sel.select(left):
+            start, stream = key.data
+            if start.index not in waiting:
+                continue
+            link = start.link
+            if stream == "in":
+                try:
+                    start.out = start.out[os.write(link._in, start.out) :]
+                except BlockingIOError:
+                    continue
+                except OSError:  # ssh left before taking it all: its stderr says why
+                    start.out = memoryview(b"")
+                if not start.out:
+                    sel.unregister(link._in)
+                continue
+            link.read_stderr(show=False)  # a full stderr pipe would stall the client
+            try:
+                data = os.read(link._out, READ_SIZE)
+            except BlockingIOError:
+                continue
+            if not data:
+                fail(start, link.last_words() or _status_words(link))
+                continue
+            problem = start.take(data)
+            if problem:
+                fail(start, problem)
+            elif start.done:
+                waiting.discard(start.index)
+                for fd in (link._in, link._out):
+                    try:
+                        sel.unregister(fd)
+                    except (KeyError, ValueError):
+                        pass
+
+
+def _status_words(link: OpensshLink) -> str:
+    try:
+        status = link.proc.wait(REAP_GRACE)
+    except subprocess.TimeoutExpired:
+        return "the agent closed its stream"
+    return f"ssh exited with status {status} before the agent answered"
+
+
+def _give_up(link: OpensshLink) -> None:
+    link.close()
+    _kill_group(link.pid)
+    link.wait()
