@@ -198,7 +198,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
         check_local_programs(plan, plan.launcher_env, index)
     raise_fd_limit()
     if not local:
-        discard_early_agent()  # forked at start-up in case the job had local ranks; it has none
+        discard_early_agent(wait=False)  # forked at start-up in case the job had local ranks; it has none
     links: dict[int, LocalLink | SshLink | RelayedLink] = {}
     try:
         if remote:
@@ -206,6 +206,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
                 links[local[0]] = start_local_agent()
             remote_links, plan = start_remote_agents(plan, remote)
             links.update(remote_links)
+            discard_early_agent()  # reaps the early agent told to stop above: it has left by now
         if plan.options.rank_table:
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files

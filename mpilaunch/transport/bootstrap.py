@@ -45,7 +45,7 @@ exec(compile(r(int(r(10))), "<mpilaunch-loader>", "exec"))
 
 # Stage 2, sent over the channel: an in-memory importer for the bundled modules, which follow
 # as one more length-prefixed blob (marshal: a dict of strings and bytes, readable by any
-# Python 3), compressed (a quarter of the bytes to encrypt and send to every host). Where the
+# Python 3), compressed (40% of the bytes to encrypt and send to every host). Where the
 # host's Python has our bytecode magic, modules load precompiled.
 # The importer is duck-typed, and the magic is importlib.util's, taken from where it is
 # defined: importing importlib.abc and importlib.util would cost every agent about 45 ms
@@ -114,7 +114,9 @@ def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
     magic is the bytecode version the precompiled modules are for (tests give another one to
     exercise the path of a host whose Python differs)."""
     stage2 = f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}"
-    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}), 6)
+    # Level 1: 8 ms less on every remote job's start than level 6 (14 ms against 6 here), for
+    # 13% more bytes (130 KB against 115 KB), which cost a host microseconds to decrypt.
+    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}), 1)
     return _blob(stage2.encode()) + _blob(bundle)
 
 

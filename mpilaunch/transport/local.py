@@ -77,13 +77,21 @@ def prestart_local_agent() -> None:
         _early = _fork_agent()
 
 
-def discard_early_agent() -> None:
-    """The job never took the agent forked early (a refused command line, a remote-only job): end it."""
+_ending: list[LocalLink] = []  # early agents told to stop, reaped before the launcher leaves
+
+
+def discard_early_agent(wait: bool = True) -> None:
+    """The job never took the agent forked early (a refused command line, a remote-only job):
+    end it. wait=False leaves the reaping to the next call with wait (entry.main makes one
+    before the launcher exits), so a remote-only job starts its connections at once instead of
+    waiting for the agent to finish its own start and stop."""
     global _early
     link, _early = _early, None
     if link is not None:
         link.close()  # the agent stops at the end of its link
-        link.wait()
+        _ending.append(link)
+    while wait and _ending:
+        _ending.pop().wait()
 
 
 def start_local_agent() -> LocalLink:

@@ -18,13 +18,12 @@ import os
 import select
 import selectors
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 
-from mpilaunch import wire
+from mpilaunch import spawn, wire
 from mpilaunch.errors import LaunchError
 from mpilaunch.relay import ssh_argv, ssh_options, ssh_version
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
@@ -43,10 +42,10 @@ class OpensshLink:
 
     local = False
 
-    def __init__(self, name: str, proc: subprocess.Popen) -> None:
+    def __init__(self, name: str, started: spawn.Started) -> None:
         self.name = name
-        self.proc = proc
-        self.pid = proc.pid
+        self.pid = started.pid
+        self.status: int | None = None  # the client's exit status, once reaped
         self.peer = ""  # the address its sshd was reached at (from the agent's hello)
         self.local_address = ""  # this machine's address as that host sees it
         self.hello: dict = {}
@@ -54,9 +53,10 @@ class OpensshLink:
         self.stderr_text = bytearray()  # ssh's and the agent's own messages
         self._lock = threading.Lock()  # pings from a thread and frames from the loop never interleave
         self._stop = threading.Event()
-        self._out = proc.stdout.fileno()  # type: ignore[union-attr]
-        self._err = proc.stderr.fileno()  # type: ignore[union-attr]
-        self._in = proc.stdin.fileno()  # type: ignore[union-attr]
+        self._out = started.stdout
+        self._err: int = started.stderr  # type: ignore[assignment]
+        self._in: int = started.stdin  # type: ignore[assignment]
+        self._in_open = True
         os.set_blocking(self._out, False)
         os.set_blocking(self._err, False)
 
@@ -136,24 +136,40 @@ class OpensshLink:
     def close(self) -> None:
         """End of our side: the agent reads the end of its stdin and stops its ranks."""
         self._stop.set()
-        for stream in (self.proc.stdin,):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+        with self._lock:  # not while the ping thread writes
+            if self._in_open:
+                self._in_open = False
+                os.close(self._in)
 
     def wait(self) -> None:
         """Reap the ssh client; one that outstays the grace is killed, with its process group."""
-        try:
-            self.proc.wait(REAP_GRACE)
-        except subprocess.TimeoutExpired:
+        if self.status is None and self.reap(REAP_GRACE) is None:
             _kill_group(self.pid)
-            self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
+            self.reap(None)
+        for fd in (self._out, self._err):
             try:
-                stream.close()  # type: ignore[union-attr]
+                os.close(fd)
             except OSError:
                 pass
+        self._out = self._err = -1
+
+    def reap(self, within: float | None) -> int | None:
+        """The client's exit status once it has left (waiting up to within seconds; None: for
+        as long as it takes), or None if it is still running."""
+        deadline = None if within is None else time.monotonic() + within
+        while self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
+            except ChildProcessError:
+                self.status = -1
+                break
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() >= deadline:  # type: ignore[operator]
+                return None
+            time.sleep(0.002)  # the client leaves a moment after its agent: the job's end waits on this
+        return self.status
 
 
 def _kill_group(pid: int) -> None:
@@ -239,30 +255,32 @@ def start_agents(
     results = {index: HostResult(index) for index in sorted(names)}
     starting: dict[int, _Start] = {}
     sel = selectors.DefaultSelector()
+    # Each client starts as a small shell waiting at a gate, released when all are spawned:
+    # spawning waits for the child's exec, and once the first clients run their key exchange
+    # that wait grew to 40-70 ms per host on 2 cores (the agent starts its ranks the same way).
+    gate = spawn.Gate()
+    released = 0
     try:
         for index in sorted(names):
             name, user, port = names[index]
             argv = ssh_argv(base, {"name": name, "user": user, "port": port}, command)
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=env,
-                    start_new_session=True,
-                )
+                started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
             except OSError as exc:
                 results[index].error = SshError("connect", f"cannot run ssh: {exc.strerror or exc}")
                 continue
-            link = OpensshLink(name, proc)
+            link = OpensshLink(name, started)
             results[index].link = link  # type: ignore[assignment]
             start = starting[index] = _Start(index, link, first(index) or b"")
             os.set_blocking(link._in, False)
             sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
             sel.register(link._out, selectors.EVENT_READ, (start, "out"))
+        gate.release(len(starting))
+        released = len(starting)
         _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
     except BaseException:
+        if not released:
+            gate.release(0)  # the end of the gate: the shells waiting there leave without running ssh
         for start in starting.values():
             _give_up(start.link)
         raise
@@ -339,9 +357,8 @@ def _run(
 
 
 def _status_words(link: OpensshLink) -> str:
-    try:
-        status = link.proc.wait(REAP_GRACE)
-    except subprocess.TimeoutExpired:
+    status = link.reap(REAP_GRACE)
+    if status is None:
         return "the agent closed its stream"
     return f"ssh exited with status {status} before the agent answered"
 
