@@ -149,3 +149,25 @@ def write_script(directory: Path, name: str, body: str) -> str:
 @pytest.fixture
 def py() -> str:
     return sys.executable
+
+
+def sshbed_fixtures(name: str, hosts: int, settle: float = 3.0):  # type: ignore[no-untyped-def]
+    """A test module's `bed` (hosts sshd servers, started once for the module) and its autouse
+    `clean_hosts`: a test fails if a process of its job is still on a host `settle` seconds
+    after it, and what was left is killed by pid. Use: `bed, clean_hosts = sshbed_fixtures(...)`."""
+    from tests.sshbed import SshBed
+
+    @pytest.fixture(scope="module")
+    def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshBed]:
+        with SshBed(tmp_path_factory.mktemp(name), hosts) as started:
+            yield started
+
+    @pytest.fixture(autouse=True)
+    def clean_hosts(bed: SshBed) -> Iterator[None]:
+        yield
+        left = bed.wait_clean(settle)
+        if left:
+            bed.kill_leftovers()
+        assert not left, f"processes of the job survived on the hosts: {left}"
+
+    return bed, clean_hosts

@@ -12,14 +12,13 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from mpilaunch.transport.openssh import HINTS
-from tests.conftest import Launcher, environ_text, is_remote_agent, sshd_of_sessions, write_script
+from tests.conftest import Launcher, environ_text, is_remote_agent, sshbed_fixtures, sshd_of_sessions, write_script
 from tests.sshbed import SshBed, bed_available
 from tests.test_ssh import ALLREDUCE, PY
 
@@ -29,19 +28,7 @@ KEY_FAILED = "Host key verification failed."
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(120)\n"
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshBed]:
-    with SshBed(tmp_path_factory.mktemp("opensshbed"), 4) as started:
-        yield started
-
-
-@pytest.fixture(autouse=True)
-def clean_hosts(bed: SshBed) -> Iterator[None]:
-    yield
-    left = bed.wait_clean(3.0)
-    if left:
-        bed.kill_leftovers()
-    assert not left, f"processes of the job survived on the hosts: {left}"
+bed, clean_hosts = sshbed_fixtures("opensshbed", 4)
 
 
 def args(bed: SshBed, *rest: str, config: Path | None = None) -> list[str]:

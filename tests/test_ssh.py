@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from tests.conftest import (
     is_remote_agent,
     parent_pid,
     session_sshd,
+    sshbed_fixtures,
     sshd_of_sessions,
     write_script,
 )
@@ -41,19 +41,7 @@ ALLREDUCE = (
 )
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshBed]:
-    with SshBed(tmp_path_factory.mktemp("sshbed"), 4) as started:
-        yield started
-
-
-@pytest.fixture(autouse=True)
-def clean_hosts(bed: SshBed) -> Iterator[None]:
-    yield
-    left = bed.wait_clean(3.0)
-    if left:
-        bed.kill_leftovers()
-    assert not left, f"processes of the job survived on the hosts: {left}"
+bed, clean_hosts = sshbed_fixtures("sshbed", 4)
 
 
 def ssh(launcher: Launcher, bed: SshBed, *args: str, config: Path | None = None, **kw) -> subprocess.CompletedProcess:

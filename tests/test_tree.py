@@ -11,13 +11,12 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import Launcher, environ_text, is_remote_agent, sshd_of_sessions, write_script
+from tests.conftest import Launcher, environ_text, is_remote_agent, sshbed_fixtures, sshd_of_sessions, write_script
 from tests.sshbed import SshBed, bed_available
 
 available, why = bed_available()
@@ -29,19 +28,7 @@ TREE = ("--ssh-tree-width", "2")
 PARENTS = {"node3": "node1", "node4": "node1", "node5": "node2", "node6": "node2", "node7": "node3"}
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshBed]:
-    with SshBed(tmp_path_factory.mktemp("treebed"), len(HOSTS)) as started:
-        yield started
-
-
-@pytest.fixture(autouse=True)
-def clean_hosts(bed: SshBed) -> Iterator[None]:
-    yield
-    left = bed.wait_clean(5.0)
-    if left:
-        bed.kill_leftovers()
-    assert not left, f"processes of the job survived on the hosts: {left}"
+bed, clean_hosts = sshbed_fixtures("treebed", len(HOSTS), settle=5.0)
 
 
 def tree_run(launcher: Launcher, bed: SshBed, *args: str, **kw) -> subprocess.CompletedProcess:

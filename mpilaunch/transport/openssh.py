@@ -18,7 +18,6 @@ import os
 import select
 import selectors
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +26,14 @@ from mpilaunch import spawn, wire
 from mpilaunch.errors import LaunchError
 from mpilaunch.relay import ssh_argv, ssh_options, ssh_version
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
-from mpilaunch.transport.ssh import CONNECT_TIMEOUT, HostResult, SshError, SshOptions
+from mpilaunch.transport.ssh import (
+    CONNECT_TIMEOUT,
+    HostResult,
+    SshError,
+    SshOptions,
+    ping_from_thread,
+    show_agent_lines,
+)
 
 READ_SIZE = 1 << 18
 # What to do about ssh's terse refusals (BatchMode asks nothing).
@@ -85,7 +91,9 @@ class OpensshLink:
         return data
 
     def read_stderr(self, show: bool, final: bool = False) -> None:
-        """Take what ssh wrote on stderr; with show, whole lines are printed with the host's name."""
+        """Take what ssh wrote on stderr; with show, whole lines are printed with the host's
+        name (final: the unfinished one too)."""
+        data = b""
         while True:
             try:
                 chunk = os.read(self._err, 1 << 16)
@@ -93,17 +101,11 @@ class OpensshLink:
                 break
             if not chunk:
                 break
-            self.stderr_text += chunk
-        if not show:
-            return
-        *lines, rest = bytes(self.stderr_text).split(b"\n")
-        if final and rest:
-            lines.append(rest)
-            rest = b""
-        self.stderr_text[:] = rest
-        for line in lines:
-            if line.strip():
-                print(f"mpilaunch: agent on {self.name}: {line.decode(errors='replace')}", file=sys.stderr)
+            data += chunk
+        if show:
+            show_agent_lines(self.name, self.stderr_text, data + b"\n" if final else data)
+        else:
+            self.stderr_text += data
 
     def last_words(self) -> str:
         """ssh's last non-empty line on stderr: why the connection or the agent did not start."""
@@ -122,16 +124,7 @@ class OpensshLink:
                 view = view[os.write(self._in, view) :]
 
     def ping_every(self, interval: float, frame: bytes) -> None:
-        """Keep the agent's heartbeat from a thread, as SshLink does: the loop may be blocked."""
-
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                try:
-                    self.send(frame)
-                except OSError:
-                    return
-
-        threading.Thread(target=loop, name=f"ping {self.name}", daemon=True).start()
+        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         """End of our side: the agent reads the end of its stdin and stops its ranks."""
@@ -259,28 +252,28 @@ def start_agents(
     # spawning waits for the child's exec, and once the first clients run their key exchange
     # that wait grew to 40-70 ms per host on 2 cores (the agent starts its ranks the same way).
     gate = spawn.Gate()
-    released = 0
     try:
-        for index in sorted(names):
-            name, user, port = names[index]
-            argv = ssh_argv(base, {"name": name, "user": user, "port": port}, command)
-            try:
-                started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
-            except OSError as exc:
-                results[index].error = SshError("connect", f"cannot run ssh: {exc.strerror or exc}")
-                continue
-            link = OpensshLink(name, started)
-            results[index].link = link  # type: ignore[assignment]
-            start = starting[index] = _Start(index, link, first(index) or b"")
-            os.set_blocking(link._in, False)
-            sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
-            sel.register(link._out, selectors.EVENT_READ, (start, "out"))
-        gate.release(len(starting))
-        released = len(starting)
+        spawned = False
+        try:
+            for index in sorted(names):
+                name, user, port = names[index]
+                argv = ssh_argv(base, {"name": name, "user": user, "port": port}, command)
+                try:
+                    started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
+                except OSError as exc:
+                    results[index].error = SshError("connect", f"cannot run ssh: {exc.strerror or exc}")
+                    continue
+                link = OpensshLink(name, started)
+                results[index].link = link  # type: ignore[assignment]
+                start = starting[index] = _Start(index, link, first(index) or b"")
+                os.set_blocking(link._in, False)
+                sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
+                sel.register(link._out, selectors.EVENT_READ, (start, "out"))
+            spawned = True
+        finally:  # released with no line after a failure: the shells waiting there leave without running ssh
+            gate.release(len(starting) if spawned else 0)
         _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
     except BaseException:
-        if not released:
-            gate.release(0)  # the end of the gate: the shells waiting there leave without running ssh
         for start in starting.values():
             _give_up(start.link)
         raise
@@ -305,14 +298,17 @@ def _run(
     """Write the code, read the hellos and replies, until every host has answered or failed."""
     waiting = set(starting)
 
-    def fail(start: _Start, why: str) -> None:
-        results[start.index].error = SshError("agent", why)
+    def forget(start: _Start) -> None:
         waiting.discard(start.index)
         for fd in (start.link._in, start.link._out):
             try:
                 sel.unregister(fd)
-            except (KeyError, ValueError):
+            except (KeyError, ValueError):  # the payload was written: stdin is not watched any more
                 pass
+
+    def fail(start: _Start, why: str) -> None:
+        results[start.index].error = SshError("agent", why)
+        forget(start)
 
     while waiting:
         left = deadline - time.monotonic()
@@ -348,12 +344,7 @@ def _run(
             if problem:
                 fail(start, problem)
             elif start.done:
-                waiting.discard(start.index)
-                for fd in (link._in, link._out):
-                    try:
-                        sel.unregister(fd)
-                    except (KeyError, ValueError):
-                        pass
+                forget(start)
 
 
 def _status_words(link: OpensshLink) -> str:

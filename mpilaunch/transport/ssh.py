@@ -384,6 +384,34 @@ def read_frame(chan, timeout: float) -> dict | None:
         chan.settimeout(None)
 
 
+def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
+    """A remote agent's own messages (not its ranks'), shown line by line with the host's name;
+    an unfinished line waits in pending (data b"\n" flushes it)."""
+    pending += data
+    *lines, rest = bytes(pending).split(b"\n")
+    pending[:] = rest
+    for line in lines:
+        if line.strip():
+            print(f"mpilaunch: agent on {name}: {line.decode(errors='replace')}", file=sys.stderr)
+
+
+def ping_from_thread(
+    name: str, send: Callable[[bytes], None], stop: threading.Event, interval: float, frame: bytes
+) -> None:
+    """Keep a remote agent's heartbeat from a thread until stop is set or a send fails: the
+    event loop may be blocked (a console pipe nobody reads), and the agent must not take that
+    for a lost launcher."""
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                send(frame)
+            except Exception:
+                return
+
+    threading.Thread(target=loop, name=f"ping {name}", daemon=True).start()
+
+
 class SshLink:
     """A connected agent on a remote host (its pids mean nothing here)."""
 
@@ -421,13 +449,7 @@ class SshLink:
         return None
 
     def _stderr(self, data: bytes) -> None:
-        """The agent's own messages (not its ranks'), shown line by line with the host's name."""
-        self._err += data
-        *lines, rest = bytes(self._err).split(b"\n")
-        self._err[:] = rest
-        for line in lines:
-            if line.strip():
-                print(f"mpilaunch: agent on {self.name}: {line.decode(errors='replace')}", file=sys.stderr)
+        show_agent_lines(self.name, self._err, data)
 
     def readable(self) -> bool:
         chan = self.chan
@@ -438,17 +460,7 @@ class SshLink:
             self.chan.sendall(frame)  # type: ignore[attr-defined]
 
     def ping_every(self, interval: float, frame: bytes) -> None:
-        """Keep the agent's heartbeat from a thread: the event loop may be blocked (a console
-        pipe nobody reads), and the agent must not take that for a lost launcher."""
-
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                try:
-                    self.send(frame)
-                except Exception:
-                    return
-
-        threading.Thread(target=loop, name=f"ping {self.name}", daemon=True).start()
+        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         self._stop.set()
