@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import socket
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
@@ -24,6 +22,7 @@ from mpilaunch.pmi.kvs import JobKvs, NameService
 from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
 from mpilaunch.transport.local import start_local_agent
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:
     from mpilaunch.transport.local import LocalLink
     from mpilaunch.transport.ssh import SshLink
@@ -168,13 +167,13 @@ class Controller:
                 self._send_stdin(proc, b"")
 
     def _install_signals(self) -> None:
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
-        self.wake_w.setblocking(False)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
         self.saved_signals = {sig: signal.getsignal(sig) for sig in FORWARDED}
         for sig in FORWARDED:
             signal.signal(sig, lambda *_: None)
-        self.saved_wakeup_fd = signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        self.saved_wakeup_fd = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
 
     # -- sending -------------------------------------------------------------------------
@@ -475,11 +474,12 @@ class Controller:
 
     def _release(self) -> None:
         """Give the process back what the run took (a launcher embedded in a longer-lived process
-        runs many jobs): the signal handlers, the wake-up socket pair and the selector."""
+        runs many jobs): the signal handlers, the wake-up pipe and the selector."""
         self._restore_signals()
-        for sock in (getattr(self, "wake_r", None), getattr(self, "wake_w", None)):
-            if sock is not None:
-                sock.close()
+        for name in ("wake_r", "wake_w"):  # taken off the object: a second release closes nothing
+            fd = vars(self).pop(name, None)
+            if fd is not None:
+                os.close(fd)
         self.sel.close()
 
     def _emergency_stop(self) -> None:
@@ -541,7 +541,7 @@ class Controller:
 
     def _drain_signals(self) -> None:
         try:
-            data = self.wake_r.recv(512)
+            data = os.read(self.wake_r, 512)
         except BlockingIOError:
             return
         for sig in data:

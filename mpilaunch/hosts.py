@@ -1,10 +1,12 @@
 """Hostfile and -H parsing: text in, [Host] out, errors naming file and line."""
 
+from __future__ import annotations
+
 import os
 import re
-from typing import NamedTuple, Optional
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.record import Record
 from mpilaunch.textfiles import read_text
 
 _HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])$")
@@ -16,14 +18,14 @@ HOSTFILE_MAX = 16 << 20
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
-class Host(NamedTuple):
+class Host(Record):
     """A machine of the job. slots None means "as many as it has cores"."""
 
     name: str
-    slots: Optional[int] = None
-    max_slots: Optional[int] = None
-    user: Optional[str] = None
-    port: Optional[int] = None
+    slots: int | None = None
+    max_slots: int | None = None
+    user: str | None = None
+    port: int | None = None
 
 
 class HostSyntaxError(ValueError):
@@ -56,14 +58,14 @@ def _count(key: str, value: str) -> int:
     return number
 
 
-def _split_user(word: str) -> tuple[Optional[str], str]:
+def _split_user(word: str) -> tuple[str | None, str]:
     if "@" in word:
         user, _, host = word.rpartition("@")
         return check_user_name(user), host
     return None, word
 
 
-def _split_count(word: str) -> tuple[str, Optional[int]]:
+def _split_count(word: str) -> tuple[str, int | None]:
     """MPICH's host:N (an IPv6 address must be bracketed to carry a count)."""
     if word.startswith("["):
         end = word.find("]")
@@ -81,7 +83,7 @@ def _split_count(word: str) -> tuple[str, Optional[int]]:
     return word, None
 
 
-def parse_hostfile_line(line: str) -> Optional[Host]:
+def parse_hostfile_line(line: str) -> Host | None:
     """One hostfile line: `[user@]host[:N] [slots=N] [max_slots=M] [port=P] [user=U]`."""
     text = line.split("#", 1)[0].strip()
     if not text:
@@ -121,7 +123,7 @@ def merge_hosts(entries: list[Host]) -> list[Host]:
     As in Open MPI, a line without slots counts one slot once the host is repeated
     (a single such line means "as many slots as cores").
     """
-    merged: dict[tuple[str, Optional[str], Optional[int]], Host] = {}
+    merged: dict[tuple[str, str | None, int | None], Host] = {}
     for host in entries:
         key = (host.name, host.user, host.port)
         old = merged.get(key)
@@ -154,7 +156,7 @@ def read_hostfile(path: str) -> list[Host]:
     return parse_hostfile(text, path)
 
 
-def parse_host_list(value: str, label: Optional[str] = None) -> list[Host]:
+def parse_host_list(value: str, label: str | None = None) -> list[Host]:
     """-H a:2,b,user@c:4 ; a missing :N means one slot, as in Open MPI. Errors start with
     label (default `-H 'value'`), so a variable in the same grammar can name itself."""
     label = f"-H {value!r}" if label is None else label

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from mpilaunch import devices
 from mpilaunch.controller import Controller
@@ -17,6 +16,7 @@ from mpilaunch.rank_env import inherited
 from mpilaunch.spec import JobSpec
 from mpilaunch.transport.local import LocalLink, discard_early_agent, raise_fd_limit, start_local_agent
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:
     from mpilaunch.transport.ssh import SshLink
     from mpilaunch.transport.tree import RelayedLink

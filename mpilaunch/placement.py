@@ -1,12 +1,13 @@
 """Slot allocation: hosts and app sizes in, one Rank per process out (Open MPI 4.1 rules)."""
 
-from typing import NamedTuple, Optional
+from __future__ import annotations
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host
+from mpilaunch.record import Record
 
 
-class Rank(NamedTuple):
+class Rank(Record):
     """Where one process runs and what it is called there."""
 
     rank: int
@@ -17,7 +18,7 @@ class Rank(NamedTuple):
     node_rank: int  # index of the host among the hosts that run ranks
 
 
-def parse_map_by(map_by: str, npernode: Optional[int]) -> tuple[str, int]:
+def parse_map_by(map_by: str, npernode: int | None) -> tuple[str, int]:
     """Normalise --map-by / --npernode to ("slot"|"node"|"ppr", per_node)."""
     if npernode is not None:
         if npernode < 1:
@@ -134,9 +135,7 @@ def _cycle(counts: list[int], order: list[int]) -> list[int]:
     return [i for round_ in range(max(counts, default=0)) for i in order if counts[i] > round_]
 
 
-def _by_ppr(
-    np: Optional[int], per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str
-) -> list[int]:
+def _by_ppr(np: int | None, per: int, hosts: list[Host], used: list[int], oversubscribe: bool, argv0: str) -> list[int]:
     want = per * len(hosts) if np is None else np
     counts = [0] * len(hosts)
     left = want
@@ -153,11 +152,11 @@ def _by_ppr(
 
 def place(
     hosts: list[Host],
-    apps: list[tuple[Optional[int], str]],
+    apps: list[tuple[int | None, str]],
     map_by: str = "slot",
-    npernode: Optional[int] = None,
+    npernode: int | None = None,
     oversubscribe: bool = False,
-    in_use: Optional[list[int]] = None,
+    in_use: list[int] | None = None,
 ) -> list[Rank]:
     """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun.
 

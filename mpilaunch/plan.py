@@ -4,12 +4,12 @@ Pure functions of the JobSpec and the launcher's environment; MPI_Comm_spawn pla
 jobs with the same code.
 """
 
+from __future__ import annotations
+
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple, Optional
 
 from mpilaunch import devices
 from mpilaunch import hosts as hostlib
@@ -17,14 +17,16 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import Host
 from mpilaunch.placement import Rank, place
 from mpilaunch.pmi.simple import process_mapping
+from mpilaunch.programs import probe_port
 from mpilaunch.rank_env import JobLayout, inherited, job_variables, rank_environment
+from mpilaunch.record import Record
 from mpilaunch.spec import JobSpec, Options
 
 # MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
 PMI_VERSION_NAMES = ("MPIR_CVAR_PMI_VERSION", "MPIR_PARAM_PMI_VERSION", "MPICH_PMI_VERSION")
 
 
-class JobPlan(NamedTuple):
+class JobPlan(Record):
     """One job: the launched one is job 1, each MPI_Comm_spawn adds one."""
 
     job: int
@@ -32,10 +34,10 @@ class JobPlan(NamedTuple):
     argvs: list[tuple[str, ...]]  # per app
     wdirs: list[str]  # per app
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
-    pmi: Optional[dict] = None  # what agents need to serve this job PMI, or None (--mpi none)
+    pmi: dict | None = None  # what agents need to serve this job PMI, or None (--mpi none)
 
 
-class LaunchPlan(NamedTuple):
+class LaunchPlan(Record):
     """Everything the controller needs, computed before any process starts."""
 
     hosts: list[Host]
@@ -44,13 +46,13 @@ class LaunchPlan(NamedTuple):
     options: Options
     job_id: str = ""
     master: tuple[str, int] = ("127.0.0.1", 0)
-    exports: tuple[tuple[str, Optional[str]], ...] = ()
+    exports: tuple[tuple[str, str | None], ...] = ()
     launcher_env: Mapping[str, str] = MappingProxyType({})
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
     host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
 
 
-def resolve_hosts(options: Options, env: Optional[Mapping[str, str]] = None) -> tuple[list[Host], str]:
+def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
     """The job's hosts and where they came from; -H restricts a hostfile to the hosts it names.
     With neither, an allocation in env (MLP_MPI_*, Slurm, PBS, LSF; see hostsources), else localhost."""
     listed = [h for value in options.hosts for h in hostlib.parse_host_list(value)]
@@ -86,15 +88,13 @@ def with_slots(hosts: list[Host], source: str) -> list[Host]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    return probe_port(0)[0]
 
 
 def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
     if not hostlib.needs_ssh(hosts[rank0_host]):
         all_local = not any(hostlib.needs_ssh(hosts[i]) for i in used)
-        return "127.0.0.1" if all_local else socket.gethostname()
+        return "127.0.0.1" if all_local else os.uname().nodename  # socket.gethostname() is uname's
     return hosts[rank0_host].name
 
 
@@ -153,10 +153,10 @@ def job_plan(
     job_id: str,
     master: tuple[str, int],
     options: Options,
-    exports: Sequence[tuple[str, Optional[str]]],
+    exports: Sequence[tuple[str, str | None]],
     env: Mapping[str, str],
-    extra: Optional[Mapping[str, str]] = None,
-    host_info: Optional[Mapping[int, Mapping]] = None,
+    extra: Mapping[str, str] | None = None,
+    host_info: Mapping[int, Mapping] | None = None,
 ) -> JobPlan:
     """Environments and PMI data of one job's ranks."""
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
@@ -208,7 +208,7 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
     return value
 
 
-def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: Optional[list[Host]] = None) -> tuple[LaunchPlan, str]:
+def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
     if hosts is None:

@@ -4,7 +4,6 @@ agent for its host, before anything starts (stdlib only: shipped to remote hosts
 from __future__ import annotations
 
 import os
-import socket
 
 from mpilaunch.mpi_family import open_mpi_library
 
@@ -81,10 +80,16 @@ def merge_host_environment(own: dict[str, str], carried: dict[str, str]) -> dict
 
 
 def probe_port(port: int) -> tuple[int, bool]:
-    """(port, whether it can be bound here); port 0 picks a free one (for MASTER_PORT)."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return port, False
+    """(port, whether it can be bound here); port 0 picks a free one (for MASTER_PORT).
+    _socket, the C module under socket: every launcher start picks a port, and importing
+    socket.py (its enums) would cost it about 3 ms."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        sock.bind(("", port))
         return sock.getsockname()[1], True
+    except OSError:
+        return port, False
+    finally:
+        sock.close()

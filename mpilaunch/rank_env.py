@@ -1,10 +1,12 @@
 """Per-rank environment: what each rank is told about itself and the job."""
 
+from __future__ import annotations
+
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Optional
 
 from mpilaunch.placement import Rank
+from mpilaunch.record import Record
 
 # Variables an enclosing launcher (mpirun, hydra, srun's PMI) leaves behind; passing
 # them on would make a rank join the outer job or misreport its identity.
@@ -41,7 +43,7 @@ def valid_env_name(name: str) -> bool:
     return bool(re.match(_ENV_NAME, name))
 
 
-class JobLayout(NamedTuple):
+class JobLayout(Record):
     """What every rank's variables are computed from."""
 
     ranks: Sequence[Rank]
@@ -104,7 +106,7 @@ def rank_variables(rank: Rank) -> dict[str, str]:
 def rank_environment(
     rank: Rank,
     common: Mapping[str, str],
-    exports: Sequence[tuple[str, Optional[str]]],
+    exports: Sequence[tuple[str, str | None]],
     launcher_env: Mapping[str, str],
 ) -> dict[str, str]:
     """The variables set for one rank on top of its host's inherited environment.

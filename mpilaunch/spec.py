@@ -1,34 +1,34 @@
 """What the user asked for, as frozen data: the output of the command line.
 
-Named tuples, not dataclasses: building dataclasses (and importing `dataclasses`, which imports
-`inspect`) costs a plain run about 20 ms at start-up. The annotations are evaluated (no
-`from __future__ import annotations`, and Optional for Python 3.9): NamedTuple turns string
-annotations into ForwardRefs, compiling each one, which costs Options alone 2.5 ms.
+Records (record.py), not dataclasses: building dataclasses (and importing `dataclasses`, which
+imports `inspect`) costs a plain run about 20 ms at start-up.
 """
 
-from typing import NamedTuple, Optional
+from __future__ import annotations
+
+from mpilaunch.record import Record
 
 
-class AppContext(NamedTuple):
+class AppContext(Record):
     """One program of the job (MPMD jobs have several, split by ' : ')."""
 
     argv: tuple[str, ...]
-    np: Optional[int] = None
-    exports: tuple[tuple[str, Optional[str]], ...] = ()  # -x VAR[=value]
-    wdir: Optional[str] = None
+    np: int | None = None
+    exports: tuple[tuple[str, str | None], ...] = ()  # -x VAR[=value]
+    wdir: str | None = None
 
 
-class Options(NamedTuple):
+class Options(Record):
     """Job-wide options; defaults are mpirun's."""
 
     hosts: tuple[str, ...] = ()  # -H values, each "a:2,b"
-    hostfile: Optional[str] = None
+    hostfile: str | None = None
     map_by: str = "slot"  # slot | node | ppr:N:node
-    npernode: Optional[int] = None
+    npernode: int | None = None
     oversubscribe: bool = False
     display_map: bool = False
     dry_run: bool = False
-    output_filename: Optional[str] = None
+    output_filename: str | None = None
     merge_stderr_to_stdout: bool = False
     tag_output: bool = False
     timestamp_output: bool = False
@@ -36,17 +36,17 @@ class Options(NamedTuple):
     mca: tuple[tuple[str, str], ...] = ()
     bind_to: str = "none"
     report_bindings: bool = False
-    devices_per_rank: Optional[int] = None  # each rank's slice of its host's device list (CUDA_VISIBLE_DEVICES, ...)
-    rank_table: Optional[str] = None  # where to write the HCCL rank table of the job (sets RANK_TABLE_FILE)
-    timeout: Optional[float] = None
+    devices_per_rank: int | None = None  # each rank's slice of its host's device list (CUDA_VISIBLE_DEVICES, ...)
+    rank_table: str | None = None  # where to write the HCCL rank table of the job (sets RANK_TABLE_FILE)
+    timeout: float | None = None
     kill_timeout: float = 2.0
     allow_run_as_root: bool = False
     mpi: str = "pmi1"  # PMI served to the ranks: pmi1, pmi2 (same server, MPICH told to use PMI-2) or none
     pmi_tcp: bool = False  # PMI over loopback TCP (PMI_PORT + PMI_ID) instead of an inherited PMI_FD
-    ssh_config: Optional[str] = None  # instead of ~/.ssh/config
+    ssh_config: str | None = None  # instead of ~/.ssh/config
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
     ssh_client: str = "paramiko"  # paramiko (in the launcher) or openssh (an `ssh` process per host)
-    ssh_tree_width: Optional[int] = None  # tree spawn: the launcher and each agent start at most this many hosts
+    ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
 
     @property
     def abort_on_failure(self) -> bool:
@@ -58,7 +58,7 @@ class Options(NamedTuple):
         return value.strip().lower() not in ("0", "false", "no", "off")
 
 
-class JobSpec(NamedTuple):
+class JobSpec(Record):
     """The command line as data: its programs and the job-wide options."""
 
     apps: tuple[AppContext, ...]

@@ -1,9 +1,14 @@
-"""The local host's agent: a forked child joined by a socket pair (no exec, no imports)."""
+"""The local host's agent: a forked child joined by a socket pair (no exec, no imports).
+
+The launcher's end is a `_socket.socket`, the C type under `socket.socket`: the launcher needs
+nothing else of the socket module, whose set-up (its enums) would cost every start about 3 ms.
+The agent, which imports socket anyway, wraps its end in a `socket.socket`.
+"""
 
 from __future__ import annotations
 
+import _socket
 import os
-import socket
 import sys
 
 
@@ -12,7 +17,7 @@ class LocalLink:
 
     local = True  # pids it reports are pids here
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: _socket.socket, pid: int) -> None:
         self.sock = sock
         self.pid = pid
         self.name = "localhost"
@@ -103,7 +108,7 @@ def start_local_agent() -> LocalLink:
 
 def _fork_agent() -> LocalLink:
     """Fork an agent; it runs in its own session so terminal signals reach only the controller."""
-    ours, theirs = socket.socketpair()
+    ours, theirs = _socket.socketpair()
     for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
         if stream is not None:
             stream.flush()
@@ -120,9 +125,11 @@ def _fork_agent() -> LocalLink:
             os.dup2(devnull, 0)
             os.dup2(devnull, 1)
             os.close(devnull)
+            import socket
+
             from mpilaunch.agent import serve
 
-            status = serve(theirs)
+            status = serve(socket.socket(fileno=theirs.detach()))
         except BaseException as exc:
             try:
                 print(f"mpilaunch: local agent failed: {exc!r}", file=sys.stderr)

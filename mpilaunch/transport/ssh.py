@@ -19,14 +19,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, NamedTuple
 
 from mpilaunch import wire
 from mpilaunch.errors import LaunchError
 from mpilaunch.hosts import HostSyntaxError, check_host_name, check_user_name
+from mpilaunch.record import Record
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.wire import MARKER, MAX_NOISE
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:
     import paramiko  # only for annotations: importing it costs 85 ms, paid only with remote hosts
 
@@ -100,7 +101,7 @@ class SshError(Exception):
         self.stage = stage
 
 
-class SshOptions(NamedTuple):
+class SshOptions(Record):
     """How to use SSH for a run (named tuples and plain classes here: see spec.py on dataclasses)."""
 
     config: str | None = None  # --ssh-config; None means ~/.ssh/config when it exists
@@ -108,7 +109,7 @@ class SshOptions(NamedTuple):
     python: str | None = None  # interpreter for the agent where that path exists (default: ours)
 
 
-class SshTarget(NamedTuple):
+class SshTarget(Record):
     """Where and how to reach one host, after ~/.ssh/config (or --ssh-config) is applied."""
 
     name: str
