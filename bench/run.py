@@ -303,7 +303,8 @@ def main() -> None:
             title, func = SCENARIOS[key]
             results: dict[str, list[dict]] = {name: [] for name in peers}
             slow = ("output", "barrier16", "barrier32", "ssh_fanout32", "ssh_fanout32_openssh", "ssh_tree32")
-            quick = ("true", "barrier2", "barrier4")  # under 0.4 s: three times the runs, for a steadier median
+            # Short, or noisy against a 1.0x target: three times the runs, for a steadier median.
+            quick = ("true", "barrier2", "barrier4", "ssh_true", "ssh_true_openssh")
             reps = max(3, args.reps // 2) if key in slow else args.reps * 3 if key in quick else args.reps
             runners = {n: p for n, p in peers.items() if not (key in NO_OPENMPI and n == "openmpi")}
             results = {name: [] for name in runners}
