@@ -91,11 +91,16 @@ class Guardian:
             pass
 
     def release(self) -> None:
-        """Every rank is gone: the guardian leaves without killing anything."""
+        """Every rank is gone: the guardian leaves without killing anything, and is reaped here,
+        so that nothing of the agent's session outlives it (not even a zombie for init)."""
         try:
             os.write(self.fd, bytes(4))
             os.close(self.fd)
         except OSError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)  # it exits as soon as it reads the zero (or sees the pipe close)
+        except ChildProcessError:  # reaped already
             pass
 
 

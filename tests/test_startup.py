@@ -126,3 +126,31 @@ def test_the_launcher_process_imports_neither_typing_nor_socket(tmp_path) -> Non
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[-2] == "0 True []", proc.stdout
+
+
+def _session_members(session: int) -> list[str]:
+    """Processes (zombies included) whose session is `session`: pid and state."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            found.append(f"{name} {fields[0].decode()}")
+    return found
+
+
+def test_nothing_of_the_local_agent_is_left_when_the_launcher_returns(launcher: Launcher, tmp_path: Path) -> None:
+    """The agent runs in a session of its own, with a forked guardian. It reaps the guardian
+    before it leaves, so when the launcher returns nothing of that session is left, not even a
+    zombie for init to collect."""
+    script = write_script(tmp_path, "session.py", "import os\nprint(os.getsid(os.getppid()), flush=True)\n")
+    for _ in range(8):
+        proc = launcher.run("-n", "1", sys.executable, script)
+        assert proc.returncode == 0, proc.stderr
+        session = int(proc.stdout)
+        assert _session_members(session) == []
