@@ -87,6 +87,7 @@ class Controller:
         self.finishing = False
         self.timed_out = False
         self.stop_signal: int | None = None  # a forwarded SIGINT/SIGTERM/SIGHUP: what ends the job now
+        self.abort_at: float | None = None  # after a stop signal: when ranks still running are killed
         self.signals_seen: dict[int, int] = {}
         self.stdin_procs = list(plan.stdin_ranks)  # job 1's process ids are its ranks
         self.stdin_open = bool(self.stdin_procs)
@@ -226,7 +227,12 @@ class Controller:
             self.abort(self.options.kill_timeout)
         elif status != 0:
             self._failed(state)
-            if self.options.abort_on_failure:
+            if self.options.abort_on_failure and self.stop_signal is not None and not self.aborting:
+                # Every rank got the user's signal and may still be acting on it (a traceback,
+                # a checkpoint): the others get the grace before they are killed, not at once.
+                if self.abort_at is None:
+                    self.abort_at = time.monotonic() + self.options.kill_timeout
+            elif self.options.abort_on_failure:
                 self.abort(self.options.kill_timeout)
 
     def _failed(self, state: RankState) -> None:
@@ -517,7 +523,7 @@ class Controller:
             silent_at = min(remote) + self.heartbeat if remote else None
             if silent_at is not None and silent_at < now:  # a remote link went quiet too long: look closer
                 self.keep_alive(now)
-            timers = [t for t in (deadline, self.output.next_deadline(), silent_at) if t is not None]
+            timers = [t for t in (deadline, self.output.next_deadline(), silent_at, self.abort_at) if t is not None]
             timeout = max(0.0, min(timers) - now) if timers else None
             if read_stdin_now:
                 self.read_stdin()
@@ -532,6 +538,10 @@ class Controller:
                 else:
                     self._drain_signals()
             self.output.flush_idle(now)
+            if self.abort_at is not None and now >= self.abort_at:
+                self.abort_at = None
+                if not all(s.done for s in self.procs):
+                    self.abort(self.options.kill_timeout)
             if deadline is not None and now >= deadline and not self.timed_out:
                 if not all(s.done for s in self.procs):
                     self.on_timeout()
