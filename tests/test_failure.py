@@ -218,29 +218,40 @@ def test_ctrl_c_interrupts_plain_python_ranks(launcher: Launcher, tmp_path: Path
     assert "The first process to do so was" not in text
 
 
+def _ctrl_c_with_rank1(
+    launcher: Launcher, tmp_path: Path, rank1_setup: str, kill_timeout: str
+) -> tuple[subprocess.Popen, bytes, bytes, float]:
+    """Two Python ranks that sleep; rank 1 first runs rank1_setup (its SIGINT handling). One
+    SIGINT to the launcher once both run: the launcher, its output, and the seconds it took."""
+    ready = tmp_path / "ready"
+    setup = "".join(f"    {line}\n" for line in rank1_setup.splitlines())
+    body = (
+        f"import os, signal, sys, time\nif os.environ['RANK'] == '1':\n{setup}"
+        f"open('{ready}.' + os.environ['RANK'], 'w').close()\ntime.sleep(60)\n"
+    )
+    script = write_script(tmp_path, "interrupted.py", body)
+    proc = launcher.popen("-np", "2", "--kill-timeout", kill_timeout, PY, script)
+    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    return proc, out, err, time.monotonic() - start
+
+
 def test_after_ctrl_c_a_rank_still_acting_on_it_is_not_killed_when_a_peer_exits(
     launcher: Launcher, tmp_path: Path
 ) -> None:
     """The job ends as the ranks decide: rank 0 dies of the SIGINT at once, rank 1 spends 0.8 s
     on it (a checkpoint) and then exits 1. A peer's exit after the user's signal must not
     SIGTERM rank 1 before the grace (--kill-timeout, 5 s here) is over."""
-    ready = tmp_path / "ready"
-    body = (
-        "import os, signal, sys, time\n"
+    saving = (
         "def saving(*_):\n"
         "    time.sleep(0.8)\n"
         "    print('checkpoint written', flush=True)\n"
         "    sys.exit(1)\n"
-        "if os.environ['RANK'] == '1':\n"
-        "    signal.signal(signal.SIGINT, saving)\n"
-        f"open('{ready}.' + os.environ['RANK'], 'w').close()\n"
-        "time.sleep(60)\n"
+        "signal.signal(signal.SIGINT, saving)"
     )
-    script = write_script(tmp_path, "checkpoint.py", body)
-    proc = launcher.popen("-np", "2", "--kill-timeout", "5", PY, script)
-    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
+    proc, out, err, _ = _ctrl_c_with_rank1(launcher, tmp_path, saving, "5")
     assert proc.returncode == 130, err
     assert out.count(b"checkpoint written") == 1, (out, err)
     assert err.count(b"KeyboardInterrupt") == 1, err
@@ -252,21 +263,7 @@ def test_after_ctrl_c_a_rank_that_ignores_it_is_killed_once_the_grace_is_over(
     """Rank 1 ignores SIGINT (stuck, say, in a collective with a dead peer): once rank 0 has
     died of the signal, rank 1 gets --kill-timeout (1 s) and is then stopped; one Ctrl-C is
     enough to end such a job."""
-    ready = tmp_path / "ready"
-    body = (
-        "import os, signal, time\n"
-        "if os.environ['RANK'] == '1':\n"
-        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        f"open('{ready}.' + os.environ['RANK'], 'w').close()\n"
-        "time.sleep(60)\n"
-    )
-    script = write_script(tmp_path, "stuck.py", body)
-    proc = launcher.popen("-np", "2", "--kill-timeout", "1", PY, script)
-    wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
-    start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
-    took = time.monotonic() - start
+    proc, _, err, took = _ctrl_c_with_rank1(launcher, tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)", "1")
     assert proc.returncode == 130, err
     assert 0.9 < took < 10, took  # the grace, then SIGTERM (which the rank does not ignore)
     assert tagged_pids(launcher.tag) == []
