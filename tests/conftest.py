@@ -19,6 +19,16 @@ TAG_VAR = "MPILAUNCH_TEST_TAG"
 HOST_SOURCES = ("MLP_MPI_", "SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default_hostfile")
 
 
+def stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...);
+    [] when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def tagged_pids(tag: str) -> list[int]:
     """Processes whose environment carries this test's tag (launcher, agent, ranks, their children)."""
     needle = f"{TAG_VAR}={tag}".encode()
@@ -29,22 +39,18 @@ def tagged_pids(tag: str) -> list[int]:
         try:
             with open(f"/proc/{name}/environ", "rb") as handle:
                 environ = handle.read()
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != b"Z" and needle in environ.split(b"\0"):
+        state = stat_fields(name)[:1]
+        if state and state != [b"Z"] and needle in environ.split(b"\0"):
             found.append(int(name))
     return found
 
 
 def parent_pid(pid: int) -> int:
     """A process's parent, 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+    fields = stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
 
 
 def process_name(pid: int) -> str:
@@ -171,3 +177,14 @@ def sshbed_fixtures(name: str, hosts: int, settle: float = 3.0):  # type: ignore
         assert not left, f"processes of the job survived on the hosts: {left}"
 
     return bed, clean_hosts
+
+
+def kill_launcher_expecting_clean_hosts(proc: subprocess.Popen, bed: object, within: float) -> None:
+    """kill -9 of the launcher: every process of the job must be gone from the bed's hosts
+    within `within` seconds."""
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    left = bed.wait_clean(within)  # type: ignore[attr-defined]
+    assert not left, f"still running {within:g} s after kill -9 of the launcher: {left}"
+    assert time.monotonic() - killed <= within

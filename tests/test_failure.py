@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Launcher, tagged_pids, write_script
+from .conftest import ROOT, Launcher, parent_pid, tagged_pids, write_script
 
 PY = sys.executable
 RANKS = ROOT / "tests" / "ranks"
@@ -186,17 +186,12 @@ def test_agent_killed_aborts_the_job(launcher: Launcher, tmp_path: Path) -> None
     ready = tmp_path / "ready"
     proc = launcher.popen("-np", "2", "sh", "-c", f"touch {ready}.$RANK; sleep 60")
     wait_for([Path(f"{ready}.0"), Path(f"{ready}.1")])
-    agent = [p for p in tagged_pids(launcher.tag) if _parent(p) == proc.pid]
+    agent = [p for p in tagged_pids(launcher.tag) if parent_pid(p) == proc.pid]
     assert len(agent) == 1
     os.kill(agent[0], signal.SIGKILL)
     _out, err = proc.communicate(timeout=10)
     assert proc.returncode != 0
     assert b"lost the agent of host localhost" in err
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        return int(handle.read().rsplit(b")", 1)[1].split()[1])
 
 
 def test_ctrl_c_interrupts_plain_python_ranks(launcher: Launcher, tmp_path: Path) -> None:

@@ -18,7 +18,15 @@ import psutil
 import pytest
 
 from mpilaunch.transport.openssh import HINTS
-from tests.conftest import Launcher, environ_text, is_remote_agent, sshbed_fixtures, sshd_of_sessions, write_script
+from tests.conftest import (
+    Launcher,
+    environ_text,
+    is_remote_agent,
+    kill_launcher_expecting_clean_hosts,
+    sshbed_fixtures,
+    sshd_of_sessions,
+    write_script,
+)
 from tests.sshbed import SshBed, bed_available
 from tests.test_ssh import ALLREDUCE, PY
 
@@ -108,12 +116,7 @@ def test_kill_9_of_the_launcher_cleans_every_host(launcher: Launcher, bed: SshBe
     proc = launcher.popen(*args(bed, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", PY, script))
     wait_up(proc, 8)
     assert len(bed.leftover_pids()) >= 8
-    proc.kill()
-    proc.wait()
-    killed = time.monotonic()
-    left = bed.wait_clean(2.0)
-    assert not left, f"still running 2 s after kill -9 of the launcher: {left}"
-    assert time.monotonic() - killed <= 2.0
+    kill_launcher_expecting_clean_hosts(proc, bed, 2.0)
 
 
 def test_killed_agent_aborts_the_job_naming_its_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Launcher, parent_pid, tagged_pids, write_script
+from tests.conftest import Launcher, parent_pid, stat_fields, tagged_pids, write_script
 
 
 def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
@@ -132,14 +132,8 @@ def _session_members(session: int) -> list[str]:
     """Processes (zombies included) whose session is `session`: pid and state."""
     found = []
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:
+        fields = stat_fields(name) if name.isdigit() else []
+        if fields and int(fields[3]) == session:
             found.append(f"{name} {fields[0].decode()}")
     return found
 

@@ -16,7 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import Launcher, environ_text, is_remote_agent, sshbed_fixtures, sshd_of_sessions, write_script
+from tests.conftest import (
+    Launcher,
+    environ_text,
+    is_remote_agent,
+    kill_launcher_expecting_clean_hosts,
+    sshbed_fixtures,
+    sshd_of_sessions,
+    write_script,
+)
 from tests.sshbed import SshBed, bed_available
 
 available, why = bed_available()
@@ -189,12 +197,7 @@ def test_kill_9_of_the_launcher_cleans_every_host_of_the_tree(launcher: Launcher
     proc = tree_popen(launcher, bed, "-H", ALL_HOSTS, PY, script)
     assert proc.stdout is not None
     wait_for(proc, b"up", 7)
-    proc.kill()
-    proc.wait()
-    killed = time.monotonic()
-    left = bed.wait_clean(5.0)
-    assert not left, f"still running 5 s after kill -9 of the launcher: {left}"
-    assert time.monotonic() - killed <= 5.0
+    kill_launcher_expecting_clean_hosts(proc, bed, 5.0)
 
 
 def test_a_host_a_relay_cannot_reach_is_named_with_sshs_words(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
