@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from mpilaunch import cliopts
+from mpilaunch.cli import cliopts
 
 # Words that mean no job starts here (help, version, a dry run): the early fork is skipped.
 NO_JOB = frozenset(
@@ -30,7 +30,7 @@ def main(quick_exit: bool = True) -> None:
         local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
         local.prestart_local_agent()
     try:
-        from mpilaunch.cli import main as run
+        from mpilaunch.cli.main import main as run
 
         run(args)
         status = 0

@@ -8,8 +8,8 @@ from click.core import ParameterSource
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpilaunch import argscan, cliopts
-from mpilaunch.cli import parse_args, run_command
+from mpilaunch.cli import argscan, cliopts
+from mpilaunch.cli.main import parse_args, run_command
 
 SPELLINGS = [flag for opt in cliopts.RUN_OPTIONS for flag in opt.flags]
 VALUES = [

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch import devices, hostinfo
-from mpilaunch.cli import parse_args
+from mpilaunch.cli.main import parse_args
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host
-from mpilaunch.placement import place
-from mpilaunch.ranktable import build_rank_table, format_rank_table, job_rank_table
+from mpilaunch.host import hostinfo
+from mpilaunch.plan import devices
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.placement import place
+from mpilaunch.plan.ranktable import build_rank_table, format_rank_table, job_rank_table
 
 # MindSpore's rank_table_8pcs.json as the seed (MindSpore r1.7 "train_ascend") shows it.
 SAMPLE_8PCS = """{ "version": "1.0", "server_count": "1", "server_list": [ { "server_id": "10.*.*.*", "device": [
@@ -334,9 +335,9 @@ def test_the_shipped_agent_answers_the_probe_and_writes_the_table(tmp_path: Path
     modules from stdin): counts GPUs on its PATH, reads hccn.conf, writes the rank table."""
     import subprocess
 
-    from mpilaunch import wire
+    from mpilaunch.protocol import wire
+    from mpilaunch.protocol.wire import MARKER
     from mpilaunch.transport.bootstrap import agent_command, agent_payload
-    from mpilaunch.wire import MARKER
 
     smi_dir = fake_smi(tmp_path, "echo 'GPU 0: X'; echo 'GPU 1: X'")
     conf = tmp_path / "hccn.conf"

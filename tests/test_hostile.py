@@ -25,14 +25,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mpilaunch import wire
-from mpilaunch.agent import Agent
-from mpilaunch.cli import parse_args
-from mpilaunch.controller import Controller, HostLink
-from mpilaunch.output import OutputSink
-from mpilaunch.plan import build_plan
-from mpilaunch.pmi.server import PmiService
-from mpilaunch.pmi.simple import ProtocolError, parse_line
+from mpilaunch.agent.agent import Agent
+from mpilaunch.agent.services.pmi import PmiService
+from mpilaunch.agent.services.pmi1 import ProtocolError, parse_line
+from mpilaunch.cli.main import parse_args
+from mpilaunch.launcher.controller import Controller, HostLink
+from mpilaunch.launcher.output import OutputSink
+from mpilaunch.plan.build import build_plan
+from mpilaunch.protocol import wire
 
 from .conftest import ROOT, Launcher, tagged_pids
 
@@ -245,7 +245,7 @@ def test_agent_fed_garbage_stops_and_kills_its_ranks(launcher: Launcher, tmp_pat
     marks = tmp_path / "marks"
     marks.mkdir()
     agent = subprocess.Popen(
-        [PY, "-c", "from mpilaunch.agent import serve_stdio; raise SystemExit(serve_stdio())"],
+        [PY, "-c", "from mpilaunch.agent.agent import serve_stdio; raise SystemExit(serve_stdio())"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=launcher.env,
     )  # fmt: skip
     assert agent.stdin is not None and agent.stdout is not None and agent.stderr is not None

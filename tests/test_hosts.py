@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host, parse_host_list, parse_hostfile
+from mpilaunch.plan.hosts import Host, parse_host_list, parse_hostfile
 
 from .conftest import ROOT
 

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host
-from mpilaunch.hostsources import (
+from mpilaunch.plan.build import resolve_hosts
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.hostsources import (
     expand_hostlist,
     expand_tasks_per_node,
     from_environment,
@@ -25,8 +26,7 @@ from mpilaunch.hostsources import (
     parse_pbs_nodefile,
     slurm_hosts,
 )
-from mpilaunch.plan import resolve_hosts
-from mpilaunch.spec import Options
+from mpilaunch.plan.spec import Options
 
 from .conftest import ROOT
 

@@ -14,10 +14,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.cli import parse_args, run_command
+from mpilaunch.cli.jobfile import FileApp, option_keys, parse_job_file
+from mpilaunch.cli.main import parse_args, run_command
 from mpilaunch.errors import LaunchError
-from mpilaunch.jobfile import FileApp, option_keys, parse_job_file
-from mpilaunch.spec import AppContext
+from mpilaunch.plan.spec import AppContext
 
 from .conftest import ROOT, Launcher
 

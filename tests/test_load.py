@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.cli import main
+from mpilaunch.cli.main import main
 
 from .conftest import ROOT, TAG_VAR, Launcher, tagged_pids, write_script
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.mpi_family import needed_libraries
+from mpilaunch.host.mpi_family import needed_libraries
 
 from .conftest import ROOT, Launcher, tagged_pids, write_script
 

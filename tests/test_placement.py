@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host, merge_hosts, parse_host_list, parse_hostfile, with_core_counts
-from mpilaunch.placement import place
-from mpilaunch.plan import build_plan
-from mpilaunch.spec import AppContext, JobSpec, Options
+from mpilaunch.plan.build import build_plan
+from mpilaunch.plan.hosts import Host, merge_hosts, parse_host_list, parse_hostfile, with_core_counts
+from mpilaunch.plan.placement import place
+from mpilaunch.plan.spec import AppContext, JobSpec, Options
 
 from .conftest import ROOT
 

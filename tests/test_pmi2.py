@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.pmi import pmi2
-from mpilaunch.pmi.simple import ProtocolError
+from mpilaunch.agent.services import pmi2
+from mpilaunch.agent.services.pmi1 import ProtocolError
 
 from .conftest import ROOT, Launcher, tagged_pids, write_script
 
@@ -155,8 +155,8 @@ V1_LINES = st.builds(
 @settings(max_examples=300, deadline=None)
 def test_fuzz_server_answers_or_refuses_but_never_raises(messages: list[bytes], init_line: bool) -> None:
     """Whatever a rank sends, PmiService answers it or reports the rank (pmi_error); it never raises."""
-    from mpilaunch import wire
-    from mpilaunch.pmi.server import PmiService
+    from mpilaunch.agent.services.pmi import PmiService
+    from mpilaunch.protocol import wire
 
     sent: list[bytes] = []
     service = PmiService(JOB, sent.append)

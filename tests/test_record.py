@@ -1,4 +1,4 @@
-"""Records (mpilaunch.record): what typing.NamedTuple gave the planner, without importing typing."""
+"""Records (mpilaunch.protocol.record): what typing.NamedTuple gave the planner, without importing typing."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 
-from mpilaunch.hosts import Host
-from mpilaunch.record import Record
-from mpilaunch.spec import Options
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.spec import Options
+from mpilaunch.protocol.record import Record
 
 
 class Point(Record):

@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from mpilaunch import spawn
+from mpilaunch.host import spawn
 from tests.conftest import Launcher
 
 

@@ -24,8 +24,8 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "mpilaunch.controller" in imported
-    for heavy in ("paramiko", "yaml", "mpilaunch.jobfile", "psutil", "asyncio", "mpi4py", "numpy"):
+    assert "mpilaunch.launcher.controller" in imported
+    for heavy in ("paramiko", "yaml", "mpilaunch.cli.jobfile", "psutil", "asyncio", "mpi4py", "numpy"):
         assert heavy not in imported
     # What the run path was trimmed of (issue 5): click (the command line is scanned by argscan),
     # dataclasses and inspect, subprocess and shutil, and what only reports or rank tables need.
@@ -40,8 +40,8 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
         "inspect",
         "subprocess",
         "shutil",
-        "mpilaunch.report",
-        "mpilaunch.ranktable",
+        "mpilaunch.launcher.report",
+        "mpilaunch.plan.ranktable",
     ):
         assert trimmed in at_start or trimmed not in imported, trimmed
 
@@ -119,7 +119,7 @@ def test_the_launcher_process_imports_neither_typing_nor_socket(tmp_path) -> Non
         "except SystemExit as done:\n"
         "    status = done.code\n"
         "new = {'typing', 'socket'} & (set(sys.modules) - before)\n"
-        "print(status, 'mpilaunch.controller' in sys.modules, sorted(new))\n"
+        "print(status, 'mpilaunch.launcher.controller' in sys.modules, sorted(new))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60

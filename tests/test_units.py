@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpilaunch import wire
-from mpilaunch.cli import parse_args, split_apps
+from mpilaunch.cli.main import parse_args, split_apps
 from mpilaunch.errors import LaunchError
-from mpilaunch.output import Console, rank_dir_name
-from mpilaunch.placement import Rank
-from mpilaunch.rank_env import JobLayout, inherited, job_variables, mask, rank_environment
-from mpilaunch.report import ranges
+from mpilaunch.launcher.output import Console, rank_dir_name
+from mpilaunch.launcher.report import ranges
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, mask, rank_environment
+from mpilaunch.protocol import wire
 
 
 def test_single_dash_long_options_and_program_arguments() -> None:
@@ -237,7 +237,7 @@ def test_tree_layout_is_breadth_first_with_at_most_width_children(hosts: int, wi
 
 
 def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -> None:
-    from mpilaunch.programs import carried_environment, merge_host_environment
+    from mpilaunch.host.programs import carried_environment, merge_host_environment
 
     here, gone = str(tmp_path), str(tmp_path / "gone")
     carried = carried_environment(
@@ -282,8 +282,8 @@ def test_the_shipped_agent_runs_from_its_bundle_alone(tmp_path: Path, magic: byt
     nothing of mpilaunch importable from disk (from an empty directory, no site-packages)."""
     import subprocess
 
+    from mpilaunch.protocol.wire import MARKER
     from mpilaunch.transport.bootstrap import agent_command, agent_payload
-    from mpilaunch.wire import MARKER
 
     payload = agent_payload() if magic is None else agent_payload(magic)
     check = wire.control("check", apps=[{"program": "sh", "wdir": str(tmp_path)}], carried={}, mpi=True, port=0)
@@ -306,8 +306,8 @@ def test_the_agent_runs_on_every_python_from_3_9_and_says_so_below() -> None:
     differs, and a Python older than 3.9 gets one clear line instead of a traceback."""
     import subprocess
 
+    from mpilaunch.protocol.wire import MARKER
     from mpilaunch.transport.bootstrap import agent_command, agent_payload
-    from mpilaunch.wire import MARKER
 
     for python in OTHER_PYTHONS:
         version = tuple(int(x) for x in python.split("/versions/")[1].split("/")[0].split(".")[:2])

@@ -12,19 +12,9 @@ import sys
 import zlib
 from functools import lru_cache
 
-# The agent's import closure (all stdlib-only); tests check that it imports from this alone.
-AGENT_MODULES = (
-    "mpilaunch",
-    "mpilaunch.agent",
-    "mpilaunch.wire",
-    "mpilaunch.binding",
-    "mpilaunch.programs",
-    "mpilaunch.spawn",
-    "mpilaunch.hostinfo",
-    "mpilaunch.mpi_family",
-    "mpilaunch.pmi",
-    "mpilaunch.relay",
-)
+# What runs on a remote host: these folders of the package, whole (stdlib only: tests check that
+# they import nothing else), and the package itself.
+SHIPPED = ("agent", "host", "protocol")
 MIN_PYTHON = (3, 9)
 
 
@@ -80,7 +70,7 @@ class BundleImporter:
         exec(code, module.__dict__)
 
 sys.meta_path.insert(0, BundleImporter())
-from mpilaunch.agent import serve_stdio
+from mpilaunch.agent.agent import serve_stdio
 STAGE2 = BUNDLE["stage2"].encode()
 raise SystemExit(serve_stdio(b"%010d" % len(STAGE2) + STAGE2 + b"%010d" % len(PACKED) + PACKED))
 """
@@ -90,11 +80,8 @@ def _agent_modules() -> dict[str, tuple[bool, str, bytes]]:
     """Every module the agent may import, by name: (is a package, source, marshalled code).
     The code comes from the package's own loader, so an installed mpilaunch ships its cached
     bytecode instead of compiling the agent again at every launch."""
-    pmi_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pmi")
-    names = list(AGENT_MODULES)
-    names += sorted(f"mpilaunch.pmi.{f[:-3]}" for f in os.listdir(pmi_dir) if f.endswith(".py") and f != "__init__.py")
     modules = {}
-    for name in names:
+    for name in shipped_modules():
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.loader is not None, name
         loader = spec.loader
@@ -102,6 +89,19 @@ def _agent_modules() -> dict[str, tuple[bool, str, bytes]]:
         source = loader.get_source(name)  # type: ignore[attr-defined]
         modules[name] = (spec.submodule_search_locations is not None, source, marshal.dumps(code))
     return modules
+
+
+def shipped_modules() -> list[str]:
+    """The names of every module in the shipped folders (packages first, then their modules)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = ["mpilaunch"]
+    for folder in SHIPPED:
+        for where, dirs, files in os.walk(os.path.join(package, folder)):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+            dotted = "mpilaunch." + os.path.relpath(where, package).replace(os.sep, ".")
+            names.append(dotted)
+            names += [f"{dotted}.{f[:-3]}" for f in sorted(files) if f.endswith(".py") and f != "__init__.py"]
+    return names
 
 
 def _blob(data: bytes) -> bytes:

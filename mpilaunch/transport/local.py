@@ -77,7 +77,8 @@ def prestart_local_agent() -> None:
         import selectors  # noqa: F401
         import signal  # noqa: F401
 
-        from mpilaunch import programs, wire  # noqa: F401
+        from mpilaunch.host import programs  # noqa: F401
+        from mpilaunch.protocol import wire  # noqa: F401
 
         _early = _fork_agent()
 
@@ -127,7 +128,7 @@ def _fork_agent() -> LocalLink:
             os.close(devnull)
             import socket
 
-            from mpilaunch.agent import serve
+            from mpilaunch.agent.agent import serve
 
             status = serve(socket.socket(fileno=theirs.detach()))
         except BaseException as exc:

@@ -22,9 +22,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from mpilaunch import spawn, wire
+from mpilaunch.agent.relay import ssh_argv, ssh_options, ssh_version
 from mpilaunch.errors import LaunchError
-from mpilaunch.relay import ssh_argv, ssh_options, ssh_version
+from mpilaunch.host import spawn
+from mpilaunch.protocol import wire
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh import (
     CONNECT_TIMEOUT,

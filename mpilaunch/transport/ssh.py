@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Mapping
 from types import ModuleType
 
-from mpilaunch import wire
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import HostSyntaxError, check_host_name, check_user_name
-from mpilaunch.record import Record
+from mpilaunch.plan.hosts import HostSyntaxError, check_host_name, check_user_name
+from mpilaunch.protocol import wire
+from mpilaunch.protocol.record import Record
+from mpilaunch.protocol.wire import MARKER, MAX_NOISE
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
-from mpilaunch.wire import MARKER, MAX_NOISE
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:

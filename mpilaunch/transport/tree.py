@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from mpilaunch import wire
+from mpilaunch.protocol import wire
 from mpilaunch.transport.bootstrap import agent_command
 from mpilaunch.transport.ssh import CONNECT_TIMEOUT, HostResult, SshError, SshLink, SshOptions, start_agents
 

@@ -12,10 +12,10 @@ import itertools
 import re
 from collections.abc import Mapping
 
-from mpilaunch import hosts as hostlib
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host, HostSyntaxError
-from mpilaunch.textfiles import read_text
+from mpilaunch.plan import hosts as hostlib
+from mpilaunch.plan.hosts import Host, HostSyntaxError
+from mpilaunch.plan.textfiles import read_text
 
 # Looked at in this order; the first one set (and not empty) is used.
 SOURCES = (

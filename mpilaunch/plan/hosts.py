@@ -6,8 +6,8 @@ import os
 import re
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.record import Record
-from mpilaunch.textfiles import read_text
+from mpilaunch.plan.textfiles import read_text
+from mpilaunch.protocol.record import Record
 
 _HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])$")
 _USER_RE = r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$"  # compiled by re on first use: most runs name no user

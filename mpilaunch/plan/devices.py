@@ -10,8 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host
-from mpilaunch.placement import Rank
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.placement import Rank
 
 # The device lists a rank's framework reads; a user who set one of them chose the devices.
 DEVICE_LISTS = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -183,7 +183,7 @@ def probe_request(
 ) -> dict:
     """What each host must find out before the job's variables can be computed: GPUs (only for
     --devices-per-rank without a device list) and its device IPs (only for --rank-table)."""
-    from mpilaunch.hostinfo import HCCN_CONF
+    from mpilaunch.host.hostinfo import HCCN_CONF
 
     return {
         "gpus": bool(per_rank) and not user_device_lists(launcher_env, exports),
@@ -206,8 +206,8 @@ def this_machine_address() -> str:
 
 def local_host_info(hosts: Sequence[Host], ranks: Sequence[Rank], request: Mapping, path: str) -> dict[int, dict]:
     """hostinfo.probe for the hosts that are this machine (asked once), by host index."""
-    from mpilaunch.hostinfo import probe
-    from mpilaunch.hosts import needs_ssh
+    from mpilaunch.host.hostinfo import probe
+    from mpilaunch.plan.hosts import needs_ssh
 
     local = sorted({r.host for r in ranks if not needs_ssh(hosts[r.host])})
     if not local:

@@ -6,14 +6,14 @@ import os
 import sys
 from collections.abc import Mapping
 
-from mpilaunch import devices
-from mpilaunch.controller import Controller
 from mpilaunch.errors import LaunchError
-from mpilaunch.output import Console, OutputSink
-from mpilaunch.plan import LaunchPlan, build_plan, host_checks, remote_hosts, with_master
-from mpilaunch.programs import carried_environment, program_problem
-from mpilaunch.rank_env import inherited
-from mpilaunch.spec import JobSpec
+from mpilaunch.host.programs import carried_environment, program_problem
+from mpilaunch.launcher.controller import Controller
+from mpilaunch.launcher.output import Console, OutputSink
+from mpilaunch.plan import devices
+from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, with_master
+from mpilaunch.plan.rank_env import inherited
+from mpilaunch.plan.spec import JobSpec
 from mpilaunch.transport.local import LocalLink, discard_early_agent, raise_fd_limit, start_local_agent
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
@@ -34,7 +34,7 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) ->
 def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, SshLink], LaunchPlan]:
     """One agent on every remote host, each checked before anything starts; then MASTER_ADDR is
     the address rank 0's host was reached at, and MASTER_PORT a port free there."""
-    from mpilaunch import wire
+    from mpilaunch.protocol import wire
     from mpilaunch.transport.ssh import SshOptions
 
     options = plan.options
@@ -104,7 +104,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
 def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
     """The rank table's text for this plan, and notes on what HCCL may not accept."""
     job = plan.job
-    from mpilaunch.ranktable import format_rank_table, job_rank_table  # only with --rank-table
+    from mpilaunch.plan.ranktable import format_rank_table, job_rank_table  # only with --rank-table
 
     table, notes = job_rank_table(
         job.ranks,
@@ -120,8 +120,8 @@ def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
 def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink | RelayedLink]) -> None:
     """--rank-table: the file here, and at the same path on every remote host (by its agent), so
     each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
-    from mpilaunch import wire
-    from mpilaunch.hostinfo import write_file
+    from mpilaunch.host.hostinfo import write_file
+    from mpilaunch.protocol import wire
     from mpilaunch.transport.tree import gather
 
     path = plan.options.rank_table
@@ -156,7 +156,7 @@ def run_job(spec: JobSpec) -> int:
     options = spec.options
     job = plan.job
     if options.display_map or options.dry_run:
-        from mpilaunch.report import dry_run_env, rank_map
+        from mpilaunch.launcher.report import dry_run_env, rank_map
 
         print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
     if options.dry_run:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.mpi_family import open_mpi_library
+from mpilaunch.host.mpi_family import open_mpi_library
 
 
 def find_program(program: str, env: dict[str, str]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from mpilaunch.pmi.simple import ProtocolError
+from mpilaunch.agent.services.pmi1 import ProtocolError
 
 LENGTH_DIGITS = 6
 FRAME_MAX = 1 << 16  # MPICH's PMI-2 client never sends more (PMII_MAX_COMMAND_LEN)

@@ -6,7 +6,7 @@ imports `inspect`) costs a plain run about 20 ms at start-up.
 
 from __future__ import annotations
 
-from mpilaunch.record import Record
+from mpilaunch.protocol.record import Record
 
 
 class AppContext(Record):

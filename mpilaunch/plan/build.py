@@ -11,16 +11,16 @@ import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from mpilaunch import devices
-from mpilaunch import hosts as hostlib
+from mpilaunch.agent.services.pmi1 import process_mapping
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host
-from mpilaunch.placement import Rank, place
-from mpilaunch.pmi.simple import process_mapping
-from mpilaunch.programs import probe_port
-from mpilaunch.rank_env import JobLayout, inherited, job_variables, rank_environment
-from mpilaunch.record import Record
-from mpilaunch.spec import JobSpec, Options
+from mpilaunch.host.programs import probe_port
+from mpilaunch.plan import devices
+from mpilaunch.plan import hosts as hostlib
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.placement import Rank, place
+from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, rank_environment
+from mpilaunch.plan.spec import JobSpec, Options
+from mpilaunch.protocol.record import Record
 
 # MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
 PMI_VERSION_NAMES = ("MPIR_CVAR_PMI_VERSION", "MPIR_PARAM_PMI_VERSION", "MPICH_PMI_VERSION")
@@ -71,7 +71,7 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
         return hostlib.merge_local_aliases(chosen), f"hostfile {options.hostfile} restricted by -H"
     if listed:
         return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
-    from mpilaunch.hostsources import from_environment
+    from mpilaunch.plan.hostsources import from_environment
 
     found = from_environment(os.environ if env is None else env)
     if found is not None:
@@ -218,7 +218,7 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
         source = "the host list"
     nps = [app.np for app in spec.apps]
     if source.startswith("MLP_MPI_") and nps == [None]:  # the platform's MLP_MPI_NP is the default -n
-        from mpilaunch.hostsources import mlp_np
+        from mpilaunch.plan.hostsources import mlp_np
 
         nps[0] = mlp_np(env)
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""

@@ -8,7 +8,7 @@ import stat
 import time
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.wire import STDERR, STDOUT
+from mpilaunch.protocol.wire import STDERR, STDOUT
 
 IDLE_FLUSH = 0.25  # seconds a partial line waits before it is shown anyway
 MAX_PENDING = 1 << 16  # a longer partial line is shown at once

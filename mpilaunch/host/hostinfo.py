@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from mpilaunch.programs import find_program
+from mpilaunch.host.programs import find_program
 
 HCCN_CONF = "/etc/hccn.conf"  # where Ascend's hccn_tool keeps each device's IP (address_N=IP)
 SMI_TIMEOUT = 20.0  # seconds: nvidia-smi can be slow while the driver wakes up

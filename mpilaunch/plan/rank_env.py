@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from mpilaunch.placement import Rank
-from mpilaunch.record import Record
+from mpilaunch.plan.placement import Rank
+from mpilaunch.protocol.record import Record
 
 # Variables an enclosing launcher (mpirun, hydra, srun's PMI) leaves behind; passing
 # them on would make a rank join the outer job or misreport its identity.

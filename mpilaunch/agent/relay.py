@@ -16,8 +16,9 @@ import os
 import selectors
 import signal
 
-from mpilaunch import spawn, wire
-from mpilaunch.programs import find_program
+from mpilaunch.host import spawn
+from mpilaunch.host.programs import find_program
+from mpilaunch.protocol import wire
 
 READ_SIZE = 1 << 18
 # Key exchange first tried: the one mpilaunch's own connections (paramiko) use. OpenSSH 9's

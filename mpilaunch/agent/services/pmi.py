@@ -18,9 +18,17 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from mpilaunch import wire
-from mpilaunch.pmi import pmi2
-from mpilaunch.pmi.simple import KEYLEN_MAX, KVSNAME_MAX, LINE_MAX, VALLEN_MAX, ProtocolError, format_reply, parse_line
+from mpilaunch.agent.services import pmi2
+from mpilaunch.agent.services.pmi1 import (
+    KEYLEN_MAX,
+    KVSNAME_MAX,
+    LINE_MAX,
+    VALLEN_MAX,
+    ProtocolError,
+    format_reply,
+    parse_line,
+)
+from mpilaunch.protocol import wire
 
 NEW, INITIALIZED, FINALIZED = "new", "init", "finalized"
 NAME_RESULTS = {"publish_name": "publish_result", "unpublish_name": "unpublish_result", "lookup_name": "lookup_result"}

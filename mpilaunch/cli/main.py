@@ -6,10 +6,11 @@ import functools
 import os
 import sys
 
-from mpilaunch import __version__, argscan, cliopts
-from mpilaunch.cliopts import stdin_choice
+from mpilaunch import __version__
+from mpilaunch.cli import argscan, cliopts
+from mpilaunch.cli.cliopts import stdin_choice
 from mpilaunch.errors import LaunchError
-from mpilaunch.spec import AppContext, JobSpec, Options
+from mpilaunch.plan.spec import AppContext, JobSpec, Options
 
 EPILOG = """\b
 Examples:
@@ -125,7 +126,7 @@ def _parse_segment(words: list[str]) -> tuple[dict, set[str]]:
 
 
 def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
-    from mpilaunch.rank_env import valid_env_name
+    from mpilaunch.plan.rank_env import valid_env_name
 
     out = []
     for item in values:
@@ -158,7 +159,7 @@ def parse_args(argv: list[str]) -> JobSpec:
                 globals_[name] = value
     config = globals_.pop("config")
     if config:  # pyyaml only now: a plain run does not pay for it
-        from mpilaunch.jobfile import apply_job_file, read_job_file
+        from mpilaunch.cli.jobfile import apply_job_file, read_job_file
 
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
     exports = exports_of(globals_.pop("exports"))  # type: ignore[arg-type]
@@ -206,13 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if args and args[0] in cliopts.SUBCOMMANDS:
-            from mpilaunch.hostcli import run_subcommand
+            from mpilaunch.cli.hostcli import run_subcommand
 
             status = run_subcommand(args[0], args[1:])
         else:
             spec = parse_args(args)
             check_root(spec.options, os.environ)
-            from mpilaunch.launch import run_job
+            from mpilaunch.launcher.launch import run_job
 
             status = run_job(spec)
     except LaunchError as exc:

@@ -15,12 +15,13 @@ import sys
 import time
 from collections.abc import Callable
 
-from mpilaunch import hostinfo, spawn, wire
-from mpilaunch.binding import cpu_groups, cpus_for
-from mpilaunch.mpi_family import OpenMpiWatch
-from mpilaunch.pmi.server import PmiService
-from mpilaunch.programs import merge_host_environment, probe_port, program_problem
-from mpilaunch.relay import Relay
+from mpilaunch.agent.relay import Relay
+from mpilaunch.agent.services.pmi import PmiService
+from mpilaunch.host import hostinfo, spawn
+from mpilaunch.host.binding import cpu_groups, cpus_for
+from mpilaunch.host.mpi_family import OpenMpiWatch
+from mpilaunch.host.programs import merge_host_environment, probe_port, program_problem
+from mpilaunch.protocol import wire
 
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
 HANGUP_GRACE = 0.5  # a rank that closed its PMI socket early has this long to exit instead

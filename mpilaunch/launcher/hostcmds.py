@@ -7,11 +7,11 @@ import os
 import sys
 from dataclasses import dataclass
 
-from mpilaunch import hosts as hostlib
-from mpilaunch.hosts import Host
-from mpilaunch.plan import resolve_hosts
-from mpilaunch.programs import carried_environment, probe_port, program_problem
-from mpilaunch.spec import AppContext, JobSpec, Options
+from mpilaunch.host.programs import carried_environment, probe_port, program_problem
+from mpilaunch.plan import hosts as hostlib
+from mpilaunch.plan.build import resolve_hosts
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.spec import AppContext, JobSpec, Options
 
 STAGES = ("resolve", "connect", "host key", "auth", "agent")  # in the order a connection meets them
 COLUMNS = ("HOST", "ADDRESS", "RESOLVE", "CONNECT", "HOST KEY", "AUTH", "PYTHON", "PROGRAM", "PORT")
@@ -85,7 +85,7 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
-    from mpilaunch import wire
+    from mpilaunch.protocol import wire
     from mpilaunch.transport.ssh import SshOptions, start_agents
 
     hosts = _hosts(options)
@@ -118,9 +118,9 @@ def run_allrun(
 ) -> int:
     """The command once on every host (not per slot), output tagged with the host's name, then
     each host's exit status; every host runs to its end whatever the others do."""
-    from mpilaunch.launch import execute
-    from mpilaunch.plan import build_plan
-    from mpilaunch.report import describe_status
+    from mpilaunch.launcher.launch import execute
+    from mpilaunch.launcher.report import describe_status
+    from mpilaunch.plan.build import build_plan
 
     hosts = [h._replace(slots=1, max_slots=None) for h in _hosts(options)]
     options = options._replace(map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))

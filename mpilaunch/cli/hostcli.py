@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.cli import check_root, click_option, exports_of
-from mpilaunch.cliopts import RUN_OPTIONS
+from mpilaunch.cli.cliopts import RUN_OPTIONS
+from mpilaunch.cli.main import check_root, click_option, exports_of
 from mpilaunch.errors import LaunchError
-from mpilaunch.spec import Options
+from mpilaunch.plan.spec import Options
 
 _ROWS = {opt.name: opt for opt in RUN_OPTIONS}
 HOST_KEYS = ("hosts", "hostfile", "ssh_config", "ssh_accept_new")
@@ -52,7 +52,7 @@ def run_subcommand(name: str, args: list[str]) -> int:
     """`mpilaunch check ...` or `mpilaunch allrun ...` -> exit status."""
     import click
 
-    from mpilaunch import hostcmds
+    from mpilaunch.launcher import hostcmds
 
     check, allrun = _commands()
     command = check if name == "check" else allrun

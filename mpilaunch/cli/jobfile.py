@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import click
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.spec import AppContext
-from mpilaunch.textfiles import read_text
+from mpilaunch.plan.spec import AppContext
+from mpilaunch.plan.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
 NOT_IN_FILE = frozenset({"config"})  # a job file does not name another one
@@ -218,7 +218,7 @@ def _item_lines(node) -> list[int]:  # type: ignore[no-untyped-def]
 
 
 def _check_hosts(values: tuple[str, ...], key: str, lines: list[int]) -> None:
-    from mpilaunch.hosts import parse_host_list
+    from mpilaunch.plan.hosts import parse_host_list
 
     for value, line in zip(values, lines):
         try:
@@ -228,7 +228,7 @@ def _check_hosts(values: tuple[str, ...], key: str, lines: list[int]) -> None:
 
 
 def _check_exports(values: tuple[str, ...], key: str, lines: list[int]) -> None:
-    from mpilaunch.rank_env import valid_env_name
+    from mpilaunch.plan.rank_env import valid_env_name
 
     for item, line in zip(values, lines):
         if not valid_env_name(item.partition("=")[0]):

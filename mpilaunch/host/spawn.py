@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import signal
 
-from mpilaunch.programs import find_program
+from mpilaunch.host.programs import find_program
 
 SHELL = "/bin/sh"
 # $1... is the program as given (so the rank's argv[0] is too) and its arguments; the gate's

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from mpilaunch.devices import job_device_lists, physical_device, user_device_lists
-from mpilaunch.hosts import Host
-from mpilaunch.placement import Rank
+from mpilaunch.plan.devices import job_device_lists, physical_device, user_device_lists
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.placement import Rank
 
 Device = tuple[str, str, int]  # (device_id, device_ip, rank_id)
 

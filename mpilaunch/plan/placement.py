@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.hosts import Host
-from mpilaunch.record import Record
+from mpilaunch.plan.hosts import Host
+from mpilaunch.protocol.record import Record
 
 
 class Rank(Record):

@@ -13,13 +13,13 @@ import signal
 import sys
 import time
 
-from mpilaunch import wire
 from mpilaunch.errors import LaunchError
-from mpilaunch.output import OutputSink
-from mpilaunch.placement import Rank
-from mpilaunch.plan import JobPlan, LaunchPlan, remote_hosts, spawn_plan
-from mpilaunch.pmi.kvs import JobKvs, NameService
-from mpilaunch.rank_env import LEAK_NAMES, LEAK_PREFIXES
+from mpilaunch.launcher.output import OutputSink
+from mpilaunch.launcher.pmi import JobKvs, NameService
+from mpilaunch.plan.build import JobPlan, LaunchPlan, remote_hosts, spawn_plan
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES
+from mpilaunch.protocol import wire
 from mpilaunch.transport.local import start_local_agent
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
@@ -571,7 +571,7 @@ class Controller:
         failure = self.first_failure
         ended = [s for s in self.procs if s.proc in self.failed and s is not failure]
         if failure is None and ended and self.stop_signal is not None:
-            from mpilaunch.report import ranges  # only a failed or stopped run reports
+            from mpilaunch.launcher.report import ranges  # only a failed or stopped run reports
 
             name = signal.Signals(self.stop_signal).name
             first_job = ranges([s.rank.rank for s in ended if s.job == 1]) or "none of job 1"
@@ -582,7 +582,7 @@ class Controller:
                 file=sys.stderr,
             )
         if failure is not None and self.summary:
-            from mpilaunch.report import failure_summary
+            from mpilaunch.launcher.report import failure_summary
 
             killed = [s.proc for s in self.procs if s.killed and s is not failure]
             job = self.jobs[failure.job]

@@ -9,7 +9,7 @@ compares both parsers on generated command lines.
 
 from __future__ import annotations
 
-from mpilaunch.cliopts import (
+from mpilaunch.cli.cliopts import (
     CHOICE,
     FLAG,
     FLOAT_NONNEG,

@@ -6,9 +6,9 @@ import shlex
 import signal
 from collections.abc import Mapping, Sequence
 
-from mpilaunch.hosts import Host
-from mpilaunch.placement import Rank
-from mpilaunch.rank_env import mask
+from mpilaunch.plan.hosts import Host
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.rank_env import mask
 
 RULE = "-" * 74
 
