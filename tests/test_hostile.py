@@ -26,13 +26,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.agent.agent import Agent
-from mpilaunch.agent.services.pmi import PmiService
 from mpilaunch.agent.services.pmi1 import ProtocolError, parse_line
+from mpilaunch.agent.services.pmi_job import JobServer
 from mpilaunch.cli.main import parse_args
 from mpilaunch.launcher.controller import Controller, HostLink
+from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import OutputSink
 from mpilaunch.plan.build import build_plan
 from mpilaunch.protocol import wire
+from mpilaunch.protocol.messages import PmiJob, encode
+from mpilaunch.transport.base import Link
 
 from .conftest import ROOT, Launcher, tagged_pids
 
@@ -111,7 +114,7 @@ def test_fuzz_pmi1_line_parser_only_raises_protocol_error(data: bytes) -> None:
     assert fields["cmd"]
 
 
-PMI1_JOB = {"job": 1, "size": 1, "universe": 1, "kvsname": "kvs_h_1", "mapping": "(vector,(0,1,1))"}
+PMI1_JOB = PmiJob(job=1, size=1, universe=1, kvsname="kvs_h_1", mapping="(vector,(0,1,1))", preput={})
 PMI1_FIXED = [b"cmd=init pmi_version=1 pmi_subversion=1\n", b"cmd=get_maxes\n", b"cmd=get_appnum\n"]
 PMI1_FIXED += [b"cmd=get_my_kvsname\n", b"cmd=get_universe_size\n", b"cmd=bogus a=b\n", b"cmd=finalize\n"]
 _pmi1_lines = st.one_of(
@@ -127,9 +130,9 @@ _pmi1_lines = st.one_of(
 
 
 def _serve_pmi1(pieces: list[bytes]) -> tuple[bytes, list, bool]:
-    """What a PmiService answers a rank sending these pieces, what it sends up, and if it hung up."""
+    """What a job's PMI server answers a rank sending these pieces, what it sends up, and if it hung up."""
     sent: list[bytes] = []
-    service = PmiService(PMI1_JOB, sent.append)
+    service = JobServer(PMI1_JOB, lambda message: sent.append(encode(message)))
     ours, theirs = service.attach(0, 0, 0)
     theirs.setblocking(False)
     replies = b""
@@ -212,12 +215,12 @@ def test_fuzz_agent_link_never_raises(frames: list[bytes], sizes: list[int]) -> 
             link.inbox.append(data[pos : pos + size])
             pos += size
     agent = Agent(link)  # type: ignore[arg-type]
-    agent.adopted = lambda: []  # type: ignore[method-assign]  # this test process's children are not orphans
+    agent.reaper.adopted = lambda: []  # type: ignore[method-assign]  # this test process's children are not orphans
     try:
         while link.inbox and agent.link_open:
-            agent.read_link()
+            agent.read_link(link.fileno())
     finally:
-        agent.sel.close()
+        agent.loop.close()
 
 
 GARBAGE = {
@@ -284,12 +287,11 @@ def test_agent_fed_garbage_stops_and_kills_its_ranks(launcher: Launcher, tmp_pat
 
 
 # -- the controller: frames an agent might send ---------------------------------------------
-class FakeAgentLink:
+class FakeAgentLink(Link):
     """A remote agent's link as the controller sees it, replaying queued bytes."""
 
-    local = False
-
     def __init__(self) -> None:
+        super().__init__("fake")
         self.inbox: list[bytes] = []
         self.sent: list[bytes] = []
         self.closed = False
@@ -342,7 +344,7 @@ _controller_frames = st.one_of(
 def remote_plan() -> Iterator:
     """A planned job of 2 ranks on each of two remote hosts (nothing is started)."""
     spec = parse_args(["-H", "hosta:2,hostb:2", "-n", "4", "--output-filename", os.devnull + ":nocopy", "true"])
-    plan, _ = build_plan(spec, {"PATH": os.defpath})
+    plan, _ = build_plan(spec, {"PATH": os.defpath}, ThisMachine())
     yield plan
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.host.mpi_family import TRAP_VARIABLE
+from mpilaunch.agent.services.openmpi_guard import TRAP_VARIABLE
 
 from .conftest import Launcher, write_script
 from .sshbed import SshBed, bed_available

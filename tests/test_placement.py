@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.plan.build import build_plan
 from mpilaunch.plan.hosts import Host, merge_hosts, parse_host_list, parse_hostfile, with_core_counts
 from mpilaunch.plan.placement import place
@@ -119,7 +120,7 @@ def test_environment_of_a_planned_job_matches_open_mpi() -> None:
         apps=tuple(AppContext(("prog",), np=n) for n in scenario["apps"]),
         options=Options(hosts=("a:2,b:2,c:2,d:2",), map_by="node"),
     )
-    plan, _ = build_plan(spec, {})
+    plan, _ = build_plan(spec, {}, ThisMachine())
     for env, rec in zip(plan.job.envs, scenario["ranks"]):
         for key in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "OMPI_NUM_APP_CTX",

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from mpilaunch.agent.services import pmi2
 from mpilaunch.agent.services.pmi1 import ProtocolError
+from mpilaunch.protocol.messages import PmiJob, encode
 
 from .conftest import ROOT, Launcher, tagged_pids, write_script
 
@@ -126,7 +127,7 @@ def test_fuzz_parser_only_raises_protocol_error(data: bytes) -> None:
 
 
 # -- the server in this process, fuzzed --------------------------------------------------------
-JOB = {"job": 1, "size": 2, "universe": 2, "kvsname": "kvs_t_1", "mapping": "(vector,(0,1,2))"}
+JOB = PmiJob(job=1, size=2, universe=2, kvsname="kvs_t_1", mapping="(vector,(0,1,2))", preput={})
 FIELD_KEYS = ["key", "value", "wait", "name", "port", "jobid", "exitcode", "message", "thrid", "ncmds", "subcmd"]
 FIELD_KEYS += ["maxprocs", "argc", "argv0", "preputcount", "ppkey0", "ppval0", "infokeycount", "pmirank", "srcid"]
 COMMANDS = ["fullinit", "job-getid", "kvs-put", "kvs-get", "kvs-fence", "info-putnodeattr", "info-getnodeattr"]
@@ -154,12 +155,12 @@ V1_LINES = st.builds(
 )
 @settings(max_examples=300, deadline=None)
 def test_fuzz_server_answers_or_refuses_but_never_raises(messages: list[bytes], init_line: bool) -> None:
-    """Whatever a rank sends, PmiService answers it or reports the rank (pmi_error); it never raises."""
-    from mpilaunch.agent.services.pmi import PmiService
+    """Whatever a rank sends, the job's PMI server answers it or reports the rank (pmi_error); it never raises."""
+    from mpilaunch.agent.services.pmi_job import JobServer
     from mpilaunch.protocol import wire
 
     sent: list[bytes] = []
-    service = PmiService(JOB, sent.append)
+    service = JobServer(JOB, lambda message: sent.append(encode(message)))
     ours, theirs = service.attach(0, 0, 0)
     theirs.setblocking(False)
     try:

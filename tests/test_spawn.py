@@ -27,7 +27,7 @@ def _read_all(fd: int) -> bytes:
 def test_nothing_runs_until_the_gate_lets_it_through(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     gate = spawn.Gate()
-    started = spawn.start(["sh", "-c", f"touch {marker}; echo ran"], dict(os.environ), None, False, True, None, gate)
+    started = spawn.start(["sh", "-c", f"touch {marker}; echo ran"], dict(os.environ), None, False, True, (), gate)
     try:
         assert os.waitpid(started.pid, os.WNOHANG) == (0, 0)  # alive, waiting at the gate
         assert not marker.exists()
@@ -42,7 +42,7 @@ def test_a_gate_closed_without_a_release_starts_nothing(tmp_path: Path) -> None:
     """What a rank sees when its agent dies during the launch: end of file, no line."""
     marker = tmp_path / "ran"
     gate = spawn.Gate()
-    started = spawn.start(["sh", "-c", f"touch {marker}"], dict(os.environ), None, False, True, None, gate)
+    started = spawn.start(["sh", "-c", f"touch {marker}"], dict(os.environ), None, False, True, (), gate)
     os.close(gate.write)
     os.close(gate.read)
     assert _wait(started.pid) == 125
@@ -77,8 +77,8 @@ def test_release_returns_when_some_waiting_shells_died(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     gate = spawn.Gate()
     env = dict(os.environ)
-    dead = spawn.start(["sh", "-c", "true"], env, None, False, True, None, gate)
-    alive = spawn.start(["sh", "-c", f"touch {marker}"], env, None, False, True, None, gate)
+    dead = spawn.start(["sh", "-c", "true"], env, None, False, True, (), gate)
+    alive = spawn.start(["sh", "-c", f"touch {marker}"], env, None, False, True, (), gate)
     os.killpg(dead.pid, signal.SIGKILL)
     assert _wait(dead.pid) == -signal.SIGKILL
     gate.release(2)
@@ -95,7 +95,7 @@ def test_a_program_named_like_an_option_starts_without_the_gate(tmp_path: Path) 
     program.chmod(0o755)
     gate = spawn.Gate()
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ.get('PATH', '')}"}
-    started = spawn.start(["-odd", "one"], env, None, False, True, None, gate)
+    started = spawn.start(["-odd", "one"], env, None, False, True, (), gate)
     gate.release(1)
     assert _wait(started.pid) == 0
     assert _read_all(started.stdout) == b"odd one\n"
@@ -113,7 +113,7 @@ def test_without_posix_spawn_setsid_a_rank_gets_its_own_process_group(monkeypatc
 
     monkeypatch.setattr(os, "posix_spawn", without_setsid)
     gate = spawn.Gate()
-    started = spawn.start(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"], dict(os.environ), None, False, True, None, gate)
+    started = spawn.start(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"], dict(os.environ), None, False, True, (), gate)
     gate.release(1)
     assert _wait(started.pid) == 0
     assert int(_read_all(started.stdout)) == started.pid

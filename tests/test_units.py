@@ -251,7 +251,8 @@ def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -
 
 
 def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path) -> None:
-    from mpilaunch.transport.ssh import SshError, load_config, parse_jump, ssh_target
+    from mpilaunch.transport.base import TransportError
+    from mpilaunch.transport.ssh import load_config, parse_jump, ssh_target
 
     config_file = tmp_path / "config"
     config_file.write_text(
@@ -270,9 +271,9 @@ def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path) -> 
     assert ssh_target("other", None, None, config).hostname == "other"
     assert parse_jump("bob@gate:2022") == ("bob", "gate", 2022) and parse_jump("gate") == (None, "gate", None)
     for bad in ("-oProxyCommand=x", "a;b", "u$@h", "h:port"):
-        with pytest.raises(SshError):
+        with pytest.raises(TransportError):
             parse_jump(bad)
-    with pytest.raises(SshError):
+    with pytest.raises(TransportError):
         ssh_target("n1", "-evil", None, config)
 
 

@@ -16,70 +16,23 @@ import os
 import selectors
 import signal
 
+from mpilaunch.agent.loop import Loop
 from mpilaunch.host import spawn
-from mpilaunch.host.programs import find_program
+from mpilaunch.host.sshcmd import ssh_argv, ssh_options, ssh_version
 from mpilaunch.protocol import wire
+from mpilaunch.protocol.messages import Gone, Note, Ping, RelayHost, RelayHosts, encode
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 READ_SIZE = 1 << 18
-# Key exchange first tried: the one mpilaunch's own connections (paramiko) use. OpenSSH 9's
-# default, sntrup761x25519, costs client and server about three times the CPU per connection
-# (16 connections at once on 2 cores: 1.5 s against 0.5 s). `^` (OpenSSH 8.0 and later) puts
-# it first and keeps the default list behind it.
-KEX = "KexAlgorithms=^curve25519-sha256"
 
 
-def ssh_options(ssh: dict, version: tuple[int, int] = (8, 0)) -> list[str]:
-    """OpenSSH's command line up to the host, the same for every child: the launcher's ssh
-    config (where that path exists here too; else this host's own) and host-key policy.
-    version is the ssh client's (for KEX)."""
-    argv = ["ssh", "-T", "-o", "BatchMode=yes"]
-    if version >= (8, 0):
-        argv += ["-o", KEX]
-    if ssh.get("config") and os.path.isfile(str(ssh["config"])):
-        argv += ["-F", str(ssh["config"])]
-    if ssh.get("accept_new"):
-        argv += ["-o", "StrictHostKeyChecking=accept-new"]
-    return argv
-
-
-def ssh_argv(options: list[str], host: dict, command: str) -> list[str]:
-    """One child's command line: ssh_options, the hostfile's user and port, the host, and the
-    agent's loader as the remote command."""
-    argv = list(options)
-    if host.get("user"):
-        argv += ["-l", str(host["user"])]
-    if host.get("port"):
-        argv += ["-p", str(int(host["port"]))]
-    return [*argv, "--", str(host["name"]), command]
-
-
-def ssh_version(env: dict[str, str]) -> tuple[int, int]:
-    """(major, minor) of the `ssh` on env's PATH, (0, 0) if there is none or it cannot tell:
-    asked once per relay and per launcher with --ssh-client openssh. posix_spawn, not
-    subprocess, whose import alone costs about 8 ms."""
-    import re
-
-    read, write = os.pipe()
-    try:
-        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
-        actions += [(os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_DUP2, write, 2)]
-        pid = os.posix_spawn(find_program("ssh", env), ["ssh", "-V"], env, file_actions=actions)
-    except OSError:
-        os.close(read)
-        return (0, 0)
-    finally:
-        os.close(write)
-    with open(read, "rb") as said:
-        text = said.read(1 << 16)
-    os.waitpid(pid, 0)
-    match = re.search(rb"OpenSSH_(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-def subtree_of(spec: dict) -> set[int]:
+def subtree_of(spec: RelayHost) -> set[int]:
     """The host indices of a child and everything below it."""
-    found = {int(spec["index"])}
-    for below in spec.get("below", ()):
+    found = {spec.index}
+    for below in spec.below:
         found |= subtree_of(below)
     return found
 
@@ -87,9 +40,9 @@ def subtree_of(spec: dict) -> set[int]:
 class Child:
     """One host this agent started over ssh, with the subtree it relays to in turn."""
 
-    def __init__(self, spec: dict, started: spawn.Started) -> None:
-        self.index = int(spec["index"])
-        self.name = str(spec["name"])
+    def __init__(self, spec: RelayHost, started: spawn.Started) -> None:
+        self.index = spec.index
+        self.name = spec.name
         self.subtree = subtree_of(spec)
         self.pid = started.pid
         self.stdin: int | None = started.stdin
@@ -105,13 +58,12 @@ class Child:
 
 
 class Relay:
-    """The children of one agent. The agent owns the selector and the loop; this class says
-    which descriptors to watch (tags "relay_out", "relay_err", "relay_in") and handles them."""
+    """The children of one agent, their descriptors watched on the agent's loop."""
 
-    def __init__(self, payload: bytes, send_up, sel) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, payload: bytes, send_up: Callable[[bytes], None], loop: Loop) -> None:
         self.payload = payload  # the agent's own loader and modules, for its children
-        self.send_up = send_up
-        self.sel = sel
+        self.send_up = send_up  # whole frames, to the launcher
+        self.loop = loop
         self.children: dict[int, Child] = {}  # by host index
         self.route: dict[int, Child] = {}  # every host below, by index -> the child it is under
         self.by_pid: dict[int, Child] = {}
@@ -119,21 +71,21 @@ class Relay:
         self.version: tuple[int, int] | None = None  # of the ssh client, once asked
 
     # -- starting ---------------------------------------------------------------------------
-    def start(self, msg: dict, env: dict[str, str]) -> list[int]:
-        """Start one child per host of the `relay` message; its check and, where it relays in
-        turn, its own `relay` are queued behind its code. Returns the pids (for the guardian)."""
+    def start(self, msg: RelayHosts, env: dict[str, str]) -> list[int]:
+        """Start one child per host of the message; its check and, where it relays in turn, its
+        own RelayHosts are queued behind its code. Returns the pids (for the guardian)."""
         if self.version is None:
             self.version = ssh_version(env)
-        options = ssh_options(msg.get("ssh") or {}, self.version)
+        options = ssh_options(msg.ssh, self.version)
         gate = spawn.Gate()
         started = []
         try:
-            for spec in msg["hosts"]:
-                argv = ssh_argv(options, spec, str(msg["command"]))
+            for spec in msg.hosts:
+                argv = ssh_argv(options, spec.name, spec.user, spec.port, msg.command)
                 try:
-                    proc = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
+                    proc = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
                 except OSError as exc:
-                    self._gone(int(spec["index"]), f"cannot run ssh: {exc.strerror or exc}")
+                    self._gone(spec.index, f"cannot run ssh: {exc.strerror or exc}")
                     continue
                 child = Child(spec, proc)
                 started.append(child.pid)
@@ -141,19 +93,17 @@ class Relay:
                 self.by_pid[child.pid] = child
                 for index in child.subtree:
                     self.route[index] = child
-                for fd, tag in ((child.stdout, "relay_out"), (child.stderr, "relay_err")):
+                for fd, handler in ((child.stdout, self.read_out), (child.stderr, self.read_err)):
                     assert fd is not None
                     os.set_blocking(fd, False)
                     self.by_fd[fd] = child
-                    self.sel.register(fd, selectors.EVENT_READ, tag)
+                    self.loop.watch(fd, handler)
                 assert child.stdin is not None
                 os.set_blocking(child.stdin, False)
                 self.by_fd[child.stdin] = child
-                first = spec.get("first") or ""
-                below = spec.get("below") or []
-                queued = self.payload + first.encode("latin-1")
-                if below:
-                    queued += wire.control("relay", ssh=msg.get("ssh"), command=msg["command"], hosts=below)
+                queued = self.payload + spec.first.encode("latin-1")
+                if spec.below:
+                    queued += encode(msg._replace(hosts=spec.below))
                 self.write(child, queued)
         finally:
             gate.release(len(started))
@@ -182,7 +132,7 @@ class Relay:
         child.outbox += data
         self.flush(child)
         if was_empty and child.outbox and child.stdin is not None:
-            self.sel.register(child.stdin, selectors.EVENT_WRITE, "relay_in")
+            self.loop.watch(child.stdin, self.writable, selectors.EVENT_WRITE)
 
     def flush(self, child: Child) -> None:
         """Write what the child's pipe takes now (ssh reads it once the session is up)."""
@@ -199,40 +149,48 @@ class Relay:
             child.outbox.clear()
             self.close_stdin(child)
             return
-        if fd in self.sel.get_map():
-            self.sel.unregister(fd)
+        self.loop.unwatch(fd)
 
     def close_stdin(self, child: Child) -> None:
         """End of the child's link: its agent stops its ranks and exits."""
         fd, child.stdin = child.stdin, None
         if fd is None:
             return
-        if fd in self.sel.get_map():
-            self.sel.unregister(fd)
+        self.loop.unwatch(fd)
         self.by_fd.pop(fd, None)
         child.outbox.clear()
         os.close(fd)
 
     # -- up ---------------------------------------------------------------------------------
-    def readable(self, fd: int, tag: str) -> None:
+    def writable(self, fd: int) -> None:
         child = self.by_fd.get(fd)
+        if child is not None:
+            self.flush(child)
+
+    def read_out(self, fd: int) -> None:
+        child, data = self._read(fd)
         if child is None:
             return
-        if tag == "relay_in":
-            self.flush(child)
-            return
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if tag == "relay_err":
-            self._stderr(child, data)
-        elif data:
+        if data:
             self._frames(child, data)
         else:
             self._closed(child, "its connection closed")
+
+    def read_err(self, fd: int) -> None:
+        child, data = self._read(fd)
+        if child is not None:
+            self._stderr(child, data)
+
+    def _read(self, fd: int) -> tuple[Child | None, bytes]:
+        child = self.by_fd.get(fd)
+        if child is None:
+            return None, b""
+        try:
+            return child, os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return None, b""
+        except OSError:
+            return child, b""
 
     def _frames(self, child: Child, data: bytes) -> None:
         child.inbox += data
@@ -276,15 +234,14 @@ class Relay:
             if text:
                 child.last_words = text
                 if child.greeted:
-                    self.send_up(wire.control("note", text=f"mpilaunch: agent on {child.name}: {text}"))
+                    self.send_up(encode(Note(text=f"mpilaunch: agent on {child.name}: {text}")))
 
     def _unwatch(self, child: Child, which: str) -> None:
         fd = getattr(child, which)
         if fd is None:
             return
         setattr(child, which, None)
-        if fd in self.sel.get_map():
-            self.sel.unregister(fd)
+        self.loop.unwatch(fd)
         self.by_fd.pop(fd, None)
         os.close(fd)
 
@@ -309,7 +266,7 @@ class Relay:
             self._signal(child, signal.SIGTERM)
 
     def _gone(self, index: int, why: str) -> None:
-        self.send_up(wire.control("gone", host=index, why=why))
+        self.send_up(encode(Gone(host=index, why=why)))
 
     # -- ending -----------------------------------------------------------------------------
     def drop(self, index: int) -> None:
@@ -325,7 +282,7 @@ class Relay:
             self.close_stdin(child)
 
     def ping(self) -> None:
-        frame = wire.control("ping")
+        frame = encode(Ping())
         for child in self.children.values():
             self.write(child, frame)
 

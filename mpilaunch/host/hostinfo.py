@@ -11,7 +11,6 @@ import re
 
 from mpilaunch.host.programs import find_program
 
-HCCN_CONF = "/etc/hccn.conf"  # where Ascend's hccn_tool keeps each device's IP (address_N=IP)
 SMI_TIMEOUT = 20.0  # seconds: nvidia-smi can be slow while the driver wakes up
 _ADDRESS = r"^\s*address_(\d+)\s*=\s*(\S+)\s*$"  # compiled (and cached) by re on first use
 
@@ -93,3 +92,16 @@ def write_file(path: str, data: str) -> str | None:
             pass
         return f"cannot write {path}: {exc.strerror or exc}"
     return None
+
+
+def this_machine_address() -> str:
+    """This machine's address on its default route (no packet is sent), for a rank table's
+    server_id when every rank runs here; 127.0.0.1 without a network."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("10.255.255.255", 9))
+            return sock.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

@@ -11,7 +11,7 @@ the agent dies first, the gate gives no line and no rank starts.
 What subprocess.Popen did for us is done here: the program is looked up on the rank's own
 PATH (the shell's exec, after the same lookup here for a clear error), the signals Python
 ignores (SIGPIPE, SIGXFSZ) are back to default in the rank, the signal mask is empty, the
-working directory is the rank's, and only 0, 1, 2 and the PMI descriptor pass (every other
+working directory is the rank's, and only 0, 1, 2 and the descriptors given (a PMI socket) pass (every other
 descriptor of the agent is close-on-exec: see close_on_exec_all). Not subprocess: importing
 it costs every agent about 8 ms.
 """
@@ -25,7 +25,7 @@ from mpilaunch.host.programs import find_program
 
 SHELL = "/bin/sh"
 # $1... is the program as given (so the rank's argv[0] is too) and its arguments; the gate's
-# descriptor (3, or 4 when the PMI descriptor is 3) is closed before the exec.
+# descriptor (the lowest from 3 up that no passed descriptor has) is closed before the exec.
 GATE_SCRIPT = 'read -r go <&{fd} || exit 125; exec {fd}<&-; exec "$@"'
 # Python sets these to SIG_IGN at start-up; an ignored signal stays ignored across exec.
 RESTORED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
@@ -118,7 +118,7 @@ def start(
     wdir: str | None,
     stdin: bool,
     merge: bool,
-    pass_fd: int | None,
+    pass_fds: list[int] | tuple[int, ...],
     gate: Gate,
 ) -> Started:
     """Start argv in a new session, waiting at the gate; OSError if it cannot be started."""
@@ -130,7 +130,7 @@ def start(
     else:
         in_r, in_w = _above_stdio(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)), None
     child_ends = {in_r, out_w, err_w}
-    gate_fd = 4 if pass_fd == 3 else 3
+    gate_fd = next(fd for fd in range(3, 3 + len(pass_fds) + 2) if fd not in pass_fds and fd != gate.read)
     stdio = [(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
     if argv[0].startswith("-"):  # bash as sh would read it as options of `exec`: no gate for it
         program, args, actions = path, argv, stdio
@@ -143,8 +143,8 @@ def start(
         if wdir:
             here = os.open(".", os.O_RDONLY | os.O_CLOEXEC)
             os.chdir(wdir)  # the agent runs no threads: its directory is the next child's
-        if pass_fd is not None:
-            os.set_inheritable(pass_fd, True)
+        for fd in pass_fds:
+            os.set_inheritable(fd, True)
         pid = _spawn(program, args, env, actions)
     except BaseException:
         for fd in (out_r, err_r, in_w):
@@ -152,8 +152,8 @@ def start(
                 os.close(fd)
         raise
     finally:
-        if pass_fd is not None:
-            os.set_inheritable(pass_fd, False)
+        for fd in pass_fds:
+            os.set_inheritable(fd, False)
         if here is not None:
             os.fchdir(here)
             os.close(here)

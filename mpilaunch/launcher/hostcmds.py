@@ -12,8 +12,10 @@ from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.build import resolve_hosts
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
+from mpilaunch.protocol.messages import AppCheck, Check, encode
+from mpilaunch.transport.base import STAGES, HostResult
+from mpilaunch.transport.sshcommon import SshOptions
 
-STAGES = ("resolve", "connect", "host key", "auth", "agent")  # in the order a connection meets them
 COLUMNS = ("HOST", "ADDRESS", "RESOLVE", "CONNECT", "HOST KEY", "AUTH", "PYTHON", "PROGRAM", "PORT")
 
 
@@ -50,17 +52,17 @@ def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRo
     return CheckRow(host.name, "this machine", cells, tuple(problems))
 
 
-def _remote_row(host: Host, result, port: int, program: str | None) -> CheckRow:
-    target = result.target
-    address = f"{target.user}@{target.hostname}:{target.port}" if target else "-"
+def _remote_row(host: Host, result: HostResult, port: int, program: str | None) -> CheckRow:
+    address = result.address
     if result.error is not None:
         failed = STAGES.index(result.error.stage)
         cells = tuple("ok" if i < failed else "FAIL" if i == failed else "-" for i in range(len(STAGES)))
         return CheckRow(host.name, address, (*cells, "-", "-"), (str(result.error),))  # PYTHON is the agent stage
-    reply = result.reply or {}
-    python = result.link.hello.get("python", "?")
-    problems = tuple(reply.get("problems", ()))
-    free = bool(reply.get("port_free"))
+    reply = result.reply
+    hello = result.link.hello if result.link is not None else None
+    python = hello.python if hello is not None else "?"
+    problems = tuple(reply.problems) if reply is not None else ()
+    free = bool(reply.port_free) if reply is not None else False
     program_cell = ("FAIL" if problems else "ok") if program else "-"
     cells = ("ok", "ok", "ok", "ok", python, program_cell, port_cell(port, free))
     if not free:
@@ -85,22 +87,19 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
-    from mpilaunch.protocol import wire
-    from mpilaunch.transport.ssh import SshOptions, start_agents
+    from mpilaunch.transport.ssh import ParamikoTransport
 
     hosts = _hosts(options)
     if port is None:
         env_port = os.environ.get("MASTER_PORT", "")
         port = int(env_port) if env_port.isdigit() else 0  # a job picks a free one: check that it can
     wdir = os.getcwd()
-    remote = {i: (h.name, h.user, h.port) for i, h in enumerate(hosts) if hostlib.needs_ssh(h)}
+    remote = {i: h for i, h in enumerate(hosts) if hostlib.needs_ssh(h)}
     carried = carried_environment(dict(os.environ))
-    apps = [{"program": program, "wdir": wdir, "path": None}] if program else []
-
-    def first(index: int) -> bytes:
-        return wire.control("check", apps=apps, carried=carried, mpi=True, port=port)
-
-    results = start_agents(remote, SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new), first)
+    apps = (AppCheck(program=program, wdir=wdir),) if program else ()
+    check = encode(Check(apps=apps, carried=carried, mpi=True, port=port))
+    transport = ParamikoTransport(SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new))
+    results = transport.start(remote, lambda index: check)
     rows = []
     for index, host in enumerate(hosts):
         if index in results:
@@ -118,6 +117,7 @@ def run_allrun(
 ) -> int:
     """The command once on every host (not per slot), output tagged with the host's name, then
     each host's exit status; every host runs to its end whatever the others do."""
+    from mpilaunch.launcher.here import ThisMachine
     from mpilaunch.launcher.launch import execute
     from mpilaunch.launcher.report import describe_status
     from mpilaunch.plan.build import build_plan
@@ -125,7 +125,7 @@ def run_allrun(
     hosts = [h._replace(slots=1, max_slots=None) for h in _hosts(options)]
     options = options._replace(map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))
     spec = JobSpec((AppContext(argv, len(hosts), exports, wdir),), options)
-    plan, _ = build_plan(spec, os.environ, hosts)
+    plan, _ = build_plan(spec, os.environ, ThisMachine(), hosts)
     controller = execute(plan, host_tags=True)
     status = controller.run()
     width = max(len(h.name) for h in hosts)

@@ -9,17 +9,16 @@ from collections.abc import Mapping
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_problem
 from mpilaunch.launcher.controller import Controller
+from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, with_master
 from mpilaunch.plan.rank_env import inherited
-from mpilaunch.plan.spec import JobSpec
-from mpilaunch.transport.local import LocalLink, discard_early_agent, raise_fd_limit, start_local_agent
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
-if TYPE_CHECKING:
-    from mpilaunch.transport.ssh import SshLink
-    from mpilaunch.transport.tree import RelayedLink
+from mpilaunch.plan.spec import JobSpec, Options
+from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
+from mpilaunch.transport.base import Link, Transport, transport_class
+from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
+from mpilaunch.transport.sshcommon import SshOptions
 
 
 def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> None:
@@ -31,12 +30,20 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) ->
             raise LaunchError(problem)
 
 
-def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, SshLink], LaunchPlan]:
+def remote_transport(options: Options, hosts: int) -> Transport:
+    """The transport that starts the agents of this many remote hosts: --ssh-client's, behind
+    relays with --ssh-tree-width when there are more hosts than that."""
+    ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
+    transport = transport_class(options.ssh_client)(ssh)  # type: ignore[call-arg]
+    width = options.ssh_tree_width
+    if width and hosts > width:
+        return transport_class("tree")(transport, ssh, width)  # type: ignore[call-arg]
+    return transport
+
+
+def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], LaunchPlan]:
     """One agent on every remote host, each checked before anything starts; then MASTER_ADDR is
     the address rank 0's host was reached at, and MASTER_PORT a port free there."""
-    from mpilaunch.protocol import wire
-    from mpilaunch.transport.ssh import SshOptions
-
     options = plan.options
     env = plan.launcher_env
     rank0 = plan.job.ranks[0].host
@@ -45,37 +52,27 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, plan.exports)
 
     def check(index: int) -> bytes:
-        return wire.control(
-            "check",
-            apps=host_checks(plan.job, index),
-            carried=carried,
-            mpi=options.mpi != "none",
-            port=0 if pick_port and index == rank0 else -1,
-            heartbeat=plan.heartbeat,
-            probe=probe,
+        return encode(
+            Check(
+                apps=tuple(AppCheck(**app) for app in host_checks(plan.job, index)),
+                carried=carried,
+                mpi=options.mpi != "none",
+                port=0 if pick_port and index == rank0 else -1,
+                heartbeat=plan.heartbeat,
+                probe=Probe(**probe),
+            )
         )
 
-    hosts = {i: (plan.hosts[i].name, plan.hosts[i].user, plan.hosts[i].port) for i in remote}
-    ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
-    if options.ssh_client == "openssh":
-        from mpilaunch.transport.openssh import start_agents
-    else:
-        from mpilaunch.transport.ssh import start_agents
-    width = options.ssh_tree_width
-    if width and len(hosts) > width:
-        from mpilaunch.transport.tree import start_tree
-
-        results = start_tree(hosts, ssh, check, width, start_agents)
-    else:
-        results = start_agents(hosts, ssh, check)
+    hosts = {i: plan.hosts[i] for i in remote}
+    results = remote_transport(options, len(hosts)).start(hosts, check)
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = []
     for index, result in sorted(results.items()):
         name = plan.hosts[index].name
         if result.error is not None:
             problems.append(f"{name}: {result.error}")
-        else:
-            problems.extend(f"{name}: {p}" for p in (result.reply or {}).get("problems", ()))
+        elif result.reply is not None:
+            problems.extend(f"{name}: {p}" for p in result.reply.problems)
     if problems:
         for link in links.values():
             link.close()
@@ -83,12 +80,13 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     ours = next((link.local_address for link in links.values() if link.local_address), "")
     info = {i: {**h, "address": ours or h.get("address", "")} for i, h in plan.host_info.items()}
     for index, link in links.items():  # what each host found out about itself, and where it was reached
-        info[index] = {"cpus": link.hello.get("cpus"), **(results[index].reply or {}).get("info", {})}
+        reply = results[index].reply
+        info[index] = {"cpus": link.hello.cpus if link.hello else None, **((reply.info if reply else None) or {})}
         info[index]["address"] = link.peer
     plan = plan._replace(host_info=info)
     master = plan.master
     if rank0 in remote:
-        port = int(results[rank0].reply["port"]) if pick_port else plan.master[1]  # type: ignore[index]
+        port = results[rank0].reply.port if pick_port else plan.master[1]  # type: ignore[union-attr]
         master = (links[rank0].peer, port)
     elif ours:
         master = (ours, plan.master[1])
@@ -117,12 +115,11 @@ def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
     return format_rank_table(table), notes
 
 
-def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink | RelayedLink]) -> None:
+def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
     """--rank-table: the file here, and at the same path on every remote host (by its agent), so
     each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
     from mpilaunch.host.hostinfo import write_file
-    from mpilaunch.protocol import wire
-    from mpilaunch.transport.tree import gather
+    from mpilaunch.transport.gather import gather
 
     path = plan.options.rank_table
     assert path is not None
@@ -132,13 +129,13 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink |
         raise LaunchError(f"--rank-table: {error}")
     remote = {i: link for i, link in sorted(links.items()) if not link.local}
     for link in remote.values():
-        link.send(wire.control("put", path=path, data=text))
+        link.send(encode(Put(path=path, data=text)))
     problems = []
-    replies = gather(remote, "put_done", max(10.0, plan.heartbeat)) if remote else {}  # type: ignore[arg-type]
+    replies = gather(remote, PutDone, max(10.0, plan.heartbeat)) if remote else {}
     for index in remote:
         reply = replies.get(index)
-        if reply is None or reply.get("error"):
-            why = reply.get("error") if reply else "no answer from its agent"
+        if reply is None or reply.error:  # type: ignore[attr-defined]
+            why = reply.error if reply else "no answer from its agent"  # type: ignore[attr-defined]
             problems.append(f"{plan.hosts[index].name}: --rank-table: {why}")
     if problems:
         raise LaunchError("\nmpilaunch: ".join(problems))
@@ -152,7 +149,7 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, LocalLink | SshLink |
 
 def run_job(spec: JobSpec) -> int:
     env = os.environ
-    plan, source = build_plan(spec, env)
+    plan, source = build_plan(spec, env, ThisMachine())
     options = spec.options
     job = plan.job
     if options.display_map or options.dry_run:
@@ -199,7 +196,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     raise_fd_limit()
     if not local:
         discard_early_agent(wait=False)  # forked at start-up in case the job had local ranks; it has none
-    links: dict[int, LocalLink | SshLink | RelayedLink] = {}
+    links: dict[int, Link] = {}
     try:
         if remote:
             if local:  # forked before any SSH connection exists, so it holds none of them

@@ -11,15 +11,15 @@ import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from mpilaunch.agent.services.pmi1 import process_mapping
 from mpilaunch.errors import LaunchError
-from mpilaunch.host.programs import probe_port
 from mpilaunch.plan import devices
 from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place
+from mpilaunch.plan.pmi import pmi_job, services
 from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.plan.spec import JobSpec, Options
+from mpilaunch.protocol.messages import PmiJob, SpawnApp
 from mpilaunch.protocol.record import Record
 
 # MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
@@ -34,7 +34,8 @@ class JobPlan(Record):
     argvs: list[tuple[str, ...]]  # per app
     wdirs: list[str]  # per app
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
-    pmi: dict | None = None  # what agents need to serve this job PMI, or None (--mpi none)
+    pmi: PmiJob | None = None  # what agents need to serve this job PMI, or None (--mpi none)
+    services: tuple[str, ...] = ()  # the agent services its ranks get (plan/pmi.services)
 
 
 class LaunchPlan(Record):
@@ -87,8 +88,17 @@ def with_slots(hosts: list[Host], source: str) -> list[Host]:
     return hostlib.with_core_counts(hosts, {h.name: os.cpu_count() or 1 for h in hosts})
 
 
-def free_port() -> int:
-    return probe_port(0)[0]
+class Here:
+    """What the planner asks of this machine. The launcher gives the real answers
+    (launcher/here.py); planning itself starts no process and opens no socket."""
+
+    def free_port(self) -> int:
+        """A TCP port free here (for MASTER_PORT)."""
+        raise NotImplementedError
+
+    def facts(self, request: Mapping[str, object], path: str) -> dict:
+        """This machine's answer to a probe request (devices.probe_request): see hostinfo.probe."""
+        raise NotImplementedError
 
 
 def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
@@ -182,18 +192,9 @@ def job_plan(
     )
     for rank_env, extras in zip(envs, more):
         rank_env.update(extras)
-    pmi = None
-    if options.mpi in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
-        pmi = {
-            "job": job,
-            "size": len(ranks),
-            "universe": layout.universe_size,
-            "kvsname": f"kvs_{layout.job_id}_{job}",
-            "mapping": process_mapping([r.node_rank for r in ranks]),
-            "preput": {},
-            "tcp": options.pmi_tcp,
-        }
-    return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi)
+    served = services(options)
+    pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served else None
+    return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi, served)
 
 
 def heartbeat_timeout(env: Mapping[str, str]) -> float:
@@ -208,7 +209,9 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
     return value
 
 
-def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None = None) -> tuple[LaunchPlan, str]:
+def build_plan(
+    spec: JobSpec, env: Mapping[str, str], here: Here, hosts: list[Host] | None = None
+) -> tuple[LaunchPlan, str]:
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
     if hosts is None:
@@ -230,14 +233,16 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
         options.oversubscribe,
     )
     job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else free_port()
+    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
     master = (master_address(hosts, {r.host for r in ranks}, ranks[0].host), port)
     exports = spec.apps[0].exports
     apps = [(app.argv, os.path.abspath(app.wdir) if app.wdir else os.getcwd()) for app in spec.apps]
     if options.rank_table:
         options = options._replace(rank_table=os.path.abspath(options.rank_table))
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, exports)
-    host_info = devices.local_host_info(hosts, ranks, probe, inherited(env).get("PATH", os.defpath))
+    local = sorted({r.host for r in ranks if not hostlib.needs_ssh(hosts[r.host])})
+    facts = here.facts(probe, inherited(env).get("PATH", os.defpath)) if local else {}
+    host_info = {index: dict(facts) for index in local}  # every name of this machine: one set of facts
     job = job_plan(
         1,
         hosts,
@@ -266,19 +271,19 @@ def build_plan(spec: JobSpec, env: Mapping[str, str], hosts: list[Host] | None =
 
 
 def spawn_plan(
-    plan: LaunchPlan, job: int, apps: Sequence[dict], in_use: list[int], preput: Mapping[str, str]
+    plan: LaunchPlan, job: int, apps: Sequence[SpawnApp], in_use: list[int], preput: Mapping[str, str]
 ) -> JobPlan:
     """A job asked for by MPI_Comm_spawn(_multiple): ranks on free slots, PMI_SPAWNED set."""
     options = plan.options
     ranks = place(
         plan.hosts,
-        [(int(app["nprocs"]), app["argv"][0]) for app in apps],
+        [(app.nprocs, app.argv[0]) for app in apps],
         options.map_by,
         None,
         options.oversubscribe,
         in_use=in_use,
     )
-    app_dirs = [(tuple(app["argv"]), app.get("wdir") or plan.job.wdirs[0]) for app in apps]
+    app_dirs = [(tuple(app.argv), app.wdir or plan.job.wdirs[0]) for app in apps]
     child = job_plan(
         job,
         plan.hosts,
@@ -292,8 +297,7 @@ def spawn_plan(
         extra={"PMI_SPAWNED": "1"},
         host_info=plan.host_info,
     )
-    if child.pmi is not None:
-        child.pmi["preput"] = dict(preput)
-        if apps and apps[0].get("spawner"):
-            child.pmi["spawner"] = str(apps[0]["spawner"])  # PMI-2's fullinit tells children who spawned them
+    if child.pmi is not None:  # PMI-2's fullinit tells the new job's ranks who spawned them
+        spawner = apps[0].spawner if apps else None
+        child = child._replace(pmi=child.pmi._replace(preput=dict(preput), spawner=spawner))
     return child

@@ -16,6 +16,7 @@ from mpilaunch.plan.placement import Rank
 # The device lists a rank's framework reads; a user who set one of them chose the devices.
 DEVICE_LISTS = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 DEFAULT_LIST = "CUDA_VISIBLE_DEVICES"  # narrowed when the user set none of them
+HCCN_CONF = "/etc/hccn.conf"  # where Ascend's hccn_tool keeps each device's IP (address_N=IP)
 
 
 def parse_device_list(value: str) -> list[str]:
@@ -183,36 +184,7 @@ def probe_request(
 ) -> dict:
     """What each host must find out before the job's variables can be computed: GPUs (only for
     --devices-per-rank without a device list) and its device IPs (only for --rank-table)."""
-    from mpilaunch.host.hostinfo import HCCN_CONF
-
     return {
         "gpus": bool(per_rank) and not user_device_lists(launcher_env, exports),
         "hccn": os.path.abspath(launcher_env.get("MPILAUNCH_HCCN_CONF") or HCCN_CONF) if rank_table else None,
     }
-
-
-def this_machine_address() -> str:
-    """This machine's address on its default route (no packet is sent), for a rank table's
-    server_id when every rank runs here; 127.0.0.1 without a network."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("10.255.255.255", 9))
-            return sock.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
-
-
-def local_host_info(hosts: Sequence[Host], ranks: Sequence[Rank], request: Mapping, path: str) -> dict[int, dict]:
-    """hostinfo.probe for the hosts that are this machine (asked once), by host index."""
-    from mpilaunch.host.hostinfo import probe
-    from mpilaunch.plan.hosts import needs_ssh
-
-    local = sorted({r.host for r in ranks if not needs_ssh(hosts[r.host])})
-    if not local:
-        return {}
-    info = probe(bool(request.get("gpus")), request.get("hccn"), path)
-    if request.get("hccn"):
-        info["address"] = this_machine_address()
-    return {index: dict(info) for index in local}

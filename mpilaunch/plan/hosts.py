@@ -183,9 +183,7 @@ def is_local(name: str) -> bool:
     """Hosts reached without SSH: localhost and this machine's own names."""
     if name in LOCAL_NAMES:
         return True
-    import socket
-
-    own = socket.gethostname()
+    own = os.uname().nodename  # what socket.gethostname() returns, without importing socket
     return name in (own, own.split(".")[0])
 
 

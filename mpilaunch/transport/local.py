@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import _socket
 import os
+import select
 import sys
 
+from mpilaunch.transport.base import Link
 
-class LocalLink:
-    """A connected agent process on this machine."""
 
-    local = True  # pids it reports are pids here
+class LocalLink(Link):
+    """A connected agent process on this machine, forked by the launcher."""
+
+    local = True
 
     def __init__(self, sock: _socket.socket, pid: int) -> None:
+        super().__init__("localhost")
         self.sock = sock
         self.pid = pid
-        self.name = "localhost"
         sock.setblocking(False)
 
     def fileno(self) -> int:
@@ -34,6 +37,9 @@ class LocalLink:
             return None
         except OSError:
             return b""
+
+    def readable(self) -> bool:
+        return bool(select.select([self.sock], [], [], 0)[0])
 
     def send(self, frame: bytes) -> None:
         self.sock.setblocking(True)

@@ -22,19 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from mpilaunch.agent.relay import ssh_argv, ssh_options, ssh_version
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import spawn
+from mpilaunch.host.sshcmd import ssh_argv, ssh_options, ssh_version
+from mpilaunch.plan.hosts import Host
 from mpilaunch.protocol import wire
+from mpilaunch.protocol.messages import UP, Checked, Hello, SshSpec, decode
+from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
-from mpilaunch.transport.ssh import (
-    CONNECT_TIMEOUT,
-    HostResult,
-    SshError,
-    SshOptions,
-    ping_from_thread,
-    show_agent_lines,
-)
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
 
 READ_SIZE = 1 << 18
 # What to do about ssh's terse refusals (BatchMode asks nothing).
@@ -44,19 +40,13 @@ HINTS = {
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
 
 
-class OpensshLink:
+class OpensshLink(Link):
     """A remote agent behind an `ssh` client process that this launcher started."""
 
-    local = False
-
     def __init__(self, name: str, started: spawn.Started) -> None:
-        self.name = name
+        super().__init__(name)
         self.pid = started.pid
         self.status: int | None = None  # the client's exit status, once reaped
-        self.peer = ""  # the address its sshd was reached at (from the agent's hello)
-        self.local_address = ""  # this machine's address as that host sees it
-        self.hello: dict = {}
-        self.unread = b""  # read during start-up but not taken there: the controller's
         self.stderr_text = bytearray()  # ssh's and the agent's own messages
         self._lock = threading.Lock()  # pings from a thread and frames from the loop never interleave
         self._stop = threading.Event()
@@ -67,10 +57,10 @@ class OpensshLink:
         os.set_blocking(self._out, False)
         os.set_blocking(self._err, False)
 
-    def take_hello(self, hello: dict) -> None:
+    def take_hello(self, hello: Hello) -> None:
         self.hello = hello
-        self.peer = str(hello.get("addr") or self.name)
-        self.local_address = str(hello.get("client") or "")
+        self.peer = hello.addr or self.name  # the address its sshd was reached at
+        self.local_address = hello.client
 
     def fileno(self) -> int:
         return self._out
@@ -186,8 +176,8 @@ class _Start:
         self.inbox = bytearray()
         self.marked = False  # the agent's marker was seen
         self.frames: list[bytes] = []  # read after the hello and the reply
-        self.hello: dict | None = None
-        self.reply: dict | None = None
+        self.hello: Hello | None = None
+        self.reply: Checked | None = None
         self.wants_reply = bool(first)
 
     @property
@@ -214,83 +204,87 @@ class _Start:
                 self.frames.append(frame)
                 continue
             try:
-                _, message = wire.decode_frame(frame)
+                message = decode(wire.decode_frame(frame)[1], UP)  # type: ignore[arg-type]
             except wire.FrameError as exc:
                 return f"the agent's stream is garbled: {exc}"
             if self.hello is None:
-                if not isinstance(message, dict) or message.get("op") != "hello":
+                if not isinstance(message, Hello):
                     return "the agent did not say hello"
                 self.hello = message
-            elif isinstance(message, dict) and message.get("op") == "checked":
+            elif isinstance(message, Checked):
                 self.reply = message
             else:
                 self.frames.append(frame)
         return None
 
 
-def start_agents(
-    names: Mapping[int, tuple[str, str | None, int | None]],
-    options: SshOptions,
-    first: Callable[[int], bytes | None],
-) -> dict[int, HostResult]:
-    """Start one agent on each host (index -> (name, user, port)) with an `ssh` client each;
-    the same contract as transport.ssh.start_agents: failures are results."""
-    if not names:
-        return {}
-    if options.config and not os.path.isfile(options.config):
-        raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
-    env = dict(os.environ)
-    version = ssh_version(env)
-    if version == (0, 0):
-        raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
-    base = ssh_options({"config": options.config, "accept_new": options.accept_new}, version)
-    base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
-    command = agent_command(options.python)
-    results = {index: HostResult(index) for index in sorted(names)}
-    starting: dict[int, _Start] = {}
-    sel = selectors.DefaultSelector()
-    # Each client starts as a small shell waiting at a gate, released when all are spawned:
-    # spawning waits for the child's exec, and once the first clients run their key exchange
-    # that wait grew to 40-70 ms per host on 2 cores (the agent starts its ranks the same way).
-    gate = spawn.Gate()
-    try:
-        spawned = False
+class OpensshTransport(Transport):
+    """One OpenSSH `ssh` client per host, every host's start-up in one selector loop."""
+
+    name = "openssh"
+
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
+
+    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+        if not hosts:
+            return {}
+        options = self.options
+        if options.config and not os.path.isfile(options.config):
+            raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
+        env = dict(os.environ)
+        version = ssh_version(env)
+        if version == (0, 0):
+            raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
+        base = ssh_options(SshSpec(config=options.config, accept_new=options.accept_new), version)
+        base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
+        command = agent_command(options.python)
+        results = {index: HostResult(index) for index in sorted(hosts)}
+        starting: dict[int, _Start] = {}
+        sel = selectors.DefaultSelector()
+        # Each client starts as a small shell waiting at a gate, released when all are spawned:
+        # spawning waits for the child's exec, and once the first clients run their key exchange
+        # that wait grew to 40-70 ms per host on 2 cores (the agent starts its ranks the same way).
+        gate = spawn.Gate()
         try:
-            for index in sorted(names):
-                name, user, port = names[index]
-                argv = ssh_argv(base, {"name": name, "user": user, "port": port}, command)
-                try:
-                    started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fd=None, gate=gate)
-                except OSError as exc:
-                    results[index].error = SshError("connect", f"cannot run ssh: {exc.strerror or exc}")
-                    continue
-                link = OpensshLink(name, started)
-                results[index].link = link  # type: ignore[assignment]
-                start = starting[index] = _Start(index, link, first(index) or b"")
-                os.set_blocking(link._in, False)
-                sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
-                sel.register(link._out, selectors.EVENT_READ, (start, "out"))
-            spawned = True
-        finally:  # released with no line after a failure: the shells waiting there leave without running ssh
-            gate.release(len(starting) if spawned else 0)
-        _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
-    except BaseException:
-        for start in starting.values():
-            _give_up(start.link)
-        raise
-    finally:
-        sel.close()
-    for index, start in starting.items():
-        result = results[index]
-        if result.error is not None:
-            _give_up(start.link)
-            result.link = None
-            continue
-        os.set_blocking(start.link._in, True)
-        start.link.take_hello(start.hello or {})
-        start.link.unread = b"".join(start.frames) + bytes(start.inbox)
-        result.reply = start.reply
-    return results
+            spawned = False
+            try:
+                for index in sorted(hosts):
+                    host = hosts[index]
+                    argv = ssh_argv(base, host.name, host.user, host.port, command)
+                    try:
+                        started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
+                    except OSError as exc:
+                        results[index].error = TransportError("connect", f"cannot run ssh: {exc.strerror or exc}")
+                        continue
+                    link = OpensshLink(host.name, started)
+                    results[index].link = link
+                    start = starting[index] = _Start(index, link, first(index) or b"")
+                    os.set_blocking(link._in, False)
+                    sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
+                    sel.register(link._out, selectors.EVENT_READ, (start, "out"))
+                spawned = True
+            finally:  # released with no line after a failure: the shells waiting there leave without running ssh
+                gate.release(len(starting) if spawned else 0)
+            _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
+        except BaseException:
+            for start in starting.values():
+                _give_up(start.link)
+            raise
+        finally:
+            sel.close()
+        for index, start in starting.items():
+            result = results[index]
+            if result.error is not None:
+                _give_up(start.link)
+                result.link = None
+                continue
+            os.set_blocking(start.link._in, True)
+            assert start.hello is not None
+            start.link.take_hello(start.hello)
+            start.link.unread = b"".join(start.frames) + bytes(start.inbox)
+            result.reply = start.reply
+        return results
 
 
 def _run(
@@ -308,7 +302,7 @@ def _run(
                 pass
 
     def fail(start: _Start, why: str) -> None:
-        results[start.index].error = SshError("agent", why)
+        results[start.index].error = TransportError("agent", why)
         forget(start)
 
     while waiting:

@@ -21,17 +21,19 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.plan.hosts import HostSyntaxError, check_host_name, check_user_name
+from mpilaunch.plan.hosts import Host, HostSyntaxError, check_host_name, check_user_name
 from mpilaunch.protocol import wire
+from mpilaunch.protocol.messages import UP, Checked, Hello, decode
 from mpilaunch.protocol.record import Record
 from mpilaunch.protocol.wire import MARKER, MAX_NOISE
+from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:
     import paramiko  # only for annotations: importing it costs 85 ms, paid only with remote hosts
 
-CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
 MAX_PARALLEL = 32  # connections being opened at once
 ATTEMPTS = 5  # for connections dropped before the banner (sshd MaxStartups)
 STRICT_ACCEPTING = ("no", "off", "false", "accept-new")
@@ -93,22 +95,6 @@ def import_paramiko() -> ModuleType:
     return paramiko
 
 
-class SshError(Exception):
-    """Why one host cannot be used; stage is what failed: resolve, connect, host key, auth, agent."""
-
-    def __init__(self, stage: str, message: str) -> None:
-        super().__init__(message)
-        self.stage = stage
-
-
-class SshOptions(Record):
-    """How to use SSH for a run (named tuples and plain classes here: see spec.py on dataclasses)."""
-
-    config: str | None = None  # --ssh-config; None means ~/.ssh/config when it exists
-    accept_new: bool = False  # --ssh-accept-new
-    python: str | None = None  # interpreter for the agent where that path exists (default: ours)
-
-
 class SshTarget(Record):
     """Where and how to reach one host, after ~/.ssh/config (or --ssh-config) is applied."""
 
@@ -153,12 +139,12 @@ def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarg
     try:
         entry = config.lookup(name)
     except ImportError:
-        raise SshError("resolve", "the ssh config uses `Match exec`, which mpilaunch does not support") from None
+        raise TransportError("resolve", "the ssh config uses `Match exec`, which mpilaunch does not support") from None
     user = user or entry.get("user") or getpass.getuser()
     try:
         check_user_name(user)
     except HostSyntaxError as exc:
-        raise SshError("resolve", str(exc)) from None
+        raise TransportError("resolve", str(exc)) from None
     known = entry.get("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2").split()
     proxy = entry.get("proxyjump")
     return SshTarget(
@@ -184,9 +170,9 @@ def parse_jump(hop: str) -> tuple[str | None, str, int | None]:
         if user:
             check_user_name(user)
     except HostSyntaxError as exc:
-        raise SshError("resolve", f"ProxyJump {hop!r}: {exc}") from None
+        raise TransportError("resolve", f"ProxyJump {hop!r}: {exc}") from None
     if port and not port.isdigit():
-        raise SshError("resolve", f"ProxyJump {hop!r}: bad port")
+        raise TransportError("resolve", f"ProxyJump {hop!r}: bad port")
     return user or None, name, int(port) if port else None
 
 
@@ -212,7 +198,7 @@ def _known_keys(path: str) -> paramiko.HostKeys:
                 keys.load(path)
                 cached = _parsed_known_hosts[path] = (stamp, keys)
     except OSError as exc:
-        raise SshError("host key", f"cannot read {path}: {exc.strerror}") from None
+        raise TransportError("host key", f"cannot read {path}: {exc.strerror}") from None
     return cached[1]
 
 
@@ -238,7 +224,7 @@ def _client_for(target: SshTarget, accept_new: bool) -> paramiko.SSHClient:
     class Policy(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client, hostname, key) -> None:  # type: ignore[no-untyped-def]
             if not accept:
-                raise SshError(
+                raise TransportError(
                     "host key",
                     f"host key of {target.name} ({target.key_name}) is unknown ({fingerprint(key)}); "
                     f"if that is the right key, accept it with --ssh-accept-new (it is then added to {save_to})",
@@ -283,12 +269,12 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
                 sock=sock,
             )
             return client
-        except SshError:
+        except TransportError:
             client.close()
             raise
         except paramiko.BadHostKeyException as exc:
             client.close()
-            raise SshError(
+            raise TransportError(
                 "host key",
                 f"host key of {target.name} ({target.key_name}) has CHANGED: it offers {fingerprint(exc.key)}, "
                 f"known_hosts has {fingerprint(exc.expected_key)}; refused. If the change is expected, remove the "
@@ -296,28 +282,29 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
             ) from None
         except paramiko.AuthenticationException as exc:
             client.close()
-            raise SshError("auth", f"authentication as {target.user} failed: {exc}") from None
+            raise TransportError("auth", f"authentication as {target.user} failed: {exc}") from None
         except socket.gaierror:
             client.close()
-            raise SshError("resolve", f"cannot resolve {target.hostname!r}") from None
+            raise TransportError("resolve", f"cannot resolve {target.hostname!r}") from None
         except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
             client.close()
-            raise SshError("connect", f"connection refused by {target.hostname}:{target.port}") from None
+            raise TransportError("connect", f"connection refused by {target.hostname}:{target.port}") from None
         except (socket.timeout, TimeoutError):
             client.close()
             where = f"{target.hostname}:{target.port}"
-            raise SshError("connect", f"no answer from {where} in {target.timeout:g} s") from None
+            raise TransportError("connect", f"no answer from {where} in {target.timeout:g} s") from None
         except (paramiko.SSHException, EOFError, ConnectionResetError, OSError) as exc:
             client.close()
             waited = time.monotonic() - started
             if waited >= target.timeout * 0.8:  # it accepted TCP but never spoke SSH
-                raise SshError(
+                raise TransportError(
                     "connect",
                     f"{target.hostname}:{target.port} accepted a connection but gave no SSH answer "
                     f"in {target.timeout:g} s",
                 ) from None
             if attempt + 1 == ATTEMPTS or sock is not None:
-                raise SshError("connect", f"{target.hostname}:{target.port}: {exc or type(exc).__name__}") from None
+                why = f"{target.hostname}:{target.port}: {exc or type(exc).__name__}"
+                raise TransportError("connect", why) from None
             time.sleep(min(1.0, 0.05 * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
 
@@ -340,7 +327,8 @@ def open_connection(
                 try:
                     sock = jump.get_transport().open_channel("direct-tcpip", dest, ("127.0.0.1", 0))
                 except Exception as exc:
-                    raise SshError("connect", f"jump host {name} cannot reach {dest[0]}:{dest[1]}: {exc}") from None
+                    why = f"jump host {name} cannot reach {dest[0]}:{dest[1]}: {exc}"
+                    raise TransportError("connect", why) from None
         return connect_client(target, options, sock), jumps
     except BaseException:
         for jump in jumps:
@@ -360,14 +348,14 @@ def skip_noise(chan, timeout: float) -> bytes | None:
                 return None
             seen += byte
             if len(seen) > MAX_NOISE + len(MARKER):
-                raise SshError("agent", f"the remote shell printed more than {MAX_NOISE} bytes before the agent")
+                raise TransportError("agent", f"the remote shell printed more than {MAX_NOISE} bytes before the agent")
     finally:
         chan.settimeout(None)
     return bytes(seen[: -len(MARKER)])
 
 
-def read_frame(chan, timeout: float) -> dict | None:
-    """One control frame, read exactly (nothing after it is consumed); None on EOF."""
+def read_message(chan, timeout: float) -> Record | None:
+    """One control message, read exactly (nothing after it is consumed); None on EOF."""
     chan.settimeout(timeout)
     data = b""
     decoder = wire.Decoder()
@@ -376,7 +364,7 @@ def read_frame(chan, timeout: float) -> dict | None:
             need = 5 if len(data) < 5 else 4 + int.from_bytes(data[:4], "big") - len(data)
             if need <= 0:
                 kind, value = decoder.feed(data)[0]
-                return value if kind == wire.CONTROL else None  # type: ignore[return-value]
+                return decode(value, UP) if kind == wire.CONTROL else None  # type: ignore[arg-type]
             chunk = chan.recv(need)
             if not chunk:
                 return None
@@ -385,48 +373,14 @@ def read_frame(chan, timeout: float) -> dict | None:
         chan.settimeout(None)
 
 
-def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
-    """A remote agent's own messages (not its ranks'), shown line by line with the host's name;
-    an unfinished line waits in pending (data b"\n" flushes it)."""
-    pending += data
-    *lines, rest = bytes(pending).split(b"\n")
-    pending[:] = rest
-    for line in lines:
-        if line.strip():
-            print(f"mpilaunch: agent on {name}: {line.decode(errors='replace')}", file=sys.stderr)
-
-
-def ping_from_thread(
-    name: str, send: Callable[[bytes], None], stop: threading.Event, interval: float, frame: bytes
-) -> None:
-    """Keep a remote agent's heartbeat from a thread until stop is set or a send fails: the
-    event loop may be blocked (a console pipe nobody reads), and the agent must not take that
-    for a lost launcher."""
-
-    def loop() -> None:
-        while not stop.wait(interval):
-            try:
-                send(frame)
-            except Exception:
-                return
-
-    threading.Thread(target=loop, name=f"ping {name}", daemon=True).start()
-
-
-class SshLink:
-    """A connected agent on a remote host (its pids mean nothing here)."""
-
-    local = False
+class SshLink(Link):
+    """A connected agent on a remote host, over a paramiko channel."""
 
     def __init__(self, name: str, client: object, chan: object, jumps: list | None = None) -> None:
-        self.name = name
+        super().__init__(name)
         self.client = client
         self.chan = chan
         self.jumps = jumps if jumps is not None else []
-        self.peer = ""  # the address we reached: what the host's ranks are known by
-        self.local_address = ""  # our end: how that host reaches this machine
-        self.hello: dict = {}
-        self.unread = b""  # read during start-up (tree spawn) but not yet a whole frame
         self._err = bytearray()
         self._lock = threading.Lock()  # frames from two threads never interleave
         self._stop = threading.Event()
@@ -471,11 +425,9 @@ class SshLink:
             except Exception:
                 pass
 
-    def wait(self) -> None:
-        pass
-
-
-def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | None) -> tuple[SshLink, dict | None]:
+def start_agent(
+    target: SshTarget, options: SshOptions, config, first: bytes | None
+) -> tuple[SshLink, Checked | None]:
     """Connect, ship and start the agent with `first` queued behind it; return its hello and reply."""
     client, jumps = open_connection(target, options, config)
     link = SshLink(target.name, client, None, jumps)
@@ -493,90 +445,89 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
             chan.exec_command(agent_command(options.python))
             chan.sendall(agent_payload() + (first or b""))  # the check waits in the pipe: no round trip
             noise = skip_noise(chan, target.timeout)
-            hello = read_frame(chan, target.timeout) if noise is not None else None
-        except SshError:
+            hello = read_message(chan, target.timeout) if noise is not None else None
+        except TransportError:
             raise
+        except wire.FrameError as exc:
+            raise TransportError("agent", f"the agent's stream is garbled: {exc}") from None
         except (socket.timeout, TimeoutError):
-            raise SshError("agent", f"the agent did not answer within {target.timeout:g} s") from None
+            raise TransportError("agent", f"the agent did not answer within {target.timeout:g} s") from None
         except Exception as exc:
-            raise SshError("agent", f"cannot start the agent: {exc}") from None
-        if hello is None or hello.get("op") != "hello":
+            raise TransportError("agent", f"cannot start the agent: {exc}") from None
+        if not isinstance(hello, Hello):
             text = b""
             while chan.recv_stderr_ready():
                 text += chan.recv_stderr(1 << 16)
             last = text.decode(errors="replace").strip().splitlines()
             status = chan.recv_exit_status() if chan.exit_status_ready() else None
             why = last[-1] if last else f"it exited with status {status}"
-            raise SshError("agent", f"the agent did not start: {why}")
+            raise TransportError("agent", f"the agent did not start: {why}")
         link.hello = hello
         reply = None
         if first is not None:
-            reply = read_frame(chan, target.timeout)
+            try:
+                reply = read_message(chan, target.timeout)
+            except wire.FrameError as exc:
+                raise TransportError("agent", f"the agent's stream is garbled: {exc}") from None
             if reply is None:
-                raise SshError("agent", "the agent closed the connection")
+                raise TransportError("agent", "the agent closed the connection")
+            if not isinstance(reply, Checked):
+                raise TransportError("agent", f"the agent answered its check with {reply.op}")  # type: ignore[attr-defined]
         return link, reply
     except BaseException:
         link.close()
         raise
 
 
-class HostResult:
-    """What starting one host's agent gave: a link and its reply, or the error."""
+class ParamikoTransport(Transport):
+    """One paramiko connection per host, opened in parallel under a cap, from threads."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.target: SshTarget | None = None
-        self.link: SshLink | None = None
-        self.reply: dict | None = None
-        self.error: SshError | None = None
+    name = "paramiko"
 
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
 
-def start_agents(
-    names: Mapping[int, tuple[str, str | None, int | None]],
-    options: SshOptions,
-    first: Callable[[int], bytes | None],
-) -> dict[int, HostResult]:
-    """Start one agent on each host (index -> (name, user, port)), in parallel under a cap.
+    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+        """Start one agent on each host; first(index) is a frame queued right behind the agent's
+        code (the pre-launch check), whose answer comes back in the result."""
+        if not hosts:
+            return {}
+        config = load_config(self.options.config)
 
-    first(index) is a frame queued right behind the agent's code (the pre-launch check); the
-    agent answers it after its hello, and the answer comes back in the result. Failures are
-    results too: callers decide what they mean.
-    """
-    config = load_config(options.config)
+        def one(index: int) -> HostResult:
+            result = HostResult(index)
+            host = hosts[index]
+            try:
+                target = ssh_target(host.name, host.user, host.port, config)
+                result.address = target.where()
+                result.link, result.reply = start_agent(target, self.options, config, first(index))
+            except TransportError as exc:
+                result.error = exc
+            except Exception as exc:  # anything paramiko raises that is not classified above
+                result.error = TransportError("connect", f"{type(exc).__name__}: {exc}")
+            return result
 
-    def one(index: int) -> HostResult:
-        result = HostResult(index)
-        name, user, port = names[index]
-        try:
-            result.target = ssh_target(name, user, port, config)
-            result.link, result.reply = start_agent(result.target, options, config, first(index))
-        except SshError as exc:
-            result.error = exc
-        except Exception as exc:  # anything paramiko raises that is not classified above
-            result.error = SshError("connect", f"{type(exc).__name__}: {exc}")
-        return result
+        agent_payload()  # built once here: the threads below would each build it on a cold cache
+        # Daemon threads, not a pool: on Ctrl-C the launcher leaves at once instead of waiting for
+        # connections to hung hosts to time out; the links opened so far are closed.
+        results: dict[int, HostResult] = {}
+        cap = threading.Semaphore(MAX_PARALLEL)
 
-    if not names:
-        return {}
-    agent_payload()  # built once here: the threads below would each build it on a cold cache
-    # Daemon threads, not a pool: on Ctrl-C the launcher leaves at once instead of waiting for
-    # connections to hung hosts to time out; the links opened so far are closed.
-    results: dict[int, HostResult] = {}
-    cap = threading.Semaphore(MAX_PARALLEL)
+        def run(index: int) -> None:
+            with cap:
+                results[index] = one(index)
 
-    def run(index: int) -> None:
-        with cap:
-            results[index] = one(index)
-
-    threads = [threading.Thread(target=run, args=(i,), name=f"ssh {names[i][0]}", daemon=True) for i in sorted(names)]
-    for thread in threads:
-        thread.start()
-    try:
+        threads = [
+            threading.Thread(target=run, args=(i,), name=f"ssh {hosts[i].name}", daemon=True) for i in sorted(hosts)
+        ]
         for thread in threads:
-            thread.join()
-    except BaseException:
-        for result in list(results.values()):
-            if result.link is not None:
-                result.link.close()
-        raise
-    return dict(sorted(results.items()))
+            thread.start()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            for result in list(results.values()):
+                if result.link is not None:
+                    result.link.close()
+            raise
+        return dict(sorted(results.items()))

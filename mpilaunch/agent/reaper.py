@@ -1,0 +1,251 @@
+"""Everything the agent started ends with it: reaping, killing, and the guardian for kill -9.
+
+The agent is a child subreaper, so orphans of its ranks (a daemon a rank left behind) become
+its children; the Reaper reaps ranks, adopted orphans and a relay's ssh clients alike, and
+kills the lot: each rank's process group, each adopted orphan with its group, SIGTERM first
+and SIGKILL after a grace. The Guardian is a forked watcher that kills what it was told about
+if the agent dies without doing so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from mpilaunch.agent.loop import Timer
+from mpilaunch.host.procfs import children_of
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from mpilaunch.agent.ranks import Ranks
+    from mpilaunch.agent.relay import Relay
+
+ADOPTION_SCAN = 0.5  # seconds between looks for orphans we adopted (told to the guardian)
+SWEEP_LIMIT = 2.0  # the last sweep kills re-parented descendants, round after round, this long at most
+PR_SET_CHILD_SUBREAPER = 36
+FORGET = 1 << 31  # in a pid told to the guardian: that process is gone
+
+
+def become_subreaper() -> None:
+    """Orphans of our ranks are re-parented to us, not to init: we can still reach them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Guardian:
+    """A forked watcher that kills the ranks' process groups if this agent dies without doing so
+    (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
+    preexec_fn there is no PR_SET_PDEATHSIG for the ranks, and this costs one fork per host."""
+
+    def __init__(self) -> None:
+        read_fd, self.fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(self.fd)
+                _guard(read_fd)
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+
+    def watch(self, pid: int) -> None:
+        """A rank, an orphan we adopted or an ssh client: kill it and its group if the agent dies."""
+        self._tell(pid)
+
+    def forget(self, pid: int) -> None:
+        """The process was reaped: its pid (and process group id) may be reused by anyone now."""
+        self._tell(pid | FORGET)
+
+    def _tell(self, value: int) -> None:
+        try:
+            os.write(self.fd, value.to_bytes(4, "big"))
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Every rank is gone: the guardian leaves without killing anything, and is reaped here,
+        so that nothing of the agent's session outlives it (not even a zombie for init)."""
+        try:
+            os.write(self.fd, bytes(4))
+            os.close(self.fd)
+        except OSError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)  # it exits as soon as it reads the zero (or sees the pipe close)
+        except ChildProcessError:  # reaped already
+            pass
+
+
+def _guard(read_fd: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
+    os.closerange(read_fd + 1, 1 << 16)
+    groups: set[int] = set()
+    buf = b""
+    while True:
+        try:
+            data = os.read(read_fd, 4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            _kill_recorded(groups)
+            return
+        buf += data
+        while len(buf) >= 4:
+            pid, buf = int.from_bytes(buf[:4], "big"), buf[4:]
+            if pid == 0:
+                return
+            if pid & FORGET:
+                groups.discard(pid & ~FORGET)
+            else:
+                groups.add(pid)
+
+
+def _kill_recorded(pids: set[int]) -> None:
+    """The agent died: SIGKILL each recorded process (a rank, or an orphan the agent adopted) with
+    its process group (a rank's is its pid; an orphan's may be a dead rank's group)."""
+    own = os.getpgrp()  # the agent's group: never ours to kill
+    for pid in pids:
+        try:
+            group = os.getpgid(pid)
+        except OSError:
+            group = pid
+        for pgid in {pid, group} - {own}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+class Reaper(Timer):
+    """Reaps the agent's children and kills what is left of the job, in two steps or at once.
+
+    A reaped rank's pid is never signalled again: it may belong to anyone by then. What is left
+    of its process group is an orphan of ours (we are a subreaper), or a descendant of one, and
+    is reached through the orphans' groups, whose pids cannot be reused while they are unreaped
+    children of ours."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.guardian: Guardian | None = None  # forked when the agent starts to run
+        self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
+        self.orphans: set[int] = set()  # adopted orphans the guardian was told about
+        self.kill_deadline: float | None = None  # when SIGTERM'd processes get SIGKILL
+        self.next_adoption_scan = 0.0
+        self.link_lost = False  # then a kill cuts the links of the hosts we relay to as well
+
+    # -- reaping --------------------------------------------------------------------------
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.relay is not None and self.relay.reaped(pid, status):  # an ssh client of tree spawn
+                self.forget(pid)
+            elif self.ranks.reaped(pid, status, usage):
+                self.forget(pid)
+            elif pid in self.orphans:  # an orphan adopted as subreaper
+                self.orphans.discard(pid)
+                self.forget(pid)
+
+    def watch(self, pid: int) -> None:
+        """A process of ours (a rank, an ssh client) to be killed with its group if the agent dies."""
+        if self.guardian is not None:
+            self.guardian.watch(pid)
+
+    def forget(self, pid: int) -> None:
+        if self.guardian is not None:
+            self.guardian.forget(pid)
+
+    def adopted(self) -> list[int]:
+        """Our children that are neither a live rank nor the guardian nor an ssh client of ours:
+        orphans re-parented to us, zombies included until reaped."""
+        relayed = self.relay.pids() if self.relay is not None else ()
+        guardian = self.guardian.pid if self.guardian is not None else None
+        return [
+            pid
+            for pid in children_of(os.getpid())
+            if pid != guardian and pid not in relayed and not self.ranks.is_live(pid)
+        ]
+
+    # -- killing --------------------------------------------------------------------------
+    def signal_orphans(self, sig: int) -> None:
+        """Signal every adopted orphan and its process group."""
+        own = os.getpgrp()
+        for pid in self.adopted():
+            try:
+                group = os.getpgid(pid)  # an unreaped child of ours: its pid is still its own
+                if group != own:
+                    os.killpg(group, sig)
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def terminate_all(self, grace: float) -> None:
+        """SIGTERM every rank's group and every orphan; SIGKILL what is left after grace seconds."""
+        self.ranks.signal_all(signal.SIGTERM)
+        self.signal_orphans(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        if self.kill_deadline is None or deadline < self.kill_deadline:
+            self.kill_deadline = deadline
+
+    def kill_all(self, relayed_too: bool) -> None:
+        """SIGKILL every live rank's group and every adopted orphan with its group; with
+        relayed_too, the ssh clients of the hosts we relay to (their links are to be cut)."""
+        self.ranks.signal_all(signal.SIGKILL)
+        self.signal_orphans(signal.SIGKILL)
+        if relayed_too and self.relay is not None:
+            self.relay.kill()
+
+    def sweep(self) -> None:
+        """The last kill, in rounds: an orphan's descendants that left its process group (a
+        daemon's worker in a session of its own) are re-parented to us only when it dies, so kill
+        and reap until no child but the guardian is left (SWEEP_LIMIT seconds at most)."""
+        deadline = time.monotonic() + SWEEP_LIMIT
+        if self.relay is not None:
+            self.relay.close_all()
+        while True:
+            self.kill_all(relayed_too=True)
+            self.reap()
+            relaying = self.relay is not None and self.relay.running()
+            if (not self.ranks.any_live() and not relaying and not self.adopted()) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
+    # -- timer: the kill deadline and the look for adopted orphans ----------------------------
+    def next_deadline(self) -> float | None:
+        if self.kill_deadline is not None:
+            return min(self.kill_deadline, self.next_adoption_scan) if self.ranks.any() else self.kill_deadline
+        return self.next_adoption_scan if self.ranks.any() else None
+
+    def tick(self, now: float) -> None:
+        self.reap()
+        if self.kill_deadline is not None and now >= self.kill_deadline:
+            self.kill_deadline = None
+            self.kill_all(relayed_too=self.link_lost)
+        self.watch_adopted(now)
+
+    def watch_adopted(self, now: float) -> None:
+        """Tell the guardian about orphans we adopted, so a kill -9 of this agent takes them too."""
+        if self.guardian is None or not self.ranks.any() or now < self.next_adoption_scan:
+            return
+        self.next_adoption_scan = now + ADOPTION_SCAN
+        for pid in self.adopted():
+            if pid not in self.orphans:
+                self.orphans.add(pid)
+                self.guardian.watch(pid)

@@ -1,0 +1,38 @@
+"""What /proc says about processes: children, without psutil (this runs on hosts with only Python)."""
+
+from __future__ import annotations
+
+import os
+
+
+def children_of(pid: int) -> list[int]:
+    """Children of pid: from /proc/PID/task/*/children (cheap) where the kernel has it, else a scan."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        found: list[int] = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                found.extend(int(child) for child in handle.read().split())
+        return found
+    except (OSError, ValueError):
+        return _scan_children_of(pid)
+
+
+def _scan_children_of(pid: int) -> list[int]:
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(name))
+    return found

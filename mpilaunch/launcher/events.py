@@ -1,0 +1,140 @@
+"""The run's event stream: every decision and state change, as a typed record, to whoever listens.
+
+The policy publishes what it decides (Abort, Forward, Finish) and what changed (a rank started,
+ended, failed); the controller publishes what it saw (an agent lost, a garbled frame, a note).
+Subscribers: the controller carries out the decisions, the console reporter prints the lines a
+user reads, the JSON report records the run. Each subscriber keeps a table of the event types
+it takes.
+"""
+
+from __future__ import annotations
+
+from mpilaunch.protocol.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+# -- what the controller tells the policy (besides the agents' messages) -------------------------
+class SignalReceived(Record):
+    """The launcher got a signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2)."""
+
+    sig: int
+
+
+class HostLost(Record):
+    """An agent's link ended (EOF, a garbled frame, silence, its relay lost): its ranks are lost."""
+
+    host: int
+    name: str
+    why: str = ""
+
+
+# -- decisions ---------------------------------------------------------------------------------
+class Abort(Record):
+    """Stop every rank: SIGTERM, SIGKILL after grace seconds (0: at once)."""
+
+    grace: float
+
+
+class Forward(Record):
+    """Send this signal to every rank."""
+
+    sig: int
+
+
+class FinishAgents(Record):
+    """Every rank ended: the agents stop what is left with this grace and exit."""
+
+    grace: float
+
+
+# -- state changes and what the user is told ------------------------------------------------------
+class RankStarted(Record):
+    proc: int
+
+
+class RankEnded(Record):
+    """The rank ended (its state says how); its console lines are flushed."""
+
+    proc: int
+
+
+class RankNotStarted(Record):
+    proc: int
+    error: str
+
+
+class MpiFailure(Record):
+    """MPI_Abort, or a broken PMI client: the job ends as if the rank failed."""
+
+    proc: int
+    reason: str
+
+
+class HardStop(Record):
+    """The same stop signal again: every rank is killed at once."""
+
+    sig: int
+
+
+class TimedOut(Record):
+    timeout: float
+
+
+class AgentLost(Record):
+    """An agent's link ended while it had ranks; procs were running there."""
+
+    host: int
+    why: str
+    procs: tuple[int, ...]
+
+
+class Garbled(Record):
+    """An agent sent something that is no message of the protocol: its link is closed."""
+
+    host: int
+    why: str
+
+
+class AgentNote(Record):
+    """A line an agent wants on the launcher's stderr."""
+
+    text: str
+
+
+class SpawnRefused(Record):
+    proc: int
+    why: str
+
+
+class RunEnded(Record):
+    """Every link is closed: the run's exit status is known."""
+
+    status: int
+
+
+class Events:
+    """Publish and subscribe, in order: subscribers see every event in the order it was published."""
+
+    def __init__(self) -> None:
+        self.subscribers: list[Callable[[Record], None]] = []
+
+    def subscribe(self, subscriber: Callable[[Record], None]) -> None:
+        self.subscribers.append(subscriber)
+
+    def publish(self, event: Record) -> None:
+        for subscriber in self.subscribers:
+            subscriber(event)
+
+
+def table(rows: dict[type, Callable]) -> Callable[[Record], None]:
+    """A subscriber that takes the event types it has a row for and ignores the rest."""
+
+    def take(event: Record) -> None:
+        row = rows.get(type(event))
+        if row is not None:
+            row(event)
+
+    return take

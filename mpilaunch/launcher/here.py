@@ -1,0 +1,20 @@
+"""This machine's answers to the planner (plan.build.Here): a free port, and its facts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mpilaunch.host.hostinfo import probe, this_machine_address
+from mpilaunch.host.programs import probe_port
+from mpilaunch.plan.build import Here
+
+
+class ThisMachine(Here):
+    def free_port(self) -> int:
+        return probe_port(0)[0]
+
+    def facts(self, request: Mapping[str, object], path: str) -> dict:
+        info = probe(bool(request.get("gpus")), request.get("hccn"), path)  # type: ignore[arg-type]
+        if request.get("hccn"):
+            info["address"] = this_machine_address()
+        return info

@@ -1,0 +1,258 @@
+"""The run's decisions, apart from any descriptor: events in, a clock, decisions out.
+
+What the agents report (a rank started, ended, could not start, called MPI_Abort, broke PMI)
+and what the controller sees (a signal, a lost agent, time passing) go in through `take` and
+`tick`; what to do about it (abort every rank, forward a signal, finish) comes out as events
+on the run's stream, with each rank's and the run's state changes (states.py). The exit
+status is computed from the same state. Nothing here reads a descriptor or the real clock,
+so the tests replay event histories against it with a fake clock in milliseconds.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from mpilaunch.launcher import states
+from mpilaunch.launcher.events import (
+    Abort,
+    AgentLost,
+    FinishAgents,
+    Forward,
+    HardStop,
+    HostLost,
+    MpiFailure,
+    RankEnded,
+    RankNotStarted,
+    RankStarted,
+    SignalReceived,
+    TimedOut,
+)
+from mpilaunch.launcher.states import (
+    ABORTING,
+    DONE,
+    EXITED,
+    FAILED,
+    FINISHING,
+    INTERRUPTED,
+    RUNNING,
+    STOPPING,
+    RankState,
+)
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.spec import Options
+from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
+from mpilaunch.protocol.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
+TIMEOUT_STATUS = 124
+FINISH_GRACE = 0.5  # what the agents give leftovers (a rank's daemon) once every rank ended
+
+
+class Policy:
+    def __init__(self, options: Options, publish: Callable[[Record], None], clock: Callable[[], float]) -> None:
+        self.options = options
+        self.publish = publish
+        self.clock = clock
+        self.procs: list[RankState] = []
+        self.phase = RUNNING
+        self.aborted = False  # a kill went out to every agent
+        self.timed_out = False
+        self.stop_signal: int | None = None  # the first forwarded SIGINT/SIGTERM/SIGHUP
+        self.abort_at: float | None = None  # after a stop signal and a failure: when ranks still running are killed
+        self.deadline: float | None = None  # --timeout
+        self.signals_seen: dict[int, int] = {}
+        self.first_failure: RankState | None = None
+        self.failed: list[int] = []  # process ids, in the order they failed
+        self.inputs = {
+            Started: self.started,
+            Exited: self.exited,
+            Failed: self.not_started,
+            PmiAbort: self.mpi_abort,
+            PmiError: self.pmi_error,
+            SignalReceived: self.signal,
+            HostLost: self.host_lost,
+        }
+
+    # -- the table of processes -------------------------------------------------------------
+    def start(self) -> None:
+        """The run starts now: the --timeout clock runs from here."""
+        if self.options.timeout:
+            self.deadline = self.clock() + self.options.timeout
+
+    def add_job(self, job: int, ranks: Sequence[Rank]) -> list[int]:
+        first = len(self.procs)
+        self.procs.extend(RankState(first + i, job, rank) for i, rank in enumerate(ranks))
+        return list(range(first, len(self.procs)))
+
+    def all_done(self) -> bool:
+        return all(state.done for state in self.procs)
+
+    @property
+    def ending(self) -> bool:
+        """Aborting or finishing: no new job (MPI_Comm_spawn) may start."""
+        return self.phase in (ABORTING, FINISHING, DONE)
+
+    # -- events in -----------------------------------------------------------------------------
+    def take(self, event: Record) -> None:
+        self.inputs[type(event)](event)  # type: ignore[operator]
+
+    def started(self, event: Started) -> None:
+        state = self.procs[event.proc]
+        state.pid = event.pid
+        if state.started_at is None:
+            state.started_at = self.clock()
+        if state.state == states.PLANNED:
+            state.move(states.RUNNING)
+            self.publish(RankStarted(event.proc))
+
+    def exited(self, event: Exited) -> None:
+        state = self.procs[event.proc]
+        state.cpu, state.rss = event.cpu, event.rss
+        self.rank_ended(state, event.status, mpi=event.mpi)
+
+    def not_started(self, event: Failed) -> None:
+        state = self.procs[event.proc]
+        if not state.done:
+            self.publish(RankNotStarted(event.proc, event.error))
+        self.rank_ended(state, event.code, reason=event.error)
+
+    def mpi_abort(self, event: PmiAbort) -> None:
+        text = f"called MPI_Abort with code {event.code}" + (f": {event.message}" if event.message else "")
+        self.mpi_failure(self.procs[event.proc], event.code, text)
+
+    def pmi_error(self, event: PmiError) -> None:
+        self.mpi_failure(self.procs[event.proc], 1, event.error)
+
+    def signal(self, event: SignalReceived) -> None:
+        sig = event.sig
+        count = self.signals_seen.get(sig, 0) + 1
+        self.signals_seen[sig] = count
+        if sig in HARD_STOP and count > 1:
+            self.publish(HardStop(sig))
+            self.abort(0)
+            return
+        if sig in HARD_STOP and self.stop_signal is None:
+            self.stop_signal = sig
+            if self.phase == RUNNING:
+                self.move(INTERRUPTED)
+        self.publish(Forward(sig))
+
+    def host_lost(self, event: HostLost) -> None:
+        """Its ranks are gone (killed there by the agent or its guardian, here by the controller)."""
+        lost = [s for s in self.procs if s.rank.host == event.host and not s.done]
+        if not lost:
+            return
+        self.publish(AgentLost(event.host, event.why, tuple(s.proc for s in lost)))
+        for state in lost:
+            self.rank_ended(state, -signal.SIGKILL, reason=f"agent of host {event.name} lost")
+
+    def tick(self) -> None:
+        """Time passed: the grace after a stop signal, the --timeout, and the end of the ranks."""
+        now = self.clock()
+        if self.abort_at is not None and now >= self.abort_at:
+            self.abort_at = None
+            if not self.all_done():
+                self.abort(self.options.kill_timeout)
+        if self.deadline is not None and now >= self.deadline:
+            self.deadline = None
+            if not self.all_done():
+                self.timed_out = True
+                self.publish(TimedOut(self.options.timeout or 0.0))
+                self.abort(self.options.kill_timeout)
+        if self.phase in (RUNNING, INTERRUPTED, ABORTING) and self.all_done():
+            self.move(FINISHING)
+            self.publish(FinishAgents(FINISH_GRACE))
+
+    def next_deadline(self) -> float | None:
+        due = [t for t in (self.abort_at, self.deadline) if t is not None]
+        return min(due) if due else None
+
+    def links_closed(self) -> None:
+        """Every agent's link is closed: the run is over, whatever its phase."""
+        if self.phase != DONE:
+            self.move(DONE)
+
+    # -- decisions ------------------------------------------------------------------------------
+    def rank_ended(self, state: RankState, status: int | None, reason: str | None = None, mpi: str = "new") -> None:
+        if state.done:
+            return
+        state.status = status
+        state.reason = state.reason or reason
+        state.ended_at = self.clock()
+        if status == 0 and mpi == "init" and not all(s.done or s is state for s in self.procs):
+            # Its peers would wait for it in the next barrier for ever.
+            state.reason = "exited without MPI_Finalize while other ranks run"
+            state.abort_code = 1
+            state.move(FAILED)
+            self.publish(RankEnded(state.proc))
+            self.count_failure(state)
+            self.abort(self.options.kill_timeout)
+            return
+        state.move(EXITED if status == 0 else FAILED)
+        self.publish(RankEnded(state.proc))
+        if status == 0:
+            return
+        self.count_failure(state)
+        if not self.options.abort_on_failure:
+            return
+        if self.stop_signal is not None and self.phase != ABORTING:
+            # Every rank got the user's signal and may still be acting on it (a traceback, a
+            # checkpoint): the others get the grace before they are killed, not at once.
+            if self.abort_at is None:
+                self.abort_at = self.clock() + self.options.kill_timeout
+        else:
+            self.abort(self.options.kill_timeout)
+
+    def count_failure(self, state: RankState) -> None:
+        if state.proc not in self.failed:
+            self.failed.append(state.proc)
+        stopping = self.timed_out or self.stop_signal is not None
+        if self.first_failure is None and (not stopping or state.abort_code is not None):
+            self.first_failure = state  # failures after a user's signal or the timeout are its effects
+
+    def mpi_failure(self, state: RankState, code: int, reason: str) -> None:
+        """MPI_Abort or a broken PMI client: the job ends as if that rank failed with code."""
+        self.publish(MpiFailure(state.proc, reason))
+        if state.abort_code is None:
+            state.abort_code = code
+            state.reason = reason
+        self.count_failure(state)
+        self.abort(self.options.kill_timeout)
+
+    def abort(self, grace: float) -> None:
+        """Stop every rank: SIGTERM to each process group, SIGKILL after grace seconds. Sent once;
+        a later abort(0) still goes out (escalation)."""
+        if self.phase in (FINISHING, DONE) or (self.phase == ABORTING and grace > 0):
+            return
+        for state in self.procs:
+            if not state.done and state.state != STOPPING:
+                state.killed = True
+                state.move(STOPPING)
+        if self.phase != ABORTING:
+            self.move(ABORTING)
+        self.aborted = True
+        self.publish(Abort(grace))
+
+    def move(self, phase: str) -> None:
+        self.phase = states.moved(self.phase, phase, states.RUN_MOVES)
+
+    # -- results ----------------------------------------------------------------------------------
+    def exit_status(self) -> int:
+        if self.timed_out:
+            return TIMEOUT_STATUS
+        failure = self.first_failure
+        if failure is None:
+            return 128 + self.stop_signal if self.stop_signal is not None and self.failed else 0
+        if failure.abort_code is not None:
+            return abort_status(failure.abort_code)
+        status = failure.status if failure.status is not None else 1
+        return 128 - status if status < 0 else status
+
+
+def abort_status(code: int) -> int:
+    """The launcher's exit status for MPI_Abort(code): its low byte, but never 0 (success)."""
+    return code & 0xFF or 1

@@ -1,0 +1,116 @@
+"""The console's view of the run: the lines a user reads on stderr, from the run's events.
+
+Nothing else in the run prints its decisions: the policy and the controller publish events
+(events.py), and this subscriber turns those a person should see into one line each, and the
+end of a failed or stopped run into its summary.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from mpilaunch.launcher.events import (
+    AgentLost,
+    AgentNote,
+    Garbled,
+    HardStop,
+    MpiFailure,
+    RankNotStarted,
+    RunEnded,
+    SpawnRefused,
+    TimedOut,
+    table,
+)
+from mpilaunch.launcher.policy import Policy, abort_status
+from mpilaunch.launcher.states import RankState
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from mpilaunch.launcher.output import OutputSink
+    from mpilaunch.plan.build import JobPlan
+    from mpilaunch.plan.hosts import Host
+    from mpilaunch.protocol.record import Record
+
+
+def describe(state: RankState) -> str:
+    return f"rank {state.rank.rank}" + (f" of spawned job {state.job}" if state.job != 1 else "")
+
+
+class ConsoleReporter:
+    """summary=False leaves out the failure summary (allrun prints a table of hosts instead)."""
+
+    def __init__(
+        self,
+        hosts: Sequence[Host],
+        policy: Policy,
+        jobs: Mapping[int, JobPlan],
+        output: OutputSink,
+        summary: bool = True,
+    ) -> None:
+        self.hosts = hosts
+        self.policy = policy
+        self.jobs = jobs
+        self.output = output
+        self.summary = summary
+        self.take = table(
+            {
+                RankNotStarted: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} could not start: {e.error}"),
+                MpiFailure: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} {e.reason}"),
+                HardStop: lambda e: self.say(f"{signal.Signals(e.sig).name} again: killing every rank"),
+                TimedOut: lambda e: self.say(f"the job exceeded --timeout {e.timeout:g} s; killing every rank"),
+                AgentLost: self.agent_lost,
+                Garbled: lambda e: self.say(f"garbled message from the agent of {self.hosts[e.host].name}: {e.why}"),
+                AgentNote: lambda e: print(e.text, file=sys.stderr),
+                SpawnRefused: lambda e: self.say(
+                    f"MPI_Comm_spawn from {describe(self.policy.procs[e.proc])} refused: {e.why}"
+                ),
+                RunEnded: self.run_ended,
+            }
+        )
+
+    def __call__(self, event: Record) -> None:
+        self.take(event)
+
+    @staticmethod
+    def say(text: str) -> None:
+        print(f"mpilaunch: {text}", file=sys.stderr)
+
+    def agent_lost(self, event: AgentLost) -> None:
+        because = f" ({event.why})" if event.why else ""
+        self.say(f"lost the agent of host {self.hosts[event.host].name}{because}; its ranks are killed")
+
+    def run_ended(self, event: RunEnded) -> None:
+        policy = self.policy
+        failure = policy.first_failure
+        ended = [policy.procs[p] for p in policy.failed if policy.procs[p] is not failure]
+        if failure is None and ended and policy.stop_signal is not None:
+            from mpilaunch.launcher.report import ranges  # only a failed or stopped run reports
+
+            name = signal.Signals(policy.stop_signal).name
+            first_job = ranges([s.rank.rank for s in ended if s.job == 1]) or "none of job 1"
+            others = sum(1 for s in ended if s.job != 1)
+            spawned = f" and {others} rank(s) of spawned jobs" if others else ""
+            self.say(f"stopped by {name} (forwarded to every rank); ranks {first_job}{spawned} ended")
+        if failure is not None and self.summary:
+            from mpilaunch.launcher.report import failure_summary
+
+            killed = [s for s in policy.procs if s.killed and s is not failure]
+            status = abort_status(failure.abort_code) if failure.abort_code is not None else failure.status
+            text = failure_summary(
+                rank=failure.rank.rank,
+                job=failure.job,
+                host=self.hosts[failure.rank.host].name,
+                pid=failure.pid,
+                status=status if status is not None else 1,
+                argv=self.jobs[failure.job].argvs[failure.rank.app],
+                last_lines=self.output.last_lines(failure.proc),
+                killed=[s.rank.rank for s in killed if s.job == 1],
+                killed_other=len([s for s in killed if s.job != 1]),
+                aborted=policy.options.abort_on_failure or policy.aborted,
+                failed_total=len(policy.failed),
+                reason=failure.reason,
+            )
+            print(text, file=sys.stderr)

@@ -1,0 +1,60 @@
+"""What a job's PMI looks like before it starts: the process mapping, the job's description that
+every PMI service gets, and which agent services the job uses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.spec import Options
+from mpilaunch.protocol.messages import PmiJob
+
+
+def process_mapping(node_of_rank: Sequence[int]) -> str:
+    """PMI_process_mapping in the vector format: (vector,(first_node,node_count,ranks_per_node),...).
+
+    Ranks 0..n-1 are grouped into runs on one node; consecutive runs of equal length on
+    consecutive nodes fold into one block, e.g. 2 nodes x 4 by slot -> (vector,(0,2,4)).
+    """
+    runs: list[list[int]] = []
+    for node in node_of_rank:
+        if runs and runs[-1][0] == node:
+            runs[-1][1] += 1
+        else:
+            runs.append([node, 1])
+    blocks: list[list[int]] = []
+    for node, length in runs:
+        if blocks and blocks[-1][2] == length and blocks[-1][0] + blocks[-1][1] == node:
+            blocks[-1][1] += 1
+        else:
+            blocks.append([node, 1, length])
+    return "(vector," + ",".join(f"({a},{b},{c})" for a, b, c in blocks) + ")"
+
+
+def services(options: Options) -> tuple[str, ...]:
+    """The agent services a job's ranks get (agent/services/registry.py): PMI-1/PMI-2 over an
+    inherited socket or loopback TCP, with the guard that stops Open MPI ranks from running as
+    singletons; none with --mpi none."""
+    if options.mpi not in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
+        return ()
+    return ("pmi-tcp" if options.pmi_tcp else "pmi", "openmpi-guard")
+
+
+def pmi_job(
+    job: int,
+    ranks: Sequence[Rank],
+    universe: int,
+    job_id: str,
+    preput: Mapping[str, str] | None = None,
+    spawner: str | None = None,
+) -> PmiJob:
+    """A job as its PMI services see it: kvs_<MPILAUNCH_JOB_ID>_<job>, its size and mapping."""
+    return PmiJob(
+        job=job,
+        size=len(ranks),
+        universe=universe,
+        kvsname=f"kvs_{job_id}_{job}",
+        mapping=process_mapping([r.node_rank for r in ranks]),
+        preput=dict(preput or {}),
+        spawner=spawner,
+    )

@@ -1,0 +1,491 @@
+"""Every control message between the controller and its agents: one typed record each.
+
+A message travels as a CONTROL frame (wire.py): a JSON object whose "op" names its record
+(`PmiFenceDone` is "pmi_fence_done"). `encode` makes the frame; `decode` turns a received
+object into the record of its op, checking each field against the record's annotations, and
+raises MessageError (a wire.FrameError) for anything else, so a receiver catches one error
+type and treats the link as not to be trusted. Receivers dispatch on the record's type
+through a table of their own: adding a message is adding a record here and a row there.
+
+The annotations are the schema: int, float, str, bool, object (any JSON), X | None,
+tuple[X, ...] (a JSON array), dict[str, X] and the records below. DOWN records go from the controller to agents, UP
+records from agents to the controller; Ping goes both ways. Fields unknown to a record are
+ignored, so a newer peer may add some. Rank output and stdin are never messages: they stay
+binary frames (wire.OUTPUT, wire.STDIN).
+"""
+
+from __future__ import annotations
+
+from mpilaunch.protocol import wire
+from mpilaunch.protocol.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+DOWN, UP = "down", "up"
+
+
+class MessageError(wire.FrameError):
+    """A control frame that is not a message of this protocol, or not one this side takes."""
+
+
+# -- parts of messages -------------------------------------------------------------------
+class AppCheck(Record):
+    """One program to look for on a host before launch."""
+
+    program: str
+    wdir: str
+    path: str | None = None  # the app's -x PATH; None: the host's own
+
+
+class Probe(Record):
+    """What a host must find out about itself (hostinfo.probe): GPUs, device IPs."""
+
+    gpus: bool = False
+    hccn: str | None = None  # the hccn.conf to read, for --rank-table
+
+
+class RankSpec(Record):
+    """One rank of a launch, as its agent starts it."""
+
+    proc: int  # process id: unique over the run's jobs
+    rank: int
+    local_rank: int
+    app: int
+    argv: tuple[str, ...]
+    wdir: str
+    env: dict[str, str]  # only what is set on top of the host's environment
+    stdin: bool = False
+
+
+class PmiJob(Record):
+    """What every PMI service needs to know of a job to serve its ranks."""
+
+    job: int
+    size: int
+    universe: int
+    kvsname: str
+    mapping: str  # PMI_process_mapping
+    preput: dict[str, str]  # keys a spawning parent passed
+    spawner: str | None = None  # the kvsname of the job whose MPI_Comm_spawn made this one
+
+
+class SshSpec(Record):
+    """How a relay's ssh reaches the hosts below it."""
+
+    config: str | None = None  # --ssh-config, where that path exists on the relay
+    accept_new: bool = False
+
+
+class RelayHost(Record):
+    """A host a relay starts, with the hosts that one starts in turn."""
+
+    index: int
+    name: str
+    user: str | None
+    port: int | None
+    first: str  # its check frame (latin-1), queued behind its code
+    below: tuple[RelayHost, ...]
+
+
+class SpawnApp(Record):
+    """One program of an MPI_Comm_spawn(_multiple) request."""
+
+    nprocs: int
+    argv: tuple[str, ...]
+    preput: dict[str, str]
+    info: dict[str, str]
+    wdir: str | None = None
+    spawner: str | None = None
+
+
+# -- controller to agent -------------------------------------------------------------------
+class Check(Record):
+    """Remote agents, once, before any launch: take the launcher's search paths, check each
+    program, probe a port (-1 none, 0 pick one, N is N free) and answer the probe."""
+
+    apps: tuple[AppCheck, ...]
+    carried: dict[str, str]  # the launcher's PATH, LD_LIBRARY_PATH, VIRTUAL_ENV, CONDA_PREFIX
+    mpi: bool  # look for Open MPI linkage too
+    port: int
+    heartbeat: float | None = None  # seconds of silence after which the launcher counts as gone
+    probe: Probe | None = None
+
+
+class Put(Record):
+    """Write this file on the host (the rank table), whole, before launch."""
+
+    path: str
+    data: str
+
+
+class Ping(Record):
+    """Heartbeat: any frame counts as a word; no answer."""
+
+
+class Launch(Record):
+    """Start this host's ranks of a job, with the agent services the job uses."""
+
+    job: int
+    ranks: tuple[RankSpec, ...]
+    services: tuple[str, ...] = ()  # agent services for the job's ranks (agent/services: "pmi", "pmi-tcp", ...)
+    pmi: PmiJob | None = None
+    merge: bool = False
+    bind_to: str = "none"
+    report_bindings: bool = False
+    drop_prefixes: tuple[str, ...] = ()  # variables of an enclosing launcher that must not reach the ranks
+    drop_names: tuple[str, ...] = ()
+
+
+class Signal(Record):
+    """Send this signal to every running rank's process group."""
+
+    sig: int
+
+
+class Kill(Record):
+    """SIGTERM every rank, then SIGKILL after grace seconds; grace 0 is SIGKILL now."""
+
+    grace: float
+
+
+class Finish(Record):
+    """The run is over: stop leftovers with this grace, then exit."""
+
+    grace: float
+
+
+class PmiFenceDone(Record):
+    """Every host of the job entered the barrier; kvs holds every host's puts since the last."""
+
+    job: int
+    kvs: dict[str, str]
+
+
+class PmiNameReply(Record):
+    """The answer to a PmiName request, matched by req."""
+
+    job: int
+    req: int
+    cmd: str
+    rc: int
+    port: str = ""
+    msg: str = ""
+
+
+class PmiSpawnReply(Record):
+    """The answer to a PmiSpawn request: rc 0, or -1 with msg."""
+
+    job: int
+    req: int
+    rc: int
+    msg: str = ""
+
+
+class RelayHosts(Record):
+    """Tree spawn: start an agent on each host with ssh, and pass its subtree on."""
+
+    ssh: SshSpec
+    command: str
+    hosts: tuple[RelayHost, ...]
+
+
+class Drop(Record):
+    """Tree spawn, to a host's parent: cut that child off."""
+
+    host: int
+
+
+# -- agent to controller -------------------------------------------------------------------
+class Hello(Record):
+    """The agent runs: its host name, CPUs, pid, Python, and both ends of SSH_CONNECTION."""
+
+    host: str
+    cpus: int
+    pid: int
+    python: str
+    addr: str = ""  # the address this host was reached at (empty for a local agent)
+    client: str = ""  # the launcher's address as this host sees it
+
+
+class Checked(Record):
+    """The answer to Check: one line per problem, the port, and the host's facts."""
+
+    problems: tuple[str, ...]
+    port: int
+    port_free: bool | None  # None when no port was asked for
+    info: dict[str, object] | None = None  # hostinfo.probe's answer
+
+
+class PutDone(Record):
+    """The answer to Put: None, or why the file could not be written."""
+
+    error: str | None
+
+
+class Started(Record):
+    """The rank is running."""
+
+    proc: int
+    pid: int
+
+
+class Failed(Record):
+    """The rank could not be spawned (code 127: not found, 126: otherwise)."""
+
+    proc: int
+    error: str
+    code: int
+
+
+class Exited(Record):
+    """The rank ended: exit code or -signal, its MPI state, and its resource use (wait4)."""
+
+    proc: int
+    status: int
+    mpi: str = "new"  # new, init or finalized, as the rank's PMI service saw it
+    cpu: float | None = None  # user + system seconds
+    rss: int | None = None  # peak resident set, bytes
+
+
+class StdinAck(Record):
+    """n stdin bytes were written to ranks, or dropped."""
+
+    n: int
+
+
+class Note(Record):
+    """A line for the launcher's stderr."""
+
+    text: str
+
+
+class PmiFence(Record):
+    """Every rank of the job on this host entered the barrier; kvs holds their puts since the last."""
+
+    job: int
+    kvs: dict[str, str]
+
+
+class PmiAbort(Record):
+    """The rank called MPI_Abort."""
+
+    proc: int
+    code: int
+    message: str
+
+
+class PmiError(Record):
+    """The rank broke PMI (a bad line, a hang-up while initialized) or could not be served."""
+
+    proc: int
+    error: str
+
+
+class PmiName(Record):
+    """A publish_name, unpublish_name or lookup_name request; req numbers it in its service."""
+
+    job: int
+    proc: int
+    req: int
+    cmd: str
+    service: str
+    port: str | None = None
+
+
+class PmiSpawn(Record):
+    """An MPI_Comm_spawn(_multiple) request, one entry per program."""
+
+    job: int
+    proc: int
+    req: int
+    apps: tuple[SpawnApp, ...]
+
+
+class Bye(Record):
+    """The agent is about to exit; end of file follows."""
+
+
+class Gone(Record):
+    """Tree spawn, from a relay: that child's stream ended (why: ssh's last words, if any)."""
+
+    host: int
+    why: str
+
+
+DOWN_MESSAGES = (
+    Check,
+    Put,
+    Ping,
+    Launch,
+    Signal,
+    Kill,
+    Finish,
+    PmiFenceDone,
+    PmiNameReply,
+    PmiSpawnReply,
+    RelayHosts,
+    Drop,
+)
+UP_MESSAGES = (
+    Hello,
+    Checked,
+    PutDone,
+    Ping,
+    Started,
+    Failed,
+    Exited,
+    StdinAck,
+    Note,
+    PmiFence,
+    PmiAbort,
+    PmiError,
+    PmiName,
+    PmiSpawn,
+    Bye,
+    Gone,
+)
+PARTS = (AppCheck, Probe, RankSpec, PmiJob, SshSpec, RelayHost, SpawnApp)
+
+
+def op_name(cls: type) -> str:
+    """PmiFenceDone -> pmi_fence_done."""
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(cls.__name__))
+
+
+BY_OP: dict[str, type] = {op_name(cls): cls for cls in (*DOWN_MESSAGES, *UP_MESSAGES)}
+_TAKES = {DOWN: frozenset(DOWN_MESSAGES), UP: frozenset(UP_MESSAGES)}
+_NAMED = {cls.__name__: cls for cls in (*DOWN_MESSAGES, *UP_MESSAGES, *PARTS)}
+for _op, _cls in BY_OP.items():
+    _cls.op = _op  # type: ignore[attr-defined]
+
+
+def encode(message: Record) -> bytes:
+    """The CONTROL frame of a message."""
+    fields = {name: _plain(value) for name, value in zip(message._fields, message)}
+    return wire.control(message.op, **fields)  # type: ignore[attr-defined]
+
+
+def _plain(value: object) -> object:
+    """A field's value as JSON sees it: records become objects, recursively."""
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return {name: _plain(item) for name, item in zip(value._fields, value)}  # type: ignore[attr-defined]
+    if isinstance(value, (list, tuple)) and value and hasattr(type(value[0]), "_fields"):
+        return [_plain(item) for item in value]
+    return value
+
+
+def decode(obj: dict, sender: str) -> Record:
+    """The record of a received control object from sender (UP: an agent, DOWN: the controller)."""
+    cls = BY_OP.get(obj["op"])
+    if cls is None or cls not in _TAKES[sender]:
+        raise MessageError(f"no {sender} message is called {str(obj['op'])[:40]!r}")
+    return _build(cls, obj, cls.op)  # type: ignore[attr-defined]
+
+
+# -- checking fields against the annotations ------------------------------------------------
+_schemas: dict[type, tuple[tuple[str, bool, object, Callable[[object, str], object]], ...]] = {}
+
+
+def _schema(cls: type) -> tuple[tuple[str, bool, object, Callable[[object, str], object]], ...]:
+    """(name, has a default, the default, checker) for each field of a record, built once."""
+    found = _schemas.get(cls)
+    if found is None:
+        defaults = cls._field_defaults  # type: ignore[attr-defined]
+        found = _schemas[cls] = tuple(
+            (name, name in defaults, defaults.get(name), _checker(cls.__annotations__[name]))
+            for name in cls._fields  # type: ignore[attr-defined]
+        )
+    return found
+
+
+def _build(cls: type, obj: object, where: str) -> Record:
+    if not isinstance(obj, dict):
+        raise MessageError(f"{where}: expected an object")
+    values: list[object] = []
+    for name, has_default, default, check in _schema(cls):
+        if name in obj:
+            values.append(check(obj[name], f"{where}.{name}"))
+        elif has_default:
+            values.append(default)
+        else:
+            raise MessageError(f"{where}: no {name}")
+    return cls(*values)
+
+
+def _checker(annotation: str) -> Callable[[object, str], object]:
+    """A function that checks (and returns) a JSON value of this annotation."""
+    text = annotation.strip()
+    if text.endswith("| None"):
+        inner = _checker(text[: -len("| None")])
+        return lambda value, where: None if value is None else inner(value, where)
+    if text.startswith("tuple[") and text.endswith(", ...]"):
+        item = _checker(text[len("tuple[") : -len(", ...]")])
+
+        def check_array(value: object, where: str) -> object:
+            if not isinstance(value, list):
+                raise MessageError(f"{where}: expected an array")
+            return tuple(item(v, where) for v in value)
+
+        return check_array
+    if text.startswith("dict[str, ") and text.endswith("]"):
+        entry = _checker(text[len("dict[str, ") : -1])
+
+        def check_dict(value: object, where: str) -> object:
+            if not isinstance(value, dict):
+                raise MessageError(f"{where}: expected an object")
+            return {key: entry(v, where) for key, v in value.items()}
+
+        return check_dict
+    if text == "object":
+        return lambda value, where: value
+    scalar = _SCALARS.get(text)
+    if scalar is not None:
+        return scalar
+    cls = _NAMED[text]  # a part: a record of its own
+    return lambda value, where: _build(cls, value, where)
+
+
+def _int(value: object, where: str) -> object:
+    if type(value) is not int:
+        raise MessageError(f"{where}: expected an integer")
+    return value
+
+
+def _float(value: object, where: str) -> object:
+    if type(value) not in (int, float):
+        raise MessageError(f"{where}: expected a number")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _str(value: object, where: str) -> object:
+    if type(value) is not str:
+        raise MessageError(f"{where}: expected a string")
+    return value
+
+
+def _bool(value: object, where: str) -> object:
+    if type(value) is not bool:
+        raise MessageError(f"{where}: expected true or false")
+    return value
+
+
+_SCALARS = {"int": _int, "float": _float, "str": _str, "bool": _bool}
+
+
+def catalogue() -> str:
+    """The messages as Markdown tables (docs/architecture.md holds this text; a test compares)."""
+    lines: list[str] = []
+    for title, records in (
+        ("Controller to agent", DOWN_MESSAGES),
+        ("Agent to controller", UP_MESSAGES),
+        ("Parts of messages", PARTS),
+    ):
+        lines += [f"{title}:", "", "| name | fields | meaning |", "|---|---|---|"]
+        for cls in records:
+            name = getattr(cls, "op", cls.__name__)
+            fields = ", ".join(f"`{f}: {cls.__annotations__[f]}`" for f in cls._fields)  # type: ignore[attr-defined]
+            lines.append(f"| `{name}` | {fields} | {' '.join((cls.__doc__ or '').split())} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")

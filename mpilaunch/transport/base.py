@@ -1,0 +1,107 @@
+"""What every transport gives the launcher: links to agents, and a result per host started.
+
+A transport starts one agent per host and hands back a HostResult each: a Link and the
+agent's answer to its first message (the preflight Check), or the TransportError that says
+why the host cannot be used. A Link declares what it is through its attributes, the same on
+every kind (no attribute probing): whether the pids it reports are this machine's, whether
+it has a descriptor of its own or rides another host's connection (tree spawn), which host
+started its agent. Transports are found by name in REGISTRY and imported only when used, so
+a run on one machine never imports paramiko.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mpilaunch.protocol.messages import Checked, Hello
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from mpilaunch.plan.hosts import Host
+
+STAGES = ("resolve", "connect", "host key", "auth", "agent")  # in the order a connection meets them
+
+
+class TransportError(Exception):
+    """Why one host cannot be used; stage is what failed (STAGES)."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class Link:
+    """The launcher's end of one agent's link."""
+
+    local = False  # the agent runs on this machine: the pids it reports are pids here
+    relayed = False  # reached through another host's agent: no descriptor of its own
+    parent: int | None = None  # tree spawn: the host whose agent started this one (None: the launcher)
+    head_index: int | None = None  # tree spawn: the host whose connection carries this one's frames
+    head: Link | None = None  # ... and its link
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.hello: Hello | None = None
+        self.peer = ""  # the address the host was reached at: what its ranks are known by
+        self.local_address = ""  # this machine's address as the host sees it
+        self.unread = b""  # read during start-up but not used there: the controller's
+
+    def fileno(self) -> int:
+        raise NotImplementedError
+
+    def recv(self) -> bytes | None:
+        """Data, None when there is nothing yet, b'' at end (the agent or its connection is gone)."""
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        raise NotImplementedError
+
+    def send(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+    def ping_every(self, interval: float, frame: bytes) -> None:
+        """Send frame every interval seconds from a thread, until closed (the launcher's loop may
+        be blocked on a full console; the agent must not take that for a lost launcher)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """After close: wait for whatever process carried the link."""
+
+
+class HostResult:
+    """What starting one host's agent gave: a link and its reply, or the error."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.address = "-"  # user@host:port as the transport resolved it (`mpilaunch check` shows it)
+        self.link: Link | None = None
+        self.reply: Checked | None = None
+        self.error: TransportError | None = None
+
+
+class Transport:
+    """Starts agents on hosts: `start` connects to each host (index -> Host), ships and starts the
+    agent, queues first(index) behind it (the preflight Check) and reads the hello and the
+    answer. Failures are results, not exceptions: callers decide what they mean."""
+
+    name = ""
+
+    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+        raise NotImplementedError
+
+
+# name -> "module:class"; imported on first use (paramiko only with the ssh transport)
+REGISTRY = {
+    "paramiko": "mpilaunch.transport.ssh:ParamikoTransport",
+    "openssh": "mpilaunch.transport.openssh:OpensshTransport",
+    "tree": "mpilaunch.transport.tree:TreeTransport",
+}
+
+
+def transport_class(name: str) -> type[Transport]:
+    module, _, cls = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), cls)

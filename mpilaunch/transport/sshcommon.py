@@ -1,0 +1,51 @@
+"""What both SSH transports share: the options of a run, the connect timeout, and how an
+agent's own stderr and its heartbeat are handled on the launcher's side."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from mpilaunch.protocol.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
+
+
+class SshOptions(Record):
+    """How to use SSH for a run."""
+
+    config: str | None = None  # --ssh-config; None means ~/.ssh/config when it exists
+    accept_new: bool = False  # --ssh-accept-new
+    python: str | None = None  # interpreter for the agent where that path exists (default: ours)
+
+
+def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
+    """A remote agent's own messages (not its ranks'), shown line by line with the host's name;
+    an unfinished line waits in pending (data b"\n" flushes it)."""
+    pending += data
+    *lines, rest = bytes(pending).split(b"\n")
+    pending[:] = rest
+    for line in lines:
+        if line.strip():
+            print(f"mpilaunch: agent on {name}: {line.decode(errors='replace')}", file=sys.stderr)
+
+
+def ping_from_thread(
+    name: str, send: Callable[[bytes], None], stop: threading.Event, interval: float, frame: bytes
+) -> None:
+    """Keep a remote agent's heartbeat from a thread until stop is set or a send fails: the
+    event loop may be blocked (a console pipe nobody reads), and the agent must not take that
+    for a lost launcher."""
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                send(frame)
+            except Exception:
+                return
+
+    threading.Thread(target=loop, name=f"ping {name}", daemon=True).start()
