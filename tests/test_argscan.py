@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.cli import argscan, cliopts
-from mpilaunch.cli.main import parse_args, run_command
+from mpilaunch.cli.command import run_command
+from mpilaunch.cli.parse import parse_args
 
 SPELLINGS = [flag for opt in cliopts.RUN_OPTIONS for flag in opt.flags]
 VALUES = [

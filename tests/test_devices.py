@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.cli.main import parse_args
+from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import hostinfo
 from mpilaunch.plan import devices

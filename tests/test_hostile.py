@@ -27,10 +27,11 @@ from hypothesis import strategies as st
 
 from mpilaunch.agent.agent import Agent
 from mpilaunch.agent.services.pmi1 import ProtocolError, parse_line
-from mpilaunch.agent.services.pmi_job import JobServer
-from mpilaunch.cli.main import parse_args
-from mpilaunch.launcher.controller import Controller, HostLink
+from mpilaunch.agent.services.pmi_server import JobServer
+from mpilaunch.cli.parse import parse_args
+from mpilaunch.launcher.controller import Controller
 from mpilaunch.launcher.here import ThisMachine
+from mpilaunch.launcher.links import HostLink
 from mpilaunch.launcher.output import OutputSink
 from mpilaunch.plan.build import build_plan
 from mpilaunch.protocol import wire

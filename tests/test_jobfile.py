@@ -14,8 +14,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mpilaunch.cli.command import run_command
 from mpilaunch.cli.jobfile import FileApp, option_keys, parse_job_file
-from mpilaunch.cli.main import parse_args, run_command
+from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext
 

@@ -156,7 +156,7 @@ V1_LINES = st.builds(
 @settings(max_examples=300, deadline=None)
 def test_fuzz_server_answers_or_refuses_but_never_raises(messages: list[bytes], init_line: bool) -> None:
     """Whatever a rank sends, the job's PMI server answers it or reports the rank (pmi_error); it never raises."""
-    from mpilaunch.agent.services.pmi_job import JobServer
+    from mpilaunch.agent.services.pmi_server import JobServer
     from mpilaunch.protocol import wire
 
     sent: list[bytes] = []

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.cli.main import parse_args, split_apps
+from mpilaunch.cli.parse import parse_args, split_apps
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.output import Console, rank_dir_name
 from mpilaunch.launcher.report import ranges

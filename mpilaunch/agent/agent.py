@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 
-from mpilaunch.agent.link import Heartbeat, PipeLink
+from mpilaunch.agent.link import Heartbeat, LinkOwner, PipeLink
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.ranks import Ranks
 from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
@@ -52,7 +52,7 @@ ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is g
 SIGNALS = frozenset(signal.valid_signals())
 
 
-class Agent(ServiceHost, Timer):
+class Agent(ServiceHost, LinkOwner, Timer):
     def __init__(self, link: socket.socket | PipeLink, payload: bytes | None = None) -> None:
         self.link = link
         self.payload = payload  # the loader and modules this agent came with (remote agents)
@@ -64,12 +64,11 @@ class Agent(ServiceHost, Timer):
         self.finishing = False
         self.stop_requested = False
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
-        self.ranks = Ranks(self.loop, self.send, self.send_frame)
+        self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch(pid))
+        self.reaper = Reaper(self.ranks)
         self.services = Services(self, REGISTRY)
         self.ranks.services = self.services
         self.heartbeat = Heartbeat(self)
-        self.reaper = Reaper(self.ranks)
-        self.ranks.reaper = self.reaper
         self.handlers = {
             Launch: self.launch,
             Check: self.check,

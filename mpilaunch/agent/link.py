@@ -18,7 +18,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see prot
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from mpilaunch.agent.agent import Agent
+    from mpilaunch.agent.relay import Relay
+    from mpilaunch.protocol.record import Record
 
 PINGS_PER_TIMEOUT = 6  # a link carries at least this many frames per heartbeat timeout
 
@@ -54,12 +55,26 @@ class PipeLink:
                     self.on_stall()  # after every wait: a slow reader stalls a long send too
 
 
+class LinkOwner:
+    """What the heartbeat needs of the agent that owns the link."""
+
+    link: object  # the link: selectable (a socket or a PipeLink)
+    link_open: bool
+    relay: Relay | None  # tree spawn: the hosts this agent started, pinged with the launcher's schedule
+
+    def send(self, message: Record) -> None:
+        raise NotImplementedError
+
+    def link_lost(self) -> None:
+        raise NotImplementedError
+
+
 class Heartbeat(Timer):
     """A remote agent pings the launcher and stops when it has heard nothing for a heartbeat
     timeout: after a network cut without a reset, the channel would never close. A relay
     pings its children on the same schedule (they count its silence as the launcher's)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: LinkOwner) -> None:
         self.agent = agent
         self.timeout: float | None = None  # seconds; set by Check (local agents have none)
         self.heard = time.monotonic()

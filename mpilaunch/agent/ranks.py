@@ -20,7 +20,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see prot
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from mpilaunch.agent.reaper import Reaper
     from mpilaunch.agent.services.base import Service, Services
     from mpilaunch.protocol.messages import RankSpec
     from mpilaunch.protocol.record import Record
@@ -66,11 +65,17 @@ class _Affinity:
 
 
 class Ranks(Timer):
-    def __init__(self, loop: Loop, send: Callable[[Record], None], send_frame: Callable[[bytes], None]) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        send: Callable[[Record], None],
+        send_frame: Callable[[bytes], None],
+        watch: Callable[[int], None],
+    ) -> None:
         self.loop = loop
         self.send = send
         self.send_frame = send_frame
-        self.reaper: Reaper | None = None  # told of each rank, for the guardian
+        self.watch = watch  # told each rank's pid (the guardian kills it if the agent dies)
         self.services: Services | None = None
         self.by_ident: dict[int, RankProcess] = {}
         self.by_pid: dict[int, RankProcess] = {}
@@ -105,8 +110,7 @@ class Ranks(Timer):
             return False
         for service in services:
             service.spawned(job, spec, started.pid)
-        if self.reaper is not None:
-            self.reaper.watch(started.pid)
+        self.watch(started.pid)
         rp = RankProcess(spec.proc, job, started.pid)
         self.by_ident[spec.proc] = rp
         self.by_pid[started.pid] = rp

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from mpilaunch.cli.cliopts import RUN_OPTIONS
-from mpilaunch.cli.main import check_root, click_option, exports_of
+from mpilaunch.cli.command import click_option
+from mpilaunch.cli.parse import check_root, exports_of
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import Options
 

@@ -13,7 +13,7 @@ import socket
 import time
 
 from mpilaunch.agent.services.base import Service
-from mpilaunch.agent.services.pmi_job import JobServer
+from mpilaunch.agent.services.pmi_server import JobServer
 from mpilaunch.protocol.messages import Note, PmiError, PmiFenceDone, PmiNameReply, PmiSpawnReply
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)

@@ -6,8 +6,7 @@ of the rest in decimal (MPICH pads with spaces, right-aligned today, left-aligne
 clients), then `key=value;` fields, the first being `cmd=`. A `;` inside a value is doubled.
 Every response echoes the request's `thrid` (a multi-threaded client matches replies by it).
 
-The frame format first, then how a job's server (pmi_job.JobServer) serves a PMI-2 client:
-one handler per command.
+Pure functions: how a job's server serves a PMI-2 client is in pmi2_serve.py.
 """
 
 from __future__ import annotations
@@ -15,12 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from mpilaunch.agent.services.pmi1 import FINALIZED, INITIALIZED, ProtocolError, put_error
-from mpilaunch.protocol.messages import PmiNameReply, PmiSpawnReply, SpawnApp
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
-if TYPE_CHECKING:
-    from mpilaunch.agent.services.pmi_job import JobServer, PmiClient
+from mpilaunch.agent.services.pmi1 import ProtocolError
 
 LENGTH_DIGITS = 6
 FRAME_MAX = 1 << 16  # MPICH's PMI-2 client never sends more (PMII_MAX_COMMAND_LEN)
@@ -167,150 +161,3 @@ def spawn_apps(pairs: Sequence[tuple[str, str]]) -> list[dict]:
             app["wdir"] = info["wdir"]
         apps.append(app)
     return apps
-
-
-# -- serving a PMI-2 client ---------------------------------------------------------------------
-NAMES = {"name-publish": "publish_name", "name-unpublish": "unpublish_name", "name-lookup": "lookup_name"}
-NAMES_BACK = {v: k for k, v in NAMES.items()}
-
-
-def next_message(server: JobServer, client: PmiClient) -> bool:
-    """Serve one whole frame from the client's buffer; False when more bytes are needed."""
-    got = split_frame(client.buf)
-    if got is None:
-        return False
-    body, used = got
-    del client.buf[:used]
-    pairs = parse_body(body)
-    msg = fields(pairs)
-    handler = COMMANDS.get(msg["cmd"])
-    if handler is None:
-        server.unknown(client, msg["cmd"])
-        server.send(client, response(msg["cmd"][:40], msg.get("thrid"), -1, [("errmsg", "unknown_command")]))
-    else:
-        handler(server, client, msg, pairs)
-    return True
-
-
-def _answer(server: JobServer, client: PmiClient, msg: dict[str, str], rc: int = 0, **out: object) -> None:
-    server.send(client, response(msg["cmd"], msg.get("thrid"), rc, out.items()))
-
-
-def _fullinit(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    client.state = INITIALIZED  # pmirank is not trusted: the socket says which rank this is
-    spawner = [("spawner-jobid", server.spawner)] if server.spawner else []
-    out = [("pmi-version", 2), ("pmi-subversion", 0), ("rank", client.rank), ("size", server.size)]
-    out += [("appnum", client.app), *spawner, ("debugged", "FALSE"), ("pmiverbose", "FALSE")]
-    server.send(client, response(msg["cmd"], msg.get("thrid"), 0, out))
-
-
-def _kvs_put(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    error = server.put(msg.get("key", ""), msg.get("value", ""))
-    if error:
-        _answer(server, client, msg, -1, errmsg=error)
-    else:
-        _answer(server, client, msg)
-
-
-def _kvs_get(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    if msg.get("jobid", server.kvsname) != server.kvsname:
-        _answer(server, client, msg, -1, found="FALSE", errmsg="unknown_jobid")
-    else:
-        _answer(server, client, msg, **found(server.lookup(msg.get("key", ""))))
-
-
-def _kvs_fence(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    client.fence_thrid = msg.get("thrid")
-    server.barrier_in(client)
-
-
-def _put_node_attr(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    """Node attributes are shared by this host's ranks of the job; a get that waits is answered now."""
-    key, value = msg.get("key", ""), msg.get("value", "")
-    error = put_error(key, value)
-    if error:
-        _answer(server, client, msg, -1, errmsg=error)
-        return
-    server.node_attrs[key] = value
-    _answer(server, client, msg)
-    waiting = [w for w in server.node_waits if w[1] == key]
-    server.node_waits = [w for w in server.node_waits if w[1] != key]
-    for waiter, _, waiter_thrid in waiting:
-        server.send(waiter, response("info-getnodeattr", waiter_thrid, 0, found(value).items()))
-
-
-def _get_node_attr(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    key = msg.get("key", "")
-    if key not in server.node_attrs and is_true(msg.get("wait")):
-        server.node_waits.append((client, key, msg.get("thrid")))  # answered by the put
-    else:
-        _answer(server, client, msg, **found(server.node_attrs.get(key)))
-
-
-def _get_job_attr(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    key = msg.get("key", "")
-    _answer(server, client, msg, **found(str(server.universe) if key == "universeSize" else server.lookup(key)))
-
-
-def _finalize(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    client.state = FINALIZED
-    _answer(server, client, msg)
-
-
-def _name(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    server.name_request(client, msg.get("thrid"), NAMES[msg["cmd"]], msg.get("name", ""), msg.get("port"))
-
-
-def _spawn(server: JobServer, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
-    try:
-        apps = [SpawnApp(**app) for app in spawn_apps(pairs)]
-    except (KeyError, ValueError) as exc:
-        _answer(server, client, msg, -1, errmsg=f"bad_spawn_command:{exc}")
-        return
-    server.spawn(client, apps, msg.get("thrid"))
-
-
-COMMANDS = {
-    "fullinit": _fullinit,
-    "job-getid": lambda server, client, msg, pairs: _answer(server, client, msg, jobid=server.kvsname),
-    "kvs-put": _kvs_put,
-    "kvs-get": _kvs_get,
-    "kvs-fence": _kvs_fence,
-    "info-putnodeattr": _put_node_attr,
-    "info-getnodeattr": _get_node_attr,
-    "info-getjobattr": _get_job_attr,
-    "finalize": _finalize,
-    "abort": lambda server, client, msg, pairs: server.abort(
-        client, msg.get("exitcode"), msg.get("message", msg.get("msg", ""))
-    ),
-    "name-publish": _name,
-    "name-unpublish": _name,
-    "name-lookup": _name,
-    "spawn": _spawn,
-    "job-connect": lambda server, client, msg, pairs: _answer(server, client, msg, -1, errmsg="not_supported"),
-    "job-disconnect": lambda server, client, msg, pairs: _answer(server, client, msg, -1, errmsg="not_supported"),
-}
-
-
-def found(value: str | None) -> dict[str, str]:
-    """PMI-2's answer to a lookup: found=TRUE and the value, or found=FALSE."""
-    return {"found": "TRUE", "value": value} if value is not None else {"found": "FALSE"}
-
-
-# -- answers ----------------------------------------------------------------------------------
-def barrier_out(server: JobServer, client: PmiClient) -> None:
-    server.send(client, response("kvs-fence", client.fence_thrid))
-
-
-def answer(server: JobServer, client: PmiClient, thrid: str | None, message: PmiNameReply | PmiSpawnReply) -> None:
-    """The controller's answer to a name or spawn request."""
-    if isinstance(message, PmiSpawnReply):
-        out = [] if message.rc == 0 else [("errmsg", message.msg or "refused")]
-        server.send(client, response("spawn", thrid, 0 if message.rc == 0 else -1, out))
-        return
-    cmd = NAMES_BACK.get(message.cmd, "name-lookup")
-    if message.rc != 0:
-        out = [("errmsg", message.msg or "failed")]
-    else:
-        out = [("port", message.port)] if cmd == "name-lookup" else []
-    server.send(client, response(cmd, thrid, message.rc, out))

@@ -1,4 +1,4 @@
-"""One job's PMI, as an agent serves it to its own ranks (PMI-1 and PMI-2 alike).
+"""One job's PMI state in an agent, and the steps PMI-1 and PMI-2 share.
 
 Everything a rank can be answered locally is: maxima, appnum, kvsname, universe size, its
 host's puts, node attributes and every key fenced so far. Only job-wide steps go up the
@@ -11,28 +11,16 @@ Each rank picks its version: a PMI-2 client says `cmd=init pmi_version=2` (or st
 PMI-2 frame) and is served PMI-2 frames from then on. Both versions share the keys, the
 barrier (PMI-1 `barrier_in` and PMI-2 `kvs-fence` are the same step) and the requests to the
 controller, so ranks of one job may even speak different versions. What differs (parsing,
-the commands, the shape of answers) is in pmi1.py and pmi2.py, picked by the client's version.
+the commands, the shape of answers) is in pmi1_serve.py and pmi2_serve.py; pmi_server.py reads
+the rank's socket and picks the version.
 """
 
 from __future__ import annotations
 
 import socket
 
-from mpilaunch.agent.services import pmi1, pmi2
-from mpilaunch.agent.services.pmi1 import INITIALIZED, LINE_MAX, NEW, VALLEN_MAX, ProtocolError, put_error
-from mpilaunch.protocol.messages import (
-    Note,
-    PmiAbort,
-    PmiError,
-    PmiFence,
-    PmiFenceDone,
-    PmiJob,
-    PmiName,
-    PmiNameReply,
-    PmiSpawn,
-    PmiSpawnReply,
-    SpawnApp,
-)
+from mpilaunch.agent.services.pmi1 import NEW, VALLEN_MAX, format_reply, put_error
+from mpilaunch.protocol.messages import Note, PmiAbort, PmiError, PmiFence, PmiJob, PmiName, PmiSpawn, SpawnApp
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -40,7 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 SEND_TIMEOUT = 5.0  # a rank that leaves its replies unread this long is cut off, so the agent never stalls
-VERSIONS = {1: pmi1, 2: pmi2}  # what a client of each version is parsed, served and answered with
 
 
 class PmiClient:
@@ -61,7 +48,7 @@ class PmiClient:
         self.spawn_apps: list[SpawnApp] = []  # MPI_Comm_spawn_multiple sends one block per app
 
 
-class JobServer:
+class JobState:
     def __init__(
         self, job: PmiJob, send_up: Callable[[Record], None], on_hangup: Callable[[int], None] | None = None
     ) -> None:
@@ -80,11 +67,6 @@ class JobServer:
         self.by_ident: dict[int, PmiClient] = {}
         self.waiting: dict[int, tuple[PmiClient, str | None]] = {}  # name and spawn requests by id, with thrid
         self.next_request = 0
-        self.answers = {
-            PmiFenceDone: self.fence_done,
-            PmiNameReply: self.answer_request,
-            PmiSpawnReply: self.answer_request,
-        }
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, ident: int, rank: int, app: int) -> tuple[socket.socket, socket.socket]:
@@ -123,39 +105,6 @@ class JobServer:
     def rank_of(self, client: PmiClient) -> str:
         return str(client.ident) if self.job == 1 else f"{client.ident} (spawned job {self.job})"
 
-    # -- reading ------------------------------------------------------------------------
-    def readable(self, fd: int) -> bool:
-        """Handle what a rank sent; False when its socket must be dropped (closed or misbehaving)."""
-        client = self.clients[fd]
-        if client.stalled:
-            return False
-        try:
-            data = client.sock.recv(LINE_MAX)  # type: ignore[union-attr]
-        except BlockingIOError:
-            return True
-        except OSError:
-            data = b""
-        if not data:
-            if client.state == INITIALIZED and self.on_hangup is not None:
-                self.on_hangup(client.ident)  # its peers would wait for it in the next barrier
-            return False
-        client.buf += data
-        try:
-            while not client.stalled and self.next_message(client):
-                pass
-        except ProtocolError as exc:
-            self.send_up(PmiError(proc=client.ident, error=f"PMI protocol error: {exc}"))
-            return False
-        return not client.stalled
-
-    def next_message(self, client: PmiClient) -> bool:
-        """Handle one whole message from the client's buffer; False when more bytes are needed.
-        A client that starts with a PMI-2 frame instead of the init line speaks PMI-2 (hydra
-        accepts that too)."""
-        if client.version == 1 and client.state == NEW and pmi2.looks_like_frame(client.buf):
-            client.version = 2
-        return VERSIONS[client.version].next_message(self, client)
-
     def drop(self, fd: int) -> None:
         """Forget a rank's socket (the caller has stopped watching it)."""
         client = self.clients.pop(fd, None)
@@ -165,7 +114,7 @@ class JobServer:
 
     def reply(self, client: PmiClient, cmd: str, **fields: object) -> None:
         """A PMI-1 line (also the answer to a PMI-2 client's init line)."""
-        self.send(client, pmi1.format_reply(cmd, **fields))
+        self.send(client, format_reply(cmd, **fields))
 
     def send(self, client: PmiClient, data: bytes) -> None:
         """Blocking, but for SEND_TIMEOUT at most: replies are short, so only a rank that does
@@ -230,23 +179,6 @@ class JobServer:
         self.next_request += 1
         self.waiting[self.next_request] = (client, thrid)
         return self.next_request
-
-    # -- answers from the controller -------------------------------------------------------
-    def take(self, message: Record) -> None:
-        self.answers[type(message)](message)
-
-    def fence_done(self, message: PmiFenceDone) -> None:
-        self.kvs.update(message.kvs)
-        for client in self.by_ident.values():
-            if client.in_barrier:
-                client.in_barrier = False
-                VERSIONS[client.version].barrier_out(self, client)
-
-    def answer_request(self, message: PmiNameReply | PmiSpawnReply) -> None:
-        entry = self.waiting.pop(message.req, None)
-        if entry is not None:
-            client, thrid = entry
-            VERSIONS[client.version].answer(self, client, thrid, message)
 
 
 def to_int(text: str | None, default: int) -> int:

@@ -1,0 +1,79 @@
+"""A job's PMI server in an agent: reads each rank's socket, serves it by its version (PMI-1
+lines, or PMI-2 frames once it asked for them), and answers what the controller sends back."""
+
+from __future__ import annotations
+
+from mpilaunch.agent.services import pmi1_serve, pmi2, pmi2_serve
+from mpilaunch.agent.services.pmi1 import INITIALIZED, LINE_MAX, NEW, ProtocolError
+from mpilaunch.agent.services.pmi_job import JobState, PmiClient
+from mpilaunch.protocol.messages import PmiError, PmiFenceDone, PmiJob, PmiNameReply, PmiSpawnReply
+from mpilaunch.protocol.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+VERSIONS = {1: pmi1_serve, 2: pmi2_serve}  # how a client of each version is parsed, served and answered
+
+
+class JobServer(JobState):
+    def __init__(
+        self, job: PmiJob, send_up: Callable[[Record], None], on_hangup: Callable[[int], None] | None = None
+    ) -> None:
+        super().__init__(job, send_up, on_hangup)
+        self.answers = {
+            PmiFenceDone: self.fence_done,
+            PmiNameReply: self.answer_request,
+            PmiSpawnReply: self.answer_request,
+        }
+
+    # -- reading ------------------------------------------------------------------------
+    def readable(self, fd: int) -> bool:
+        """Handle what a rank sent; False when its socket must be dropped (closed or misbehaving)."""
+        client = self.clients[fd]
+        if client.stalled:
+            return False
+        try:
+            data = client.sock.recv(LINE_MAX)  # type: ignore[union-attr]
+        except BlockingIOError:
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            if client.state == INITIALIZED and self.on_hangup is not None:
+                self.on_hangup(client.ident)  # its peers would wait for it in the next barrier
+            return False
+        client.buf += data
+        try:
+            while not client.stalled and self.next_message(client):
+                pass
+        except ProtocolError as exc:
+            self.send_up(PmiError(proc=client.ident, error=f"PMI protocol error: {exc}"))
+            return False
+        return not client.stalled
+
+    def next_message(self, client: PmiClient) -> bool:
+        """Handle one whole message from the client's buffer; False when more bytes are needed.
+        A client that starts with a PMI-2 frame instead of the init line speaks PMI-2 (hydra
+        accepts that too)."""
+        if client.version == 1 and client.state == NEW and pmi2.looks_like_frame(client.buf):
+            client.version = 2
+        return VERSIONS[client.version].next_message(self, client)
+
+    # -- answers from the controller -------------------------------------------------------
+    def take(self, message: Record) -> None:
+        """PmiFenceDone, PmiNameReply or PmiSpawnReply from the controller."""
+        self.answers[type(message)](message)  # type: ignore[operator]
+
+    def fence_done(self, message: PmiFenceDone) -> None:
+        self.kvs.update(message.kvs)
+        for client in self.by_ident.values():
+            if client.in_barrier:
+                client.in_barrier = False
+                VERSIONS[client.version].barrier_out(self, client)
+
+    def answer_request(self, message: PmiNameReply | PmiSpawnReply) -> None:
+        entry = self.waiting.pop(message.req, None)
+        if entry is not None:
+            client, thrid = entry
+            VERSIONS[client.version].answer(self, client, thrid, message)
