@@ -1,0 +1,125 @@
+"""The house's rules (docs/architecture.md, "Rules"), read from the code's own imports.
+
+1. agent/, host/ and protocol/ import only each other and the standard library, and that set is
+   exactly what is shipped to remote hosts.
+2. plan/ imports nothing of the runtime: no fork, no socket, no process or descriptor work.
+3. On the launcher's side, only transport/local.py imports agent/.
+And no two modules import each other, directly or in a circle (TYPE_CHECKING imports count).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from mpilaunch.transport.bootstrap import SHIPPED, shipped_modules
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "mpilaunch"
+SHIPPED_ROOMS = {"agent", "host", "protocol"}
+# Standard library modules that start processes, open descriptors to the outside or wait on them.
+RUNTIME_MODULES = {"socket", "_socket", "selectors", "select", "subprocess", "multiprocessing", "threading",
+                   "signal", "asyncio", "ctypes", "pty", "fcntl", "resource"}  # fmt: skip
+RUNTIME_CALLS = {"fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "popen", "kill", "killpg", "pipe",
+                 "execv", "execve", "execvp", "execvpe", "setsid", "waitpid", "wait4", "open", "socketpair"}  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, anywhere in it (inside functions and TYPE_CHECKING blocks too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            if node.module.startswith("mpilaunch"):  # `from mpilaunch.x import module`
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    known = modules()
+    return {name for name in found if not name.startswith("mpilaunch") or name in known}
+
+
+def room(name: str) -> str:
+    """The folder of the package a module lives in ("" for the package itself and its top modules)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else ""
+
+
+def test_shipped_rooms_import_only_each_other_and_the_standard_library() -> None:
+    wrong = {}
+    for name, path in modules().items():
+        if room(name) not in SHIPPED_ROOMS:
+            continue
+        for imported in imports_of(path):
+            top = imported.split(".")[0]
+            ours = imported.startswith("mpilaunch")
+            if (ours and imported != "mpilaunch" and room(imported) not in SHIPPED_ROOMS) or (
+                not ours and top not in sys.stdlib_module_names
+            ):
+                wrong.setdefault(name, []).append(imported)
+    assert not wrong
+
+
+def test_what_is_shipped_is_exactly_those_rooms() -> None:
+    assert set(SHIPPED) == SHIPPED_ROOMS
+    expected = {"mpilaunch"} | {name for name in modules() if room(name) in SHIPPED_ROOMS}
+    assert set(shipped_modules()) == expected
+
+
+def test_the_planner_runs_nothing() -> None:
+    wrong = {}
+    for name, path in modules().items():
+        if room(name) != "plan":
+            continue
+        bad = [m for m in imports_of(path) if m.split(".")[0] in RUNTIME_MODULES]
+        allowed = {"mpilaunch", "mpilaunch.errors"}  # the package's version and the one exception type
+        bad += [m for m in imports_of(path) if m.startswith("mpilaunch") and room(m) not in ("plan", "protocol")]
+        bad = [m for m in bad if m not in allowed]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+                if node.attr in RUNTIME_CALLS:
+                    bad.append(f"os.{node.attr}")
+        if bad:
+            wrong[name] = bad
+    assert not wrong
+
+
+def test_only_the_local_transport_imports_the_agent_on_the_launchers_side() -> None:
+    importers = {
+        name
+        for name, path in modules().items()
+        if room(name) != "agent" and any(room(m) == "agent" and m.startswith("mpilaunch") for m in imports_of(path))
+    }
+    assert importers == {"mpilaunch.transport.local"}
+
+
+def test_no_import_circles() -> None:
+    graph = {name: {m for m in imports_of(path) if m in modules() and m != name} for name, path in modules().items()}
+    # a package's __init__ is imported with each of its modules: only real module edges count
+    graph = {name: {m for m in edges if not modules()[m].name == "__init__.py"} for name, edges in graph.items()}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles
