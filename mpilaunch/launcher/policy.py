@@ -184,9 +184,10 @@ class Policy:
         state.reason = state.reason or reason
         state.ended_at = self.clock()
         if status == 0 and mpi == "init" and not all(s.done or s is state for s in self.procs):
-            # Its peers would wait for it in the next barrier for ever.
-            state.reason = "exited without MPI_Finalize while other ranks run"
-            state.abort_code = 1
+            # Its peers would wait for it in the next barrier for ever (an MPI_Abort's code stays).
+            if state.abort_code is None:
+                state.reason = "exited without MPI_Finalize while other ranks run"
+                state.abort_code = 1
             state.move(FAILED)
             self.publish(RankEnded(state.proc))
             self.count_failure(state)

@@ -1,0 +1,209 @@
+"""The run's policy, replayed: event histories in, with a fake clock; decisions and the exit
+status out. Each history is what the controller would feed the policy in a real run (agents'
+messages, signals, a lost agent, the clock's ticks), in milliseconds instead of seconds."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from mpilaunch.launcher import states
+from mpilaunch.launcher.events import (
+    Abort,
+    AgentLost,
+    FinishAgents,
+    Forward,
+    HardStop,
+    HostLost,
+    MpiFailure,
+    RankEnded,
+    RankNotStarted,
+    RankStarted,
+    SignalReceived,
+    TimedOut,
+)
+from mpilaunch.launcher.policy import Policy
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.spec import Options
+from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
+
+TICK = object()  # the loop's turn: time passed, nothing arrived
+DECISIONS = (Abort, Forward, FinishAgents)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replay(history: list, ranks: int = 2, hosts: int = 1, **options) -> tuple[Policy, list[tuple[float, object]]]:
+    """Feed the history (pairs of a time and an event, or TICK) to a policy of a job of `ranks`
+    ranks spread over `hosts` hosts; return it and what it published, with the time of each."""
+    clock = Clock()
+    published: list[tuple[float, object]] = []
+    policy = Policy(Options(**options), lambda event: published.append((clock.now, event)), clock)
+    per_host = ranks // hosts
+    policy.add_job(1, [Rank(r, 0, r // per_host, r % per_host, per_host, r // per_host) for r in range(ranks)])
+    policy.start()
+    for when, event in history:
+        clock.now = when
+        if event is not TICK:
+            policy.take(event)
+        policy.tick()  # the controller ticks the policy once a loop turn
+    return policy, published
+
+
+def decisions(published: list[tuple[float, object]]) -> list[tuple[float, object]]:
+    return [(when, event) for when, event in published if isinstance(event, DECISIONS)]
+
+
+def started(ranks: int = 2) -> list:
+    return [(0.0, Started(proc=r, pid=100 + r)) for r in range(ranks)]
+
+
+def test_every_rank_exits_0_and_the_agents_are_told_to_finish() -> None:
+    policy, out = replay([*started(), (1.0, Exited(0, 0, "finalized")), (1.1, Exited(1, 0, "finalized"))])
+    assert decisions(out) == [(1.1, FinishAgents(0.5))]
+    assert policy.exit_status() == 0 and policy.phase == states.FINISHING
+    assert [s.state for s in policy.procs] == [states.EXITED, states.EXITED]
+    assert [e for _, e in out if isinstance(e, RankStarted)] == [RankStarted(0), RankStarted(1)]
+
+
+def test_the_first_failure_aborts_the_others_and_gives_the_status() -> None:
+    policy, out = replay([*started(), (1.0, Exited(1, 3)), (1.5, Exited(0, -signal.SIGTERM))], kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Abort(2.0)), (1.5, FinishAgents(0.5))]
+    assert policy.exit_status() == 3
+    assert policy.first_failure is policy.procs[1]
+    assert policy.procs[0].killed and not policy.procs[1].killed
+    assert policy.aborted and policy.failed == [1, 0]
+
+
+def test_with_abort_off_the_others_run_on_and_the_status_is_still_the_failure() -> None:
+    mca = (("orte_abort_on_non_zero_status", "0"),)
+    policy, out = replay([*started(), (1.0, Exited(1, 3)), (5.0, Exited(0, 0))], mca=mca)
+    assert decisions(out) == [(5.0, FinishAgents(0.5))]
+    assert policy.exit_status() == 3 and not policy.aborted
+
+
+def test_ctrl_c_gives_a_rank_that_failed_of_it_the_grace_before_the_others_are_killed() -> None:
+    """The race of commit 66b81b5: after a forwarded SIGINT, rank 0 dies of it first; rank 1 is
+    still printing its traceback and must get --kill-timeout to end on its own, not a SIGTERM."""
+    history = [*started(), (1.0, SignalReceived(signal.SIGINT)), (1.1, Exited(0, -signal.SIGINT)), (2.0, TICK)]
+    policy, out = replay(history, kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGINT))]
+    assert policy.phase == states.INTERRUPTED and policy.next_deadline() == pytest.approx(3.1)
+    policy.clock.now = 3.1  # type: ignore[attr-defined]
+    policy.tick()
+    assert decisions(out)[-1] == (3.1, Abort(2.0))
+    policy.take(Exited(1, -signal.SIGTERM))
+    policy.tick()
+    assert policy.first_failure is None and policy.exit_status() == 128 + signal.SIGINT
+
+
+def test_ctrl_c_that_every_rank_acts_on_in_time_kills_nothing() -> None:
+    history = [*started(), (1.0, SignalReceived(signal.SIGINT)), (1.1, Exited(0, -2)), (1.8, Exited(1, 1))]
+    policy, out = replay(history, kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGINT)), (1.8, FinishAgents(0.5))]
+    assert not any(s.killed for s in policy.procs)
+    assert policy.exit_status() == 130
+
+
+def test_a_second_ctrl_c_kills_at_once() -> None:
+    history = [*started(), (1.0, SignalReceived(signal.SIGINT)), (1.2, SignalReceived(signal.SIGINT))]
+    policy, out = replay(history, kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGINT)), (1.2, Abort(0))]
+    assert (1.2, HardStop(signal.SIGINT)) in out
+    assert policy.phase == states.ABORTING
+
+
+def test_a_second_abort_with_grace_is_not_sent_again_but_a_kill_now_is() -> None:
+    history = [*started(3), (1.0, Exited(2, 1)), (1.1, PmiError(1, "broken")), (1.2, SignalReceived(2))]
+    history += [(1.3, SignalReceived(2))]
+    policy, out = replay(history, ranks=3, kill_timeout=2.0)
+    assert [e for _, e in decisions(out)] == [Abort(2.0), Forward(2), Abort(0)]
+
+
+def test_usr1_is_forwarded_and_is_no_stop_signal() -> None:
+    history = [*started(), (1.0, SignalReceived(signal.SIGUSR1)), (1.1, Exited(0, -signal.SIGUSR1))]
+    policy, out = replay(history, kill_timeout=2.0)
+    assert [e for _, e in decisions(out)] == [Forward(signal.SIGUSR1), Abort(2.0)]
+    assert policy.stop_signal is None and policy.exit_status() == 128 + signal.SIGUSR1
+
+
+def test_the_timeout_kills_every_rank_and_gives_124() -> None:
+    history = [*started(), (9.9, TICK), (10.0, TICK), (10.5, Exited(0, -signal.SIGTERM)), (10.6, Exited(1, 1))]
+    policy, out = replay(history, timeout=10.0, kill_timeout=2.0)
+    assert decisions(out) == [(10.0, Abort(2.0)), (10.6, FinishAgents(0.5))]
+    assert (10.0, TimedOut(10.0)) in out
+    assert policy.exit_status() == 124 and policy.first_failure is None  # the timeout's effects are not causes
+
+
+def test_mpi_abort_ends_the_job_with_its_code() -> None:
+    policy, out = replay([*started(), (1.0, PmiAbort(0, 7, "bad input"))], kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Abort(2.0))]
+    assert (1.0, MpiFailure(0, "called MPI_Abort with code 7: bad input")) in out
+    assert policy.exit_status() == 7
+    policy.take(Exited(0, 0, "init"))
+    policy.take(Exited(1, -signal.SIGTERM))
+    assert policy.exit_status() == 7  # the code, not the rank's own exit
+
+
+@pytest.mark.parametrize(("code", "status"), [(256, 1), (257, 1), (0, 1), (-1, 255)])
+def test_mpi_abort_codes_become_a_nonzero_low_byte(code: int, status: int) -> None:
+    policy, _ = replay([*started(), (1.0, PmiAbort(0, code, ""))])
+    assert policy.exit_status() == status
+
+
+def test_a_rank_that_exits_0_without_finalize_while_others_run_fails_the_job() -> None:
+    policy, out = replay([*started(), (1.0, Exited(0, 0, "init"))], kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Abort(2.0))]
+    assert policy.procs[0].reason == "exited without MPI_Finalize while other ranks run"
+    assert policy.exit_status() == 1
+
+
+def test_the_last_rank_may_exit_without_finalize() -> None:
+    policy, out = replay([*started(), (1.0, Exited(0, 0, "finalized")), (1.1, Exited(1, 0, "init"))])
+    assert decisions(out) == [(1.1, FinishAgents(0.5))] and policy.exit_status() == 0
+
+
+def test_a_lost_agent_loses_its_ranks_and_aborts_the_others() -> None:
+    history = [*started(4), (1.0, HostLost(1, "node2", "no word from it for 30 s"))]
+    policy, out = replay(history, ranks=4, hosts=2, kill_timeout=2.0)
+    assert (1.0, AgentLost(1, "no word from it for 30 s", (2, 3))) in out
+    assert decisions(out) == [(1.0, Abort(2.0))]
+    assert policy.procs[2].status == -signal.SIGKILL and policy.procs[2].reason == "agent of host node2 lost"
+    assert policy.exit_status() == 128 + signal.SIGKILL
+    assert policy.procs[0].state == states.STOPPING
+
+
+def test_a_rank_that_cannot_start_is_reported_and_fails_the_job() -> None:
+    history = [(0.0, Started(0, 100)), (0.0, Failed(1, "nope: No such file or directory", 127))]
+    policy, out = replay(history, kill_timeout=2.0)
+    assert (0.0, RankNotStarted(1, "nope: No such file or directory")) in out
+    assert decisions(out) == [(0.0, Abort(2.0))]
+    assert policy.exit_status() == 127 and policy.ending
+
+
+def test_each_rank_end_is_published_once() -> None:
+    policy, out = replay([*started(), (1.0, Exited(1, 3)), (1.1, Exited(1, 3)), (1.2, Exited(0, 0))])
+    assert [e for _, e in out if isinstance(e, RankEnded)] == [RankEnded(1), RankEnded(0)]
+
+
+def test_a_rank_killed_before_it_said_it_started_keeps_its_pid_and_state() -> None:
+    policy, out = replay([(0.0, Started(0, 100)), (0.5, Exited(0, 2)), (0.6, Started(1, 101))], kill_timeout=1.0)
+    assert policy.procs[1].state == states.STOPPING and policy.procs[1].pid == 101
+
+
+def test_moves_the_state_machine_does_not_allow_are_refused() -> None:
+    state = states.RankState(0, 1, Rank(0, 0, 0, 0, 1, 0))
+    state.move(states.RUNNING)
+    state.move(states.EXITED)
+    with pytest.raises(states.StateError):
+        state.move(states.RUNNING)
+    assert states.moved(states.RUNNING, states.INTERRUPTED, states.RUN_MOVES) == states.INTERRUPTED
+    with pytest.raises(states.StateError):
+        states.moved(states.FINISHING, states.ABORTING, states.RUN_MOVES)
