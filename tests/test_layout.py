@@ -23,7 +23,7 @@ SHIPPED_ROOMS = {"agent", "host", "protocol"}
 RUNTIME_MODULES = {"socket", "_socket", "selectors", "select", "subprocess", "multiprocessing", "threading",
                    "signal", "asyncio", "ctypes", "pty", "fcntl", "resource"}  # fmt: skip
 RUNTIME_CALLS = {"fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "popen", "kill", "killpg", "pipe",
-                 "execv", "execve", "execvp", "execvpe", "setsid", "waitpid", "wait4", "open", "socketpair"}  # fmt: skip
+                 "execv", "execve", "execvp", "execvpe", "setsid", "waitpid", "wait4", "socketpair"}  # fmt: skip
 
 
 def module_name(path: Path) -> str:

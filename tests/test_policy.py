@@ -123,7 +123,7 @@ def test_a_second_ctrl_c_kills_at_once() -> None:
 def test_a_second_abort_with_grace_is_not_sent_again_but_a_kill_now_is() -> None:
     history = [*started(3), (1.0, Exited(2, 1)), (1.1, PmiError(1, "broken")), (1.2, SignalReceived(2))]
     history += [(1.3, SignalReceived(2))]
-    policy, out = replay(history, ranks=3, kill_timeout=2.0)
+    _policy, out = replay(history, ranks=3, kill_timeout=2.0)
     assert [e for _, e in decisions(out)] == [Abort(2.0), Forward(2), Abort(0)]
 
 
@@ -189,12 +189,12 @@ def test_a_rank_that_cannot_start_is_reported_and_fails_the_job() -> None:
 
 
 def test_each_rank_end_is_published_once() -> None:
-    policy, out = replay([*started(), (1.0, Exited(1, 3)), (1.1, Exited(1, 3)), (1.2, Exited(0, 0))])
+    _policy, out = replay([*started(), (1.0, Exited(1, 3)), (1.1, Exited(1, 3)), (1.2, Exited(0, 0))])
     assert [e for _, e in out if isinstance(e, RankEnded)] == [RankEnded(1), RankEnded(0)]
 
 
 def test_a_rank_killed_before_it_said_it_started_keeps_its_pid_and_state() -> None:
-    policy, out = replay([(0.0, Started(0, 100)), (0.5, Exited(0, 2)), (0.6, Started(1, 101))], kill_timeout=1.0)
+    policy, _out = replay([(0.0, Started(0, 100)), (0.5, Exited(0, 2)), (0.6, Started(1, 101))], kill_timeout=1.0)
     assert policy.procs[1].state == states.STOPPING and policy.procs[1].pid == 101
 
 

@@ -1,7 +1,7 @@
 """The run command's options as plain data: one table for click, the fast scanner and job files.
 
 Kept free of click (and of dataclasses, which exec code at import) so that a plain run can
-read its command line without paying for either; `cli.run_command()` builds the click command
+read its command line without paying for either; `command.run_command()` builds the click command
 from this same table for --help, errors and job files.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # How an option takes its value: FLAG (none), VALUE (one), MULTI (one, repeatable), PAIRS (two, repeatable).
 FLAG, VALUE, MULTI, PAIRS = "flag", "value", "multi", "pairs"
-# What a value must be; the click command maps each to its type (see cli.run_command).
+# What a value must be; the click command maps each to its type (see command.run_command).
 INT_MIN1, FLOAT_POS, FLOAT_NONNEG, CHOICE, RANK_CHOICE = "int>=1", "float>0", "float>=0", "choice", "stdin"
 
 
@@ -119,6 +119,12 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         ("--rank-table", "-rank-table"),
         metavar="PATH",
         help="Write the job's HCCL rank table (MindSpore/Ascend).",
+    ),
+    Opt(
+        "report_json",
+        ("--report-json", "-report-json"),
+        metavar="PATH",
+        help="At the end of the run, write what happened (every rank's times, status, CPU, memory) as JSON.",
     ),
     Opt("ssh_config", ("--ssh-config", "-ssh-config"), metavar="PATH", help="SSH config (default ~/.ssh/config)."),
     Opt(

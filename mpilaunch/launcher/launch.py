@@ -148,21 +148,48 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
 
 
 def run_job(spec: JobSpec) -> int:
-    env = os.environ
-    plan, source = build_plan(spec, env, ThisMachine())
     options = spec.options
-    job = plan.job
-    if options.display_map or options.dry_run:
-        from mpilaunch.launcher.report import dry_run_env, rank_map
+    plan = None
+    try:
+        plan, source = build_plan(spec, os.environ, ThisMachine())
+        if options.dry_run or options.display_map:
+            show_plan(plan, source)
+        if options.dry_run:
+            return 0
+        controller = execute(plan)
+    except LaunchError as exc:
+        if options.report_json:  # a CI system reads why the job never started, not only its status
+            from mpilaunch.launcher.report_json import write_refused
 
-        print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
+            write_refused(options.report_json, plan, launcher_command(), exc)
+        raise
+    if options.report_json:
+        from mpilaunch.launcher.report_json import JsonReport
+
+        controller.events.subscribe(
+            JsonReport(
+                options.report_json, plan, controller.policy, controller.jobs, controller.output, launcher_command()
+            )
+        )
+    return controller.run()
+
+
+def launcher_command() -> list[str]:
+    return ["mpilaunch", *sys.argv[1:]]
+
+
+def show_plan(plan: LaunchPlan, source: str) -> None:
+    """--display-map and --dry-run: the map, and (dry run) every rank's variables and the rank table."""
+    from mpilaunch.launcher.report import dry_run_env, rank_map
+
+    options = plan.options
+    job = plan.job
+    print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
     if options.dry_run:
         print(dry_run_env(job.ranks, plan.hosts, job.envs), flush=True)
         if plan.options.rank_table:
             text, _ = rank_table(plan)
             print(f"rank table for {plan.options.rank_table} (not written in a dry run):\n{text}", end="", flush=True)
-        return 0
-    return execute(plan).run()
 
 
 def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:

@@ -43,6 +43,7 @@ class Options(Record):
     allow_run_as_root: bool = False
     mpi: str = "pmi1"  # PMI served to the ranks: pmi1, pmi2 (same server, MPICH told to use PMI-2) or none
     pmi_tcp: bool = False  # PMI over loopback TCP (PMI_PORT + PMI_ID) instead of an inherited PMI_FD
+    report_json: str | None = None  # where the run's JSON report goes
     ssh_config: str | None = None  # instead of ~/.ssh/config
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
     ssh_client: str = "paramiko"  # paramiko (in the launcher) or openssh (an `ssh` process per host)

@@ -1,0 +1,149 @@
+"""--report-json PATH: what happened in a run, as one JSON document, for CI systems and
+post-mortems to read instead of scraping the console. Written when the run ends, whatever
+ended it (success, a failure, an abort, the timeout, Ctrl-C); docs/reference.md has the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+from mpilaunch import __version__
+from mpilaunch.launcher.events import RunEnded, table
+from mpilaunch.launcher.policy import Policy
+from mpilaunch.launcher.states import RankState
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from mpilaunch.launcher.output import OutputSink
+    from mpilaunch.plan.build import JobPlan, LaunchPlan
+    from mpilaunch.protocol.record import Record
+
+SCHEMA = 1
+
+
+def status_fields(status: int | None) -> dict[str, object]:
+    """exit_code, or signal (its name) for a rank a signal ended; both None if it never ended."""
+    if status is None or status >= 0:
+        return {"exit_code": status, "signal": None}
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        name = f"signal {-status}"
+    return {"exit_code": None, "signal": name}
+
+
+class JsonReport:
+    """A subscriber of the run's events that writes the report at RunEnded."""
+
+    def __init__(
+        self,
+        path: str,
+        plan: LaunchPlan,
+        policy: Policy,
+        jobs: Mapping[int, JobPlan],
+        output: OutputSink,
+        command: Sequence[str],
+    ) -> None:
+        self.path = path
+        self.plan = plan
+        self.policy = policy
+        self.jobs = jobs
+        self.output = output
+        self.command = list(command)
+        self.wall_offset = time.time() - time.monotonic()  # the policy's clock is monotonic
+        self.started = time.time()
+        self.take = table({RunEnded: self.write})
+
+    def __call__(self, event: Record) -> None:
+        self.take(event)
+
+    def when(self, monotonic: float | None) -> float | None:
+        return None if monotonic is None else round(monotonic + self.wall_offset, 6)
+
+    def rank(self, state: RankState) -> dict[str, object]:
+        return {
+            "job": state.job,
+            "rank": state.rank.rank,
+            "app": state.rank.app,
+            "host": self.plan.hosts[state.rank.host].name,
+            "pid": state.pid,
+            "state": state.state,
+            "started": self.when(state.started_at),
+            "ended": self.when(state.ended_at),
+            **status_fields(state.status),
+            "killed": state.killed,
+            "reason": state.reason,
+            "cpu_seconds": state.cpu,
+            "peak_rss_bytes": state.rss,
+        }
+
+    def document(self, status: int) -> dict[str, object]:
+        policy = self.policy
+        failure = policy.first_failure
+        first = None
+        if failure is not None:
+            first = {
+                **self.rank(failure),
+                "abort_code": failure.abort_code,
+                "command": list(self.jobs[failure.job].argvs[failure.rank.app]),
+                "last_stderr": self.output.last_lines(failure.proc),
+            }
+        if policy.timed_out:
+            outcome = "timeout"
+        elif policy.stop_signal is not None:
+            outcome = "interrupted"
+        else:
+            outcome = "failed" if failure is not None else "success"
+        ended = time.time()
+        return {
+            "mpilaunch": __version__,
+            "schema": SCHEMA,
+            "command": self.command,
+            "job_id": self.plan.job_id,
+            "hosts": [
+                {"name": host.name, "slots": host.slots, "ranks": sum(1 for s in policy.procs if s.rank.host == i)}
+                for i, host in enumerate(self.plan.hosts)
+            ],
+            "started": round(self.started, 6),
+            "ended": round(ended, 6),
+            "seconds": round(ended - self.started, 6),
+            "exit_status": status,
+            "outcome": outcome,
+            "aborted": policy.aborted,
+            "stop_signal": signal.Signals(policy.stop_signal).name if policy.stop_signal is not None else None,
+            "first_failure": first,
+            "ranks": [self.rank(state) for state in policy.procs],
+        }
+
+    def write(self, event: RunEnded) -> None:
+        from mpilaunch.host.hostinfo import write_file
+
+        error = write_file(self.path, json.dumps(self.document(event.status), indent=1) + "\n")
+        if error:  # the run's status stays the run's; the report's loss is said once
+            print(f"mpilaunch: --report-json: {error}", file=sys.stderr)
+
+
+def write_refused(path: str, plan: LaunchPlan | None, command: Sequence[str], error: Exception) -> None:
+    """The report of a run refused before any rank started (bad input, a host that fails its
+    checks): the error, status 2, no ranks."""
+    from mpilaunch.host.hostinfo import write_file
+
+    document = {
+        "mpilaunch": __version__,
+        "schema": SCHEMA,
+        "command": list(command),
+        "job_id": plan.job_id if plan is not None else None,
+        "hosts": [{"name": h.name, "slots": h.slots, "ranks": 0} for h in plan.hosts] if plan is not None else [],
+        "exit_status": getattr(error, "status", 2),
+        "outcome": "refused",
+        "error": str(error),
+        "ranks": [],
+    }
+    problem = write_file(path, json.dumps(document, indent=1) + "\n")
+    if problem:
+        print(f"mpilaunch: --report-json: {problem}", file=sys.stderr)
