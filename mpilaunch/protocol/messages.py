@@ -485,7 +485,16 @@ def catalogue() -> str:
         lines += [f"{title}:", "", "| name | fields | meaning |", "|---|---|---|"]
         for cls in records:
             name = getattr(cls, "op", cls.__name__)
-            fields = ", ".join(f"`{f}: {cls.__annotations__[f]}`" for f in cls._fields)  # type: ignore[attr-defined]
+            fields = ", ".join(_field_text(cls, f) for f in cls._fields)  # type: ignore[attr-defined]
             lines.append(f"| `{name}` | {fields} | {' '.join((cls.__doc__ or '').split())} |")
         lines.append("")
     return "\n".join(lines).rstrip("\n")
+
+
+def _field_text(cls: type, name: str) -> str:
+    """`name: type` (and its default), with | escaped for a Markdown table."""
+    text = f"{name}: {cls.__annotations__[name]}"
+    defaults = cls._field_defaults  # type: ignore[attr-defined]
+    if name in defaults:
+        text += f" = {defaults[name]!r}"
+    return "`" + text.replace("|", "\\|") + "`"
