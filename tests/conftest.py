@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -129,6 +130,20 @@ class Launcher:
         return subprocess.Popen(self.argv(*args), env={**self.env, **(env or {})}, **kw)
 
 
+FOLDER_MARKS = {"unit": "unit", "local": "local", "ssh": "sshbed", "mpi": "mpi"}
+BED_FIXTURES = {"bed", "clean_hosts", "clean_bed"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks by folder, and `sshbed` on every test that uses an sshd bed wherever it lives."""
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in FOLDER_MARKS:
+            item.add_marker(FOLDER_MARKS[folder])
+        if BED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("sshbed")
+
+
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[Launcher]:
     tag = uuid.uuid4().hex
@@ -188,3 +203,16 @@ def kill_launcher_expecting_clean_hosts(proc: subprocess.Popen, bed: object, wit
     left = bed.wait_clean(within)  # type: ignore[attr-defined]
     assert not left, f"still running {within:g} s after kill -9 of the launcher: {left}"
     assert time.monotonic() - killed <= within
+
+
+# The device addresses of the seeds' 8-device rank table sample (hccn.conf, one per device).
+SEED_IPS = ["192.1.27.6", "192.2.27.6", "192.3.27.6", "192.4.27.6"]
+SEED_IPS += ["192.1.27.7", "192.2.27.7", "192.3.27.7", "192.4.27.7"]
+
+
+def fake_smi(directory: Path, body: str) -> str:
+    """A directory whose `nvidia-smi` runs `body` (a shell script): GPU counting without GPUs."""
+    path = directory / "nvidia-smi"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(directory)

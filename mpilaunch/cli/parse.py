@@ -131,5 +131,3 @@ def check_root(options: Options, env: dict[str, str] | os._Environ[str]) -> None
         "refusing to run as root: pass --allow-run-as-root (or set OMPI_ALLOW_RUN_AS_ROOT=1 and "
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1) if you really mean it"
     )
-
-

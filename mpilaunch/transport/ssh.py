@@ -425,9 +425,8 @@ class SshLink(Link):
             except Exception:
                 pass
 
-def start_agent(
-    target: SshTarget, options: SshOptions, config, first: bytes | None
-) -> tuple[SshLink, Checked | None]:
+
+def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | None) -> tuple[SshLink, Checked | None]:
     """Connect, ship and start the agent with `first` queued behind it; return its hello and reply."""
     client, jumps = open_connection(target, options, config)
     link = SshLink(target.name, client, None, jumps)

@@ -5,7 +5,7 @@ independent reading of the protocol. argv[1] is a scenario; the rank prints each
 `R< body` (without the length prefix) and asserts what a real client relies on.
 
 Why not a real client: the `mpich` wheel's libmpi is built without PMI-2 (see
-tests/test_pmi2.py), so MPICH itself cannot be made to speak PMI-2 here.
+tests/mpi/test_pmi2.py), so MPICH itself cannot be made to speak PMI-2 here.
 """
 
 import os

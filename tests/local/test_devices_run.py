@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Launcher, write_script
-from .test_devices import SEED_IPS, fake_smi
+from tests.conftest import ROOT, SEED_IPS, Launcher, fake_smi, write_script
 
 DUMP = str(ROOT / "tests" / "ranks" / "dump_env.py")
 PY = sys.executable

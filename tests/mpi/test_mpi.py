@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.host.mpi_family import needed_libraries
-
-from .conftest import ROOT, Launcher, tagged_pids, write_script
+from tests.conftest import ROOT, Launcher, tagged_pids, write_script
 
 pytest.importorskip("mpi4py")
 PY = sys.executable

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Launcher
+from tests.conftest import ROOT, Launcher
 
 EXAMPLES = ROOT / "examples"
 

@@ -19,8 +19,7 @@ from mpilaunch.cli.jobfile import FileApp, option_keys, parse_job_file
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext
-
-from .conftest import ROOT, Launcher
+from tests.conftest import ROOT
 
 PARAMS = run_command().params
 
@@ -292,33 +291,6 @@ def test_fuzz_job_files_through_parse_args(tmp_path: Path, data: dict) -> None:
 
 
 # ---- through the command ---------------------------------------------------------------------------
-
-
-def test_job_file_runs_for_real(launcher: Launcher, tmp_path: Path) -> None:
-    (tmp_path / "job.yaml").write_text(
-        "np: 2\noversubscribe: true\ntag_output: true\nenv:\n  GREETING: hello from the file\n"
-        "command: [" + sys.executable + ", -c, \"import os; print(os.environ['GREETING'], os.environ['RANK'])\"]\n"
-    )
-    proc = launcher.run("--config", "job.yaml")
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.decode().splitlines()) == [
-        "[1,0]<stdout>:hello from the file 0",
-        "[1,1]<stdout>:hello from the file 1",
-    ]
-    proc = launcher.run("--config", "job.yaml", "-n", "1", "-x", "GREETING=hi", "--tag-output", "echo", "replaced")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode() == "[1,0]<stdout>:replaced\n"
-
-
-def test_bad_job_file_one_line_status_2(launcher: Launcher, tmp_path: Path) -> None:
-    (tmp_path / "job.yaml").write_text("np: 8\noversubscribe: true\n\n\n\n# ranks\nnp_: eight\n")
-    proc = launcher.run("--config", "job.yaml", "true")
-    assert proc.returncode == 2
-    assert proc.stderr.decode() == "mpilaunch: job.yaml:7: unknown key 'np_' (did you mean 'np'?)\n"
-    (tmp_path / "job.yaml").write_text("np: 8\noversubscribe: true\n\n\n\n# ranks\nnp: eight\n")
-    proc = launcher.run("--config", "job.yaml", "true")
-    assert proc.returncode == 2
-    assert proc.stderr.decode() == "mpilaunch: job.yaml:7: key 'np' given twice (first on line 1)\n"
 
 
 @given(st.binary(max_size=120))

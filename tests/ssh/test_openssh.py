@@ -27,8 +27,8 @@ from tests.conftest import (
     sshd_of_sessions,
     write_script,
 )
+from tests.ssh.test_ssh import ALLREDUCE, PY
 from tests.sshbed import SshBed, bed_available
-from tests.test_ssh import ALLREDUCE, PY
 
 available, why = bed_available()
 pytestmark = pytest.mark.skipif(not available, reason=why)

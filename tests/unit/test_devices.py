@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from mpilaunch.plan import devices
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import place
 from mpilaunch.plan.ranktable import build_rank_table, format_rank_table, job_rank_table
+from tests.conftest import SEED_IPS, fake_smi
 
 # MindSpore's rank_table_8pcs.json as the seed (MindSpore r1.7 "train_ascend") shows it.
 SAMPLE_8PCS = """{ "version": "1.0", "server_count": "1", "server_list": [ { "server_id": "10.*.*.*", "device": [
@@ -31,8 +31,6 @@ SAMPLE_8PCS = """{ "version": "1.0", "server_count": "1", "server_list": [ { "se
 {"device_id": "6","device_ip": "192.3.27.7","rank_id": "6"},
 {"device_id": "7","device_ip": "192.4.27.7","rank_id": "7"}],
 "host_nic_ip": "reserve" } ], "status": "completed" }"""
-SEED_IPS = ["192.1.27.6", "192.2.27.6", "192.3.27.6", "192.4.27.6"]
-SEED_IPS += ["192.1.27.7", "192.2.27.7", "192.3.27.7", "192.4.27.7"]
 SEED_16_SECOND = ["192.1.27.8", "192.2.27.8", "192.3.27.8", "192.4.27.8"]
 SEED_16_SECOND += ["192.1.27.9", "192.2.27.9", "192.3.27.9", "192.4.27.9"]
 
@@ -208,13 +206,6 @@ def test_what_hosts_are_asked() -> None:
 # -- what a host says about itself (hostinfo: stdlib, also run by remote agents) -----------------
 
 
-def fake_smi(directory: Path, body: str) -> str:
-    path = directory / "nvidia-smi"
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return str(directory)
-
-
 def test_gpus_are_counted_by_nvidia_smi_l(tmp_path: Path) -> None:
     listing = (
         "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\\n"
@@ -328,32 +319,3 @@ def test_notes_on_what_hccl_may_refuse() -> None:
         "server_ids are not in lexicographic order (MindSpore expects rank ids to follow it); list the hosts in that "
         "order",
     ]
-
-
-def test_the_shipped_agent_answers_the_probe_and_writes_the_table(tmp_path: Path) -> None:
-    """What a remote host's agent does for these options, run as it is shipped (stdlib only,
-    modules from stdin): counts GPUs on its PATH, reads hccn.conf, writes the rank table."""
-    import subprocess
-
-    from mpilaunch.protocol import wire
-    from mpilaunch.protocol.wire import MARKER
-    from mpilaunch.transport.bootstrap import agent_command, agent_payload
-
-    smi_dir = fake_smi(tmp_path, "echo 'GPU 0: X'; echo 'GPU 1: X'")
-    conf = tmp_path / "hccn.conf"
-    conf.write_text("address_0=192.1.27.6\naddress_1=192.2.27.6\n")
-    table = tmp_path / "out" / "rank_table.json"
-    frames_in = wire.control(
-        "check", apps=[], carried={"PATH": f"{smi_dir}:/usr/bin:/bin"}, mpi=False, port=-1,
-        probe={"gpus": True, "hccn": str(conf)},
-    ) + wire.control("put", path=str(table), data="{}\n")  # fmt: skip
-    proc = subprocess.run(
-        ["sh", "-c", agent_command()], input=agent_payload() + frames_in, capture_output=True, cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"}, timeout=30,
-    )  # fmt: skip
-    frames = [f[1] for f in wire.Decoder().feed(proc.stdout.partition(MARKER)[2])]
-    assert [f["op"] for f in frames] == ["hello", "checked", "put_done"], proc.stderr.decode()
-    info = frames[1]["info"]
-    assert info["gpus"] == {"count": 2} and info["hccn"] == {"addresses": {"0": "192.1.27.6", "1": "192.2.27.6"}}
-    assert info["cpus"] == len(os.sched_getaffinity(0))
-    assert frames[2]["error"] is None and table.read_text() == "{}\n"

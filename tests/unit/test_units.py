@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 from pathlib import Path
 
@@ -275,50 +274,3 @@ def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path) -> 
             parse_jump(bad)
     with pytest.raises(TransportError):
         ssh_target("n1", "-evil", None, config)
-
-
-@pytest.mark.parametrize("magic", [None, b"\0\0\r\n"], ids=["precompiled", "compiled-there"])
-def test_the_shipped_agent_runs_from_its_bundle_alone(tmp_path: Path, magic: bytes | None) -> None:
-    """The agent as a remote host gets it: `python -S -c` with the loader, modules from stdin,
-    nothing of mpilaunch importable from disk (from an empty directory, no site-packages)."""
-    import subprocess
-
-    from mpilaunch.protocol.wire import MARKER
-    from mpilaunch.transport.bootstrap import agent_command, agent_payload
-
-    payload = agent_payload() if magic is None else agent_payload(magic)
-    check = wire.control("check", apps=[{"program": "sh", "wdir": str(tmp_path)}], carried={}, mpi=True, port=0)
-    proc = subprocess.run(
-        ["sh", "-c", agent_command()], input=payload + check, capture_output=True, cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"}, timeout=30,
-    )  # fmt: skip
-    frames = wire.Decoder().feed(proc.stdout.partition(MARKER)[2])
-    assert [f[1]["op"] for f in frames] == ["hello", "checked"], proc.stderr.decode()
-    assert frames[1][1]["problems"] == [] and frames[1][1]["port_free"] is True
-    assert proc.returncode == 0  # its stdin closed: it stops, as when the launcher goes
-
-
-OTHER_PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3"))
-
-
-@pytest.mark.skipif(not OTHER_PYTHONS, reason="no other Python versions installed to try the agent on")
-def test_the_agent_runs_on_every_python_from_3_9_and_says_so_below() -> None:
-    """Remote hosts run whatever python3 they have: the bundle compiles there when the bytecode
-    differs, and a Python older than 3.9 gets one clear line instead of a traceback."""
-    import subprocess
-
-    from mpilaunch.protocol.wire import MARKER
-    from mpilaunch.transport.bootstrap import agent_command, agent_payload
-
-    for python in OTHER_PYTHONS:
-        version = tuple(int(x) for x in python.split("/versions/")[1].split("/")[0].split(".")[:2])
-        proc = subprocess.run(
-            ["sh", "-c", agent_command(python)], input=agent_payload(), capture_output=True, timeout=30,
-            env={"PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-        frames = wire.Decoder().feed(proc.stdout.partition(MARKER)[2])
-        if version >= (3, 9):
-            assert frames and frames[0][1]["python"].startswith(f"{version[0]}.{version[1]}."), (python, proc.stderr)
-        else:
-            assert not frames and proc.returncode == 4, (python, proc.stderr)
-            assert b"the agent needs Python 3.9 or newer; this host runs" in proc.stderr

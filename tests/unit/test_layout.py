@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from mpilaunch.transport.bootstrap import SHIPPED, shipped_modules
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 PACKAGE = ROOT / "mpilaunch"
 SHIPPED_ROOMS = {"agent", "host", "protocol"}

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from mpilaunch.agent.services.openmpi_guard import TRAP_VARIABLE
-
-from .conftest import Launcher, write_script
-from .sshbed import SshBed, bed_available
+from tests.conftest import Launcher, write_script
+from tests.sshbed import SshBed, bed_available
 
 PY = sys.executable
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Launcher, write_script
+from tests.conftest import ROOT, Launcher, write_script
 
 RANKS = ROOT / "tests" / "ranks"
 PY = sys.executable

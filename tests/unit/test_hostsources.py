@@ -27,8 +27,7 @@ from mpilaunch.plan.hostsources import (
     slurm_hosts,
 )
 from mpilaunch.plan.spec import Options
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 # ---- Slurm hostlists ---------------------------------------------------------------------------
 
@@ -345,23 +344,6 @@ def test_display_map_names_the_source() -> None:
     ]
     proc = mpilaunch("--dry-run", "-n", "2", "true", env={"MLP_MPI_HOSTS": "worker0:4", "MLP_MPI_NP": "4"})
     assert map_lines(proc.stdout)[0] == "hosts from: MLP_MPI_HOSTS; 4 slots"  # -n wins over MLP_MPI_NP
-
-
-def test_a_local_allocation_runs_for_real(tmp_path: Path) -> None:
-    """This machine's names in an allocation are merged into one node and run without SSH."""
-    nodefile = tmp_path / "nodefile"
-    nodefile.write_text("localhost\nlocalhost\n127.0.0.1\n")
-    proc = mpilaunch(
-        "--display-map", sys.executable, "-c", "import os; print('rank', os.environ['RANK'])",
-        env={"PBS_NODEFILE": str(nodefile)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert map_lines(proc.stdout)[0] == f"hosts from: PBS_NODEFILE {nodefile}; 3 slots"
-    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank")) == [
-        "rank 0",
-        "rank 1",
-        "rank 2",
-    ]
 
 
 @pytest.mark.parametrize(

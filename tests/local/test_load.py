@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from mpilaunch.cli.main import main
-
-from .conftest import ROOT, TAG_VAR, Launcher, tagged_pids, write_script
+from tests.conftest import ROOT, TAG_VAR, Launcher, tagged_pids, write_script
 
 PY = sys.executable
 WRITER = str(ROOT / "tests" / "ranks" / "writer.py")

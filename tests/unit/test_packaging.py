@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def readme_commands() -> list[str]:
@@ -24,9 +24,13 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_second() -> None:
 def test_the_package_has_its_console_script_and_extras() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'mpilaunch = "mpilaunch.entry:main"' in text
-    for dep in ("click", "pyyaml", "paramiko", "psutil"):
-        assert dep in text.split("[project.optional-dependencies]")[0]
+    runtime = text.split("[project.optional-dependencies]")[0]
+    for dep in ("click", "pyyaml", "paramiko"):
+        assert dep in runtime
+    # The agent reads /proc itself (stdlib only, it runs on hosts with only Python) and the
+    # launcher inspects no process: psutil (11 ms to import) is only the tests' way to look.
+    assert "psutil" not in runtime
     test_extra = text.split("test = [", 1)[1].split("]", 1)[0]
-    for dep in ("pytest", "hypothesis", "mpi4py", "mpich", "numpy"):
+    for dep in ("pytest", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
         assert dep in test_extra
-    assert '"torch==2.13.0"' in test_extra  # the PyTorch DDP tests (tests/test_clients.py); a CPU build is enough
+    assert '"torch==2.13.0"' in test_extra  # the PyTorch DDP tests (tests/mpi/test_clients.py); a CPU build is enough

@@ -587,3 +587,21 @@ def test_a_remote_only_job_keeps_no_local_agent(launcher: Launcher, bed: SshBed,
     assert children == []  # paramiko runs in threads; no forked agent waits here
     proc.communicate(timeout=60)
     assert proc.returncode == 0
+
+
+def test_report_json_over_ssh_names_each_ranks_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """--report-json over SSH: each rank's host, pid, times, CPU and peak RSS come from its remote
+    agent (the bed's hosts share this machine's clock and pids), and the failure names its host."""
+    from tests.local.test_report_json import RANK, accounted, check_ranks
+
+    config = ("--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "--kill-timeout", "1")
+    status, document, ranks, err = accounted(launcher, tmp_path, ["3", "sleep"], *config)
+    assert status == 3 == document["exit_status"], err
+    assert document["outcome"] == "failed" and document["aborted"]
+    assert document["hosts"] == [{"name": "node1", "slots": 1, "ranks": 1}, {"name": "node2", "slots": 1, "ranks": 1}]
+    check_ranks(document, ranks, ["node1", "node2"])
+    failed, killed = document["ranks"]
+    assert (failed["exit_code"], failed["killed"], killed["signal"], killed["killed"]) == (3, False, "SIGTERM", True)
+    first = document["first_failure"]
+    assert (first["rank"], first["host"], first["pid"], first["exit_code"]) == (0, "node1", ranks[0]["pid"], 3)
+    assert first["last_stderr"] == ["rank 0 3"] and first["command"][:2] == [PY, RANK]

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not available, reason=why)
 PY = sys.executable
 CLEAN_WITHIN = 2.0  # seconds after the fault (or the launcher's exit) by which every host must be clean
 
-TREE = str(Path(__file__).parent / "ranks" / "tree.py")
+TREE = str(Path(__file__).parent.parent / "ranks" / "tree.py")
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +302,7 @@ class PeakRss:
 
 def test_console_closed_early_keeps_remote_file_output(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     """`mpilaunch ... | head -1` with remote ranks: the console goes, the files get every line, status 0."""
-    writer = str(Path(__file__).parent / "ranks" / "writer.py")
+    writer = str(Path(__file__).parent.parent / "ranks" / "writer.py")
     command = " ".join(
         launcher.argv(
             "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", "--output-filename", "logs",

@@ -254,7 +254,7 @@ def test_killed_owner_takes_sshd_along(tmp_path: Path) -> None:
         f"bed = SshBed({str(tmp_path)!r}, hosts=2).start(); "
         "print(*bed.daemon_pids(), flush=True); time.sleep(60)"
     )
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root)
     try:
         daemons = [int(pid) for pid in owner.stdout.readline().split()] if owner.stdout else []

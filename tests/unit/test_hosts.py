@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host, parse_host_list, parse_hostfile
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_openmpi_grammar_with_comments_and_blank_lines() -> None:

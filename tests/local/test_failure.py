@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Launcher, parent_pid, tagged_pids, write_script
+from tests.conftest import ROOT, Launcher, parent_pid, tagged_pids, write_script
 
 PY = sys.executable
 RANKS = ROOT / "tests" / "ranks"

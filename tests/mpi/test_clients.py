@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Launcher, write_script
-from .sshbed import SshBed, bed_available
-from .test_devices import fake_smi
+from tests.conftest import ROOT, Launcher, fake_smi, write_script
+from tests.sshbed import SshBed, bed_available
 
 PY = sys.executable
 DDP = str(ROOT / "examples" / "ddp_cpu.py")
