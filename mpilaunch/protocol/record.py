@@ -1,11 +1,13 @@
-"""Frozen records: typing.NamedTuple for type checkers, collections.namedtuple at run time.
+"""Frozen records: typing.NamedTuple for type checkers, a tuple subclass at run time.
 
 Importing typing (which pulls in contextlib and warnings) and evaluating every field's
 annotation cost each launcher start about 5 ms, a tenth of what a local job's launcher does
-before its ranks start. A subclass of Record is written like a typing.NamedTuple (annotated
-fields, defaults last, methods, properties, a docstring) and type checkers read it as one;
-here it becomes a collections.namedtuple with the class body's attributes copied over, its
-annotations kept as the strings `from __future__ import annotations` leaves.
+before its ranks start; collections.namedtuple then cost 35 us a class (it compiles a
+`__new__` for each), about 1.2 ms for the messages alone. A subclass of Record is written
+like a typing.NamedTuple (annotated fields, defaults last, methods, properties, a docstring)
+and type checkers read it as one; here it becomes a tuple subclass with one getter per field
+and the shared methods of `_Tuple` (6 us a class), its annotations kept as the strings
+`from __future__ import annotations` leaves.
 """
 
 from __future__ import annotations
@@ -15,28 +17,79 @@ TYPE_CHECKING = False  # True for type checkers, which treat the name specially:
 if TYPE_CHECKING:
     from typing import NamedTuple as Record
 else:
-    from collections import namedtuple
+    try:
+        from _collections import _tuplegetter
+    except ImportError:  # another Python than CPython
+        from operator import itemgetter
+
+        def _tuplegetter(index: int, doc: str) -> property:
+            return property(itemgetter(index), doc=doc)
 
     # What the class statement itself puts in a body; everything else is the record's own.
     _CLASS_KEYS = frozenset(("__module__", "__qualname__", "__annotations__", "__doc__"))
+
+    class _Tuple(tuple):
+        """What every record has, as namedtuple gives it: one `__new__` for all of them."""
+
+        __slots__ = ()
+        _fields: tuple = ()
+        _field_defaults: dict = {}  # noqa: RUF012 (each record class sets its own)
+
+        def __new__(cls, *args: object, **named: object) -> _Tuple:
+            fields = cls._fields
+            if len(args) != len(fields) or named:
+                if len(args) > len(fields):
+                    raise TypeError(f"{cls.__name__}() takes {len(fields)} arguments, {len(args)} given")
+                values = list(args)
+                defaults = cls._field_defaults
+                for name in fields[len(args) :]:
+                    if name in named:
+                        values.append(named.pop(name))
+                    elif name in defaults:
+                        values.append(defaults[name])
+                    else:
+                        raise TypeError(f"{cls.__name__}() missing argument {name!r}")
+                if named:
+                    raise TypeError(f"{cls.__name__}() got unexpected or repeated arguments {sorted(named)}")
+                args = tuple(values)
+            return tuple.__new__(cls, args)
+
+        @classmethod
+        def _make(cls, iterable: object) -> _Tuple:
+            return tuple.__new__(cls, iterable)  # type: ignore[arg-type]
+
+        def _replace(self, **changes: object) -> _Tuple:
+            made = tuple.__new__(type(self), [changes.pop(name, value) for name, value in zip(self._fields, self)])
+            if changes:
+                raise TypeError(f"{type(self).__name__} has no fields {sorted(changes)}")
+            return made
+
+        def _asdict(self) -> dict:
+            return dict(zip(self._fields, self))
+
+        def __getnewargs__(self) -> tuple:
+            return tuple(self)
+
+        def __repr__(self) -> str:
+            inner = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
+            return f"{type(self).__name__}({inner})"
 
     class _RecordType(type):
         def __new__(mcs, name: str, bases: tuple, body: dict) -> type:
             if not bases:  # Record itself
                 return super().__new__(mcs, name, bases, body)
-            fields = tuple(body.get("__annotations__", ()))
-            defaults = [body[f] for f in fields if f in body]
+            annotations = body.get("__annotations__", {})
+            fields = tuple(annotations)
+            defaults = {f: body[f] for f in fields if f in body}
             first_default = len(fields) - len(defaults)
             if any(f in body for f in fields[:first_default]):
                 raise TypeError(f"{name}: a field without a default follows one with a default")
-            cls = namedtuple(name, fields, defaults=defaults, module=body["__module__"])
-            cls.__qualname__ = body["__qualname__"]
-            cls.__doc__ = body.get("__doc__") or cls.__doc__
-            cls.__annotations__ = body.get("__annotations__", {})
-            for key, value in body.items():
-                if key not in _CLASS_KEYS and key not in fields:
-                    setattr(cls, key, value)
-            return cls
+            namespace = {key: value for key, value in body.items() if key not in fields}
+            namespace.update(__slots__=(), _fields=fields, _field_defaults=defaults, __match_args__=fields)
+            namespace["__annotations__"] = annotations
+            for index, field in enumerate(fields):
+                namespace[field] = _tuplegetter(index, f"Alias for field number {index}")
+            return type(name, (_Tuple,), namespace)
 
     class Record(metaclass=_RecordType):
         """Base of a frozen record: see the module's docstring."""

@@ -4,12 +4,12 @@ agent's own stderr and its heartbeat are handled on the launcher's side."""
 from __future__ import annotations
 
 import sys
-import threading
 
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable
 
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
@@ -47,5 +47,7 @@ def ping_from_thread(
                 send(frame)
             except Exception:
                 return
+
+    import threading  # here: a local run (which imports this module for SshOptions) needs no threads
 
     threading.Thread(target=loop, name=f"ping {name}", daemon=True).start()
