@@ -25,6 +25,7 @@ from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.host import hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for
+from mpilaunch.host.cgroup import JobCgroup
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_problem
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
@@ -64,7 +65,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.finishing = False
         self.stop_requested = False
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
-        self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch(pid))
+        self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
         self.services = Services(self, REGISTRY)
         self.ranks.services = self.services
@@ -238,7 +239,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
     def run(self) -> int:
         become_subreaper()
         spawn.close_on_exec_all()
-        guardian = self.reaper.guardian = Guardian()
+        cgroup = self.reaper.cgroup = JobCgroup.create(f"mpilaunch-{os.getpid()}")
+        self.reaper.guardian = Guardian(cgroup)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -268,7 +270,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 self.loop.turn()
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
-            guardian.release()
+            self.reaper.release()
         self.send(Bye())
         return 0
 

@@ -1,10 +1,13 @@
 """Everything the agent started ends with it: reaping, killing, and the guardian for kill -9.
 
 The agent is a child subreaper, so orphans of its ranks (a daemon a rank left behind) become
-its children; the Reaper reaps ranks, adopted orphans and a relay's ssh clients alike, and
-kills the lot: each rank's process group, each adopted orphan with its group, SIGTERM first
-and SIGKILL after a grace. The Guardian is a forked watcher that kills what it was told about
-if the agent dies without doing so.
+its children; the Reaper reaps ranks, adopted orphans and a relay's ssh clients alike. It
+kills by descendants, not only by groups: each rank's process group, and every process below
+the agent (a daemon's worker in a session of its own included), SIGTERM first and SIGKILL
+after a grace, then SIGKILL again every KILL_ROUND until nothing is left. Where the host lets
+it, the ranks also run in a cgroup of the job (host/cgroup.py), which nothing started under
+them can leave. The Guardian is a forked watcher that kills what it was told about (and the
+cgroup) if the agent dies without doing so.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import signal
 import time
 
 from mpilaunch.agent.loop import Timer
-from mpilaunch.host.procfs import children_of
+from mpilaunch.host.cgroup import JobCgroup
+from mpilaunch.host.procfs import children_of, start_time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 
 ADOPTION_SCAN = 0.5  # seconds between looks for orphans we adopted (told to the guardian)
 SWEEP_LIMIT = 2.0  # the last sweep kills re-parented descendants, round after round, this long at most
+KILL_ROUND = 0.05  # seconds between SIGKILL rounds while anything of the job is left
 PR_SET_CHILD_SUBREAPER = 36
 FORGET = 1 << 31  # in a pid told to the guardian: that process is gone
 
@@ -42,19 +47,19 @@ class Guardian:
     (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
     preexec_fn there is no PR_SET_PDEATHSIG for the ranks, and this costs one fork per host."""
 
-    def __init__(self) -> None:
+    def __init__(self, cgroup: JobCgroup | None = None) -> None:
         read_fd, self.fd = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
             try:
                 os.close(self.fd)
-                _guard(read_fd)
+                _guard(read_fd, cgroup)
             finally:
                 os._exit(0)
         os.close(read_fd)
 
     def watch(self, pid: int) -> None:
-        """A rank, an orphan we adopted or an ssh client: kill it and its group if the agent dies."""
+        """A rank, a process below one, or an ssh client: kill it (and its group) if the agent dies."""
         self._tell(pid)
 
     def forget(self, pid: int) -> None:
@@ -81,12 +86,12 @@ class Guardian:
             pass
 
 
-def _guard(read_fd: int) -> None:
+def _guard(read_fd: int, cgroup: JobCgroup | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
     os.closerange(read_fd + 1, 1 << 16)
-    groups: set[int] = set()
+    recorded: dict[int, bytes | None] = {}  # pid -> its start time when we were told of it
     buf = b""
     while True:
         try:
@@ -96,7 +101,7 @@ def _guard(read_fd: int) -> None:
         except OSError:
             data = b""
         if not data:
-            _kill_recorded(groups)
+            _kill_recorded(recorded, cgroup)
             return
         buf += data
         while len(buf) >= 4:
@@ -104,29 +109,42 @@ def _guard(read_fd: int) -> None:
             if pid == 0:
                 return
             if pid & FORGET:
-                groups.discard(pid & ~FORGET)
+                recorded.pop(pid & ~FORGET, None)
             else:
-                groups.add(pid)
+                recorded[pid] = start_time(pid)
 
 
-def _kill_recorded(pids: set[int]) -> None:
-    """The agent died: SIGKILL each recorded process (a rank, or an orphan the agent adopted) with
-    its process group (a rank's is its pid; an orphan's may be a dead rank's group)."""
+def _kill_recorded(recorded: dict[int, bytes | None], cgroup: JobCgroup | None) -> None:
+    """The agent died: SIGKILL the job's cgroup, and each recorded process (a rank, a process
+    below one) with its process group (a rank's is its pid; an orphan's may be a dead rank's
+    group). A process whose start time changed is someone else's now, with a reused pid."""
     own = os.getpgrp()  # the agent's group: never ours to kill
-    for pid in pids:
-        try:
-            group = os.getpgid(pid)
-        except OSError:
-            group = pid
-        for pgid in {pid, group} - {own}:
+    for _ in range(3):  # what a killed parent's death re-parents is in the cgroup, or recorded
+        if cgroup is not None:
+            cgroup.kill()
+        for pid, started in recorded.items():
+            now = start_time(pid)
+            if now is not None and started is not None and now != started:
+                continue
             try:
-                os.killpg(pgid, signal.SIGKILL)
+                group = os.getpgid(pid)
+            except OSError:
+                group = pid  # gone: its group may still have members (a pid is not reused while it does)
+            for pgid in {pid, group} - {own}:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        time.sleep(0.02)
+    if cgroup is not None:
+        for _ in range(50):
+            if cgroup.remove():
+                break
+            time.sleep(0.02)
 
 
 class Reaper(Timer):
@@ -141,7 +159,9 @@ class Reaper(Timer):
         self.ranks = ranks
         self.guardian: Guardian | None = None  # forked when the agent starts to run
         self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
-        self.orphans: set[int] = set()  # adopted orphans the guardian was told about
+        self.orphans: set[int] = set()  # adopted orphans
+        self.told: set[int] = set()  # processes below ranks that the guardian was told about
+        self.cgroup: JobCgroup | None = None  # made when the agent starts to run, where the host lets it
         self.kill_deadline: float | None = None  # when SIGTERM'd processes get SIGKILL
         self.next_adoption_scan = 0.0
         self.link_lost = False  # then a kill cuts the links of the hosts we relay to as well
@@ -168,6 +188,12 @@ class Reaper(Timer):
         if self.guardian is not None:
             self.guardian.watch(pid)
 
+    def watch_rank(self, pid: int) -> None:
+        """A rank, held at its start gate: into the job's cgroup before it runs anything."""
+        if self.cgroup is not None:
+            self.cgroup.add(pid)
+        self.watch(pid)
+
     def forget(self, pid: int) -> None:
         if self.guardian is not None:
             self.guardian.forget(pid)
@@ -183,6 +209,24 @@ class Reaper(Timer):
             if pid != guardian and pid not in relayed and not self.ranks.is_live(pid)
         ]
 
+    def below_ranks(self) -> list[int]:
+        """Every live process below this agent but the guardian and a relay's ssh clients (with
+        what is below those): the ranks, their children, adopted orphans and everything under
+        them, whichever sessions and groups they moved to; and what is in the job's cgroup."""
+        skip = set(self.relay.pids()) if self.relay is not None else set()
+        if self.guardian is not None:
+            skip.add(self.guardian.pid)
+        found: list[int] = []
+        todo = [pid for pid in children_of(os.getpid()) if pid not in skip]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(children_of(pid))
+        if self.cgroup is not None:
+            seen = set(found)
+            found.extend(pid for pid in self.cgroup.pids() if pid not in seen)
+        return found
+
     # -- killing --------------------------------------------------------------------------
     def signal_orphans(self, sig: int) -> None:
         """Signal every adopted orphan and its process group."""
@@ -196,10 +240,20 @@ class Reaper(Timer):
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def signal_below(self, sig: int) -> None:
+        """Signal every process below the ranks one by one (those that left every group we know)."""
+        for pid in self.below_ranks():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def terminate_all(self, grace: float) -> None:
-        """SIGTERM every rank's group and every orphan; SIGKILL what is left after grace seconds."""
+        """SIGTERM every rank's group, every orphan and every process below them; SIGKILL what is
+        left after grace seconds, and again every KILL_ROUND until nothing is."""
         self.ranks.signal_all(signal.SIGTERM)
         self.signal_orphans(signal.SIGTERM)
+        self.signal_below(signal.SIGTERM)
         deadline = time.monotonic() + grace
         if self.kill_deadline is None or deadline < self.kill_deadline:
             self.kill_deadline = deadline
@@ -209,6 +263,9 @@ class Reaper(Timer):
         relayed_too, the ssh clients of the hosts we relay to (their links are to be cut)."""
         self.ranks.signal_all(signal.SIGKILL)
         self.signal_orphans(signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        self.signal_below(signal.SIGKILL)
         if relayed_too and self.relay is not None:
             self.relay.kill()
 
@@ -223,9 +280,16 @@ class Reaper(Timer):
             self.kill_all(relayed_too=True)
             self.reap()
             relaying = self.relay is not None and self.relay.running()
-            if (not self.ranks.any_live() and not relaying and not self.adopted()) or time.monotonic() >= deadline:
+            if (not self.ranks.any_live() and not relaying and not self.below_ranks()) or time.monotonic() >= deadline:
                 return
             time.sleep(0.005)
+
+    def release(self) -> None:
+        """The end: the guardian leaves, the cgroup (empty by now) goes."""
+        if self.guardian is not None:
+            self.guardian.release()
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     # -- timer: the kill deadline and the look for adopted orphans ----------------------------
     def next_deadline(self) -> float | None:
@@ -236,16 +300,25 @@ class Reaper(Timer):
     def tick(self, now: float) -> None:
         self.reap()
         if self.kill_deadline is not None and now >= self.kill_deadline:
-            self.kill_deadline = None
             self.kill_all(relayed_too=self.link_lost)
+            self.reap()
+            # Killing a daemon re-parents its workers to us only then: kill again until none is left.
+            left = self.ranks.any_live() or self.below_ranks()
+            self.kill_deadline = now + KILL_ROUND if left else None
         self.watch_adopted(now)
 
     def watch_adopted(self, now: float) -> None:
-        """Tell the guardian about orphans we adopted, so a kill -9 of this agent takes them too."""
+        """Tell the guardian about every process below the ranks (orphans we adopted, and their
+        descendants in sessions of their own), so a kill -9 of this agent takes them too; the
+        job's cgroup, where there is one, holds them anyway."""
         if self.guardian is None or not self.ranks.any() or now < self.next_adoption_scan:
             return
         self.next_adoption_scan = now + ADOPTION_SCAN
-        for pid in self.adopted():
-            if pid not in self.orphans:
-                self.orphans.add(pid)
+        self.orphans.update(self.adopted())
+        below = set(self.below_ranks())
+        for pid in below - self.told:
+            if not self.ranks.is_live(pid):
                 self.guardian.watch(pid)
+        for pid in self.told - below:
+            self.guardian.forget(pid)
+        self.told = {pid for pid in below if not self.ranks.is_live(pid)}

@@ -36,3 +36,15 @@ def _scan_children_of(pid: int) -> list[int]:
         if len(fields) > 1 and int(fields[1]) == pid:
             found.append(int(name))
     return found
+
+
+def start_time(pid: int) -> bytes | None:
+    """When pid started (field 22 of /proc/PID/stat, in clock ticks since boot); None when it is
+    gone. A pid with another start time than before is another process: the pid was reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None

@@ -605,3 +605,29 @@ def test_report_json_over_ssh_names_each_ranks_host(launcher: Launcher, bed: Ssh
     first = document["first_failure"]
     assert (first["rank"], first["host"], first["pid"], first["exit_code"]) == (0, "node1", ranks[0]["pid"], 3)
     assert first["last_stderr"] == ["rank 0 3"] and first["command"][:2] == [PY, RANK]
+
+
+@pytest.mark.parametrize("end", ["ranks_exit", "kill9"])
+def test_daemons_that_ignore_sigterm_die_with_the_job_on_every_host(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, end: str
+) -> None:
+    """The daemon of "No process left, ever" (a worker in a session of its own below a parent
+    that ignores SIGTERM, tests/ranks/escape.py) on two hosts: the job ends once the ranks exit,
+    and after kill -9 of the launcher nothing is left on any host within --kill-timeout + 1 s.
+    (The remote agents read MPILAUNCH_CGROUP from their host's environment: the sweep alone is
+    tried in tests/local/test_orphans.py.)"""
+    escape = str(Path(__file__).resolve().parents[1] / "ranks" / "escape.py")
+    action = "0" if end == "ranks_exit" else "sleep"
+    argv = ["--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", "--kill-timeout", "1"]
+    proc = launcher.popen(*argv, PY, escape, "worker", action)
+    assert proc.stdout is not None
+    started = time.monotonic()
+    for _ in range(2):
+        assert proc.stdout.readline().startswith(b"rank ")
+    if end == "ranks_exit":
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0 and time.monotonic() - started < 10
+        left = bed.wait_clean(0.5)
+        assert not left, f"left on the hosts after the job: {left}"
+    else:
+        kill_launcher_expecting_clean_hosts(proc, bed, 2.0)

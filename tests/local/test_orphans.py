@@ -1,0 +1,84 @@
+"""No process left, ever: ranks leave trees that try to escape (daemons in sessions of their own
+that ignore SIGTERM, chains of them, children in the rank's group; tests/ranks/escape.py), and
+the job ends every way it can (the ranks exit, one fails, the timeout, SIGTERM or kill -9 of the
+launcher, early or late). What is left is counted by the test's environment tag, which every
+process of the tree carries: 0 within --kill-timeout + 1 s of the end, with the job's cgroup
+and with the subreaper sweep alone (MPILAUNCH_CGROUP=0)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Launcher, tagged_pids
+
+PY = sys.executable
+ESCAPE = str(ROOT / "tests" / "ranks" / "escape.py")
+KILL_TIMEOUT = 1.0
+SHAPES = ["worker", "chain", "group", "quiet"]
+TREE_SIZE = {"worker": 2, "chain": 5, "group": 1, "quiet": 2}  # processes each tree marks in DIR
+MOMENTS = ["ranks_exit", "abort", "timeout", "sigterm", "kill9", "kill9_at_start"]
+
+
+def tree_size(records: Path) -> int:
+    return len(list(records.iterdir()))
+
+
+def run_until(launcher: Launcher, tmp_path: Path, shape: str, moment: str, env: dict) -> tuple[int, float]:
+    """Run 2 ranks that each leave a tree, end the job at `moment`; return the launcher's status
+    and when the job ended (monotonic)."""
+    records = tmp_path / "tree"
+    records.mkdir()
+    actions = {"ranks_exit": ("0", "0"), "abort": ("3", "sleep")}.get(moment, ("sleep", "sleep"))
+    options = ["--kill-timeout", str(KILL_TIMEOUT), "--oversubscribe", "-n", "1"]
+    if moment == "timeout":
+        options = ["--timeout", "2", *options]
+    argv = [*options, PY, ESCAPE, shape, actions[0], str(records), ":", "-n", "1", PY, ESCAPE, shape, actions[1]]
+    proc = launcher.popen(*argv, env=env)
+    if moment == "kill9_at_start":
+        time.sleep(0.15)  # the agent is up, the ranks are making their trees
+    elif moment in ("sigterm", "kill9"):
+        deadline = time.monotonic() + 20
+        while tree_size(records) < TREE_SIZE[shape] and time.monotonic() < deadline:  # rank 0's whole tree
+            time.sleep(0.02)
+        assert tree_size(records) == TREE_SIZE[shape], "the rank never made its tree"
+    if moment in ("sigterm",):
+        proc.send_signal(signal.SIGTERM)
+    elif moment.startswith("kill9"):
+        proc.kill()
+    proc.communicate(timeout=60)
+    return proc.returncode, time.monotonic()
+
+
+def left_after(launcher: Launcher, ended: float) -> tuple[list[int], float]:
+    """Wait up to --kill-timeout + 1 s after the end for the tree to go; what is left then."""
+    left = tagged_pids(launcher.tag)
+    while left and time.monotonic() - ended < KILL_TIMEOUT + 1.0:
+        time.sleep(0.02)
+        left = tagged_pids(launcher.tag)
+    return left, time.monotonic() - ended
+
+
+EXPECTED = {"ranks_exit": 0, "abort": 3, "timeout": 124, "sigterm": 143, "kill9": -9, "kill9_at_start": -9}
+
+
+@pytest.mark.parametrize("cgroup", ["cgroup", "sweep"])
+@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_nothing_started_under_a_rank_survives_the_job(
+    launcher: Launcher, tmp_path: Path, shape: str, moment: str, cgroup: str
+) -> None:
+    if cgroup == "sweep" and shape in ("group", "quiet"):
+        pytest.skip("the sweep alone is tried on the two shapes that leave every group")
+    env = {"MPILAUNCH_CGROUP": "0"} if cgroup == "sweep" else {}
+    started = time.monotonic()
+    status, ended = run_until(launcher, tmp_path, shape, moment, env)
+    assert status == EXPECTED[moment]
+    if moment == "ranks_exit":  # the ranks exited 0: the job ends once their trees are killed
+        assert ended - started < 10
+    left, waited = left_after(launcher, ended)
+    assert not left, f"{len(left)} processes left {waited:.2f} s after the job ended: {left}"
