@@ -141,10 +141,7 @@ def _kill_recorded(recorded: dict[int, bytes | None], cgroup: JobCgroup | None) 
                 pass
         time.sleep(0.02)
     if cgroup is not None:
-        for _ in range(50):
-            if cgroup.remove():
-                break
-            time.sleep(0.02)
+        cgroup.remove(tries=200)
 
 
 class Reaper(Timer):
@@ -289,7 +286,7 @@ class Reaper(Timer):
         if self.guardian is not None:
             self.guardian.release()
         if self.cgroup is not None:
-            self.cgroup.remove()
+            self.cgroup.remove(tries=40)
 
     # -- timer: the kill deadline and the look for adopted orphans ----------------------------
     def next_deadline(self) -> float | None:

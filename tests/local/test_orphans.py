@@ -3,7 +3,7 @@ that ignore SIGTERM, chains of them, children in the rank's group; tests/ranks/e
 the job ends every way it can (the ranks exit, one fails, the timeout, SIGTERM or kill -9 of the
 launcher, early or late). What is left is counted by the test's environment tag, which every
 process of the tree carries: 0 within --kill-timeout + 1 s of the end, with the job's cgroup
-and with the subreaper sweep alone (MPILAUNCH_CGROUP=0)."""
+with the subreaper sweep alone (the default) and with the job's cgroup (MPILAUNCH_CGROUP=1)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.conftest import ROOT, Launcher, tagged_pids
 PY = sys.executable
 ESCAPE = str(ROOT / "tests" / "ranks" / "escape.py")
 KILL_TIMEOUT = 1.0
+CGROUPS = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified").is_dir() else Path("/sys/fs/cgroup")
 SHAPES = ["worker", "chain", "group", "quiet"]
 TREE_SIZE = {"worker": 2, "chain": 5, "group": 1, "quiet": 2}  # processes each tree marks in DIR
 MOMENTS = ["ranks_exit", "abort", "timeout", "sigterm", "kill9", "kill9_at_start"]
@@ -72,9 +73,9 @@ EXPECTED = {"ranks_exit": 0, "abort": 3, "timeout": 124, "sigterm": 143, "kill9"
 def test_nothing_started_under_a_rank_survives_the_job(
     launcher: Launcher, tmp_path: Path, shape: str, moment: str, cgroup: str
 ) -> None:
-    if cgroup == "sweep" and shape in ("group", "quiet"):
-        pytest.skip("the sweep alone is tried on the two shapes that leave every group")
-    env = {"MPILAUNCH_CGROUP": "0"} if cgroup == "sweep" else {}
+    if cgroup == "cgroup" and shape in ("group", "quiet"):
+        pytest.skip("the cgroup is tried on the two shapes that leave every group")
+    env = {"MPILAUNCH_CGROUP": "1" if cgroup == "cgroup" else "0"}
     started = time.monotonic()
     status, ended = run_until(launcher, tmp_path, shape, moment, env)
     assert status == EXPECTED[moment]
@@ -82,3 +83,4 @@ def test_nothing_started_under_a_rank_survives_the_job(
         assert ended - started < 10
     left, waited = left_after(launcher, ended)
     assert not left, f"{len(left)} processes left {waited:.2f} s after the job ended: {left}"
+    assert not list(CGROUPS.glob("mpilaunch-*")), "a cgroup of the job was left"
