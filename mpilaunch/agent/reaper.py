@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mpilaunch.agent.ranks import Ranks
     from mpilaunch.agent.relay import Relay
 
-ADOPTION_SCAN = 0.5  # seconds between looks for orphans we adopted (told to the guardian)
+ADOPTION_SCAN = 0.5  # seconds between looks at what is below the ranks (told to the guardian)
 SWEEP_LIMIT = 2.0  # the last sweep kills re-parented descendants, round after round, this long at most
 KILL_ROUND = 0.05  # seconds between SIGKILL rounds while anything of the job is left
 PR_SET_CHILD_SUBREAPER = 36
@@ -156,8 +156,7 @@ class Reaper(Timer):
         self.ranks = ranks
         self.guardian: Guardian | None = None  # forked when the agent starts to run
         self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
-        self.orphans: set[int] = set()  # adopted orphans
-        self.told: set[int] = set()  # processes below ranks that the guardian was told about
+        self.told: set[int] = set()  # processes below the ranks (not ranks) the guardian was told about
         self.cgroup: JobCgroup | None = None  # made when the agent starts to run, where the host lets it
         self.kill_deadline: float | None = None  # when SIGTERM'd processes get SIGKILL
         self.next_adoption_scan = 0.0
@@ -176,8 +175,8 @@ class Reaper(Timer):
                 self.forget(pid)
             elif self.ranks.reaped(pid, status, usage):
                 self.forget(pid)
-            elif pid in self.orphans:  # an orphan adopted as subreaper
-                self.orphans.discard(pid)
+            elif pid in self.told:  # an orphan adopted as subreaper
+                self.told.discard(pid)
                 self.forget(pid)
 
     def watch(self, pid: int) -> None:
@@ -288,7 +287,7 @@ class Reaper(Timer):
         if self.cgroup is not None:
             self.cgroup.remove(tries=40)
 
-    # -- timer: the kill deadline and the look for adopted orphans ----------------------------
+    # -- timer: the kill deadline and the look at what is below the ranks ---------------------
     def next_deadline(self) -> float | None:
         if self.kill_deadline is not None:
             return min(self.kill_deadline, self.next_adoption_scan) if self.ranks.any() else self.kill_deadline
@@ -302,20 +301,18 @@ class Reaper(Timer):
             # Killing a daemon re-parents its workers to us only then: kill again until none is left.
             left = self.ranks.any_live() or self.below_ranks()
             self.kill_deadline = now + KILL_ROUND if left else None
-        self.watch_adopted(now)
+        self.tell_guardian(now)
 
-    def watch_adopted(self, now: float) -> None:
+    def tell_guardian(self, now: float) -> None:
         """Tell the guardian about every process below the ranks (orphans we adopted, and their
         descendants in sessions of their own), so a kill -9 of this agent takes them too; the
         job's cgroup, where there is one, holds them anyway."""
         if self.guardian is None or not self.ranks.any() or now < self.next_adoption_scan:
             return
         self.next_adoption_scan = now + ADOPTION_SCAN
-        self.orphans.update(self.adopted())
-        below = set(self.below_ranks())
+        below = {pid for pid in self.below_ranks() if not self.ranks.is_live(pid)}  # ranks: told at spawn
         for pid in below - self.told:
-            if not self.ranks.is_live(pid):
-                self.guardian.watch(pid)
+            self.guardian.watch(pid)
         for pid in self.told - below:
             self.guardian.forget(pid)
-        self.told = {pid for pid in below if not self.ranks.is_live(pid)}
+        self.told = below

@@ -25,9 +25,6 @@ else:
         def _tuplegetter(index: int, doc: str) -> property:
             return property(itemgetter(index), doc=doc)
 
-    # What the class statement itself puts in a body; everything else is the record's own.
-    _CLASS_KEYS = frozenset(("__module__", "__qualname__", "__annotations__", "__doc__"))
-
     class _Tuple(tuple):
         """What every record has, as namedtuple gives it: one `__new__` for all of them."""
 

@@ -47,7 +47,7 @@ def run_until(launcher: Launcher, tmp_path: Path, shape: str, moment: str, env: 
         while tree_size(records) < TREE_SIZE[shape] and time.monotonic() < deadline:  # rank 0's whole tree
             time.sleep(0.02)
         assert tree_size(records) == TREE_SIZE[shape], "the rank never made its tree"
-    if moment in ("sigterm",):
+    if moment == "sigterm":
         proc.send_signal(signal.SIGTERM)
     elif moment.startswith("kill9"):
         proc.kill()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    ROOT,
     Launcher,
     environ_text,
     is_remote_agent,
@@ -616,7 +617,7 @@ def test_daemons_that_ignore_sigterm_die_with_the_job_on_every_host(
     and after kill -9 of the launcher nothing is left on any host within --kill-timeout + 1 s.
     (The remote agents read MPILAUNCH_CGROUP from their host's environment: the sweep alone is
     tried in tests/local/test_orphans.py.)"""
-    escape = str(Path(__file__).resolve().parents[1] / "ranks" / "escape.py")
+    escape = str(ROOT / "tests" / "ranks" / "escape.py")
     action = "0" if end == "ranks_exit" else "sleep"
     argv = ["--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", "--kill-timeout", "1"]
     proc = launcher.popen(*argv, PY, escape, "worker", action)
