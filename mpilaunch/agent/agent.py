@@ -20,12 +20,10 @@ from mpilaunch.agent.link import Heartbeat, LinkOwner, PipeLink
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.ranks import Ranks
 from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
-from mpilaunch.agent.relay import Relay
 from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.host import hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for
-from mpilaunch.host.cgroup import JobCgroup
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_problem
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
@@ -48,6 +46,10 @@ from mpilaunch.protocol.messages import (
     encode,
 )
 from mpilaunch.protocol.record import Record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from mpilaunch.agent.relay import Relay
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
@@ -205,6 +207,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if self.payload is None:
             raise wire.FrameError("this agent was not started over SSH and cannot relay")
         if self.relay is None:
+            from mpilaunch.agent.relay import Relay  # tree spawn only: a plain job never imports it
+
             self.relay = Relay(self.payload, self.send_frame, self.loop)
             self.reaper.relay = self.relay
         for pid in self.relay.start(message, dict(os.environ)):
@@ -239,7 +243,11 @@ class Agent(ServiceHost, LinkOwner, Timer):
     def run(self) -> int:
         become_subreaper()
         spawn.close_on_exec_all()
-        cgroup = self.reaper.cgroup = JobCgroup.create(f"mpilaunch-{os.getpid()}")
+        cgroup = None
+        if os.environ.get("MPILAUNCH_CGROUP", "0") == "1":  # on request only (host/cgroup.py says why)
+            from mpilaunch.host.cgroup import JobCgroup
+
+            cgroup = self.reaper.cgroup = JobCgroup.create(f"mpilaunch-{os.getpid()}")
         self.reaper.guardian = Guardian(cgroup)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)

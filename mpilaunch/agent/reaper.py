@@ -17,13 +17,13 @@ import signal
 import time
 
 from mpilaunch.agent.loop import Timer
-from mpilaunch.host.cgroup import JobCgroup
 from mpilaunch.host.procfs import children_of, start_time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
     from mpilaunch.agent.ranks import Ranks
     from mpilaunch.agent.relay import Relay
+    from mpilaunch.host.cgroup import JobCgroup
 
 ADOPTION_SCAN = 0.5  # seconds between looks at what is below the ranks (told to the guardian)
 SWEEP_LIMIT = 2.0  # the last sweep kills re-parented descendants, round after round, this long at most

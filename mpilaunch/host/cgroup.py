@@ -44,8 +44,7 @@ class JobCgroup:
 
     @classmethod
     def create(cls, name: str) -> JobCgroup | None:
-        if os.environ.get("MPILAUNCH_CGROUP", "0") != "1":  # the subreaper sweep alone, the default
-            return None
+        """The cgroup, or None where the host does not let this agent make and use one."""
         parent = _own_cgroup_dir()
         if parent is None:
             return None

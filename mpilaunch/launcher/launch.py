@@ -18,7 +18,6 @@ from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.transport.base import Link, Transport, transport_class
 from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
-from mpilaunch.transport.sshcommon import SshOptions
 
 
 def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> None:
@@ -33,6 +32,8 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) ->
 def remote_transport(options: Options, hosts: int) -> Transport:
     """The transport that starts the agents of this many remote hosts: --ssh-client's, behind
     relays with --ssh-tree-width when there are more hosts than that."""
+    from mpilaunch.transport.sshcommon import SshOptions  # a job on this machine alone never needs it
+
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
     transport = transport_class(options.ssh_client)(ssh)  # type: ignore[call-arg]
     width = options.ssh_tree_width

@@ -72,11 +72,13 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
         return hostlib.merge_local_aliases(chosen), f"hostfile {options.hostfile} restricted by -H"
     if listed:
         return hostlib.merge_local_aliases(hostlib.merge_hosts(listed)), "-H"
-    from mpilaunch.plan.hostsources import from_environment
+    env = os.environ if env is None else env
+    if any(env.get(name) for name in hostlib.ENVIRONMENT_SOURCES):
+        from mpilaunch.plan.hostsources import from_environment
 
-    found = from_environment(os.environ if env is None else env)
-    if found is not None:
-        return hostlib.merge_local_aliases(found[0]), found[1]
+        found = from_environment(env)
+        if found is not None:
+            return hostlib.merge_local_aliases(found[0]), found[1]
     return hostlib.localhost_default(), "localhost (no hosts given)"
 
 

@@ -6,8 +6,19 @@ import os
 import re
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.plan.textfiles import read_text
 from mpilaunch.protocol.record import Record
+
+# The variables in which a platform or batch system names its allocation's hosts (read by
+# hostsources.py, in this order); kept here so that a job with none of them set never imports it.
+ENVIRONMENT_SOURCES = (
+    "MLP_MPI_HOSTFILE",
+    "MLP_MPI_HOSTS",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "PBS_NODEFILE",
+    "LSB_MCPU_HOSTS",
+    "OMPI_MCA_orte_default_hostfile",
+)
 
 _HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])$")
 _USER_RE = r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$"  # compiled by re on first use: most runs name no user
@@ -152,6 +163,8 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
 
 
 def read_hostfile(path: str) -> list[Host]:
+    from mpilaunch.plan.textfiles import read_text  # only a job with a hostfile reads one
+
     text = read_text(path, "hostfile", HOSTFILE_MAX)
     return parse_hostfile(text, path)
 

@@ -84,7 +84,7 @@ def prestart_local_agent() -> None:
         import signal  # noqa: F401
 
         from mpilaunch.host import programs  # noqa: F401
-        from mpilaunch.protocol import wire  # noqa: F401
+        from mpilaunch.protocol import messages, wire  # noqa: F401
 
         _early = _fork_agent()
 

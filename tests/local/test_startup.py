@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Launcher, parent_pid, stat_fields, tagged_pids, write_script
+from tests.conftest import HOST_SOURCES, Launcher, parent_pid, stat_fields, tagged_pids, write_script
 
 
 def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = {name: value for name, value in os.environ.items() if not name.startswith(HOST_SOURCES)}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "mpilaunch", "-n", "1", "true"],
         capture_output=True,
@@ -27,6 +28,19 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
     assert "mpilaunch.launcher.controller" in imported
     for heavy in ("paramiko", "yaml", "mpilaunch.cli.jobfile", "psutil", "asyncio", "mpi4py", "numpy"):
         assert heavy not in imported
+    # Rooms a plain local job does not enter (issue 15's start-up): SSH options, allocations and
+    # hostfiles in the launcher; tree relays, the cgroup and the PMI parsers (no rank speaks PMI)
+    # in the agent.
+    for room in (
+        "mpilaunch.transport.sshcommon",
+        "mpilaunch.plan.hostsources",
+        "mpilaunch.plan.textfiles",
+        "mpilaunch.agent.relay",
+        "mpilaunch.host.cgroup",
+        "mpilaunch.agent.services.pmi1_serve",
+        "mpilaunch.agent.services.pmi2_serve",
+    ):
+        assert room not in imported, room
     # What the run path was trimmed of (issue 5): click (the command line is scanned by argscan),
     # dataclasses and inspect, subprocess and shutil, and what only reports or rank tables need.
     # Counted after start-up: a site hook (a .pth file) may import some of them for itself.

@@ -367,3 +367,37 @@ def test_bad_values_one_line_status_2(env: dict[str, str], message: str) -> None
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(message), lines
+
+
+class _Recording(dict):
+    """An environment that records every variable asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def, override]
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+
+def test_the_launcher_looks_for_every_variable_a_source_reads() -> None:
+    """resolve_hosts imports hostsources only when one of ENVIRONMENT_SOURCES is set (a job
+    without an allocation skips the module); a variable from_environment reads that is not in
+    that list would be a source silently ignored."""
+    from mpilaunch.plan.hosts import ENVIRONMENT_SOURCES
+
+    env = _Recording()
+    assert from_environment(env) is None
+    assert env.asked == set(ENVIRONMENT_SOURCES)
+    for name in ENVIRONMENT_SOURCES:  # and each one alone is used (or refused, naming it)
+        try:
+            _, source = resolve_hosts(Options(), {name: "node1"})
+        except LaunchError as exc:
+            assert name in str(exc)
+        else:
+            assert name in source

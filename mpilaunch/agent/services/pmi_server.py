@@ -3,7 +3,6 @@ lines, or PMI-2 frames once it asked for them), and answers what the controller 
 
 from __future__ import annotations
 
-from mpilaunch.agent.services import pmi1_serve, pmi2, pmi2_serve
 from mpilaunch.agent.services.pmi1 import INITIALIZED, LINE_MAX, NEW, ProtocolError
 from mpilaunch.agent.services.pmi_job import JobState, PmiClient
 from mpilaunch.protocol.messages import PmiError, PmiFenceDone, PmiJob, PmiNameReply, PmiSpawnReply
@@ -12,8 +11,17 @@ from mpilaunch.protocol.record import Record
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import ModuleType
 
-VERSIONS = {1: pmi1_serve, 2: pmi2_serve}  # how a client of each version is parsed, served and answered
+
+def serving(version: int) -> ModuleType:
+    """How a client of each version is parsed, served and answered (pmi1_serve, pmi2_serve),
+    imported when a rank first speaks PMI: a job whose ranks never do (`-n 8 true`) skips them."""
+    if version == 1:
+        from mpilaunch.agent.services import pmi1_serve as served
+    else:
+        from mpilaunch.agent.services import pmi2_serve as served
+    return served
 
 
 class JobServer(JobState):
@@ -56,9 +64,12 @@ class JobServer(JobState):
         """Handle one whole message from the client's buffer; False when more bytes are needed.
         A client that starts with a PMI-2 frame instead of the init line speaks PMI-2 (hydra
         accepts that too)."""
-        if client.version == 1 and client.state == NEW and pmi2.looks_like_frame(client.buf):
-            client.version = 2
-        return VERSIONS[client.version].next_message(self, client)
+        if client.version == 1 and client.state == NEW:
+            from mpilaunch.agent.services.pmi2 import looks_like_frame
+
+            if looks_like_frame(client.buf):
+                client.version = 2
+        return serving(client.version).next_message(self, client)
 
     # -- answers from the controller -------------------------------------------------------
     def take(self, message: Record) -> None:
@@ -70,10 +81,10 @@ class JobServer(JobState):
         for client in self.by_ident.values():
             if client.in_barrier:
                 client.in_barrier = False
-                VERSIONS[client.version].barrier_out(self, client)
+                serving(client.version).barrier_out(self, client)
 
     def answer_request(self, message: PmiNameReply | PmiSpawnReply) -> None:
         entry = self.waiting.pop(message.req, None)
         if entry is not None:
             client, thrid = entry
-            VERSIONS[client.version].answer(self, client, thrid, message)
+            serving(client.version).answer(self, client, thrid, message)
