@@ -74,6 +74,10 @@ from mpilaunch.transport.local import start_local_agent
 PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
 
 
+STOPPED_DRAIN = 0.5  # seconds a run stopped by a signal waits for a console that is behind
+HOLD_LOOK = 0.02  # seconds between looks at a console that is behind, while the links wait for it
+
+
 class Controller:
     def __init__(self, plan: LaunchPlan, output: OutputSink, links: dict | None = None, summary: bool = True) -> None:
         self.plan = plan
@@ -320,7 +324,14 @@ class Controller:
             silent_at = self.links.next_silence(self.heartbeat)
             if silent_at is not None and silent_at < now:  # a remote link went quiet too long: look closer
                 self.give_up_silent(now)
-            timers = [t for t in (self.policy.next_deadline(), self.output.next_deadline(), silent_at) if t is not None]
+            held = self.output.writer.holding_back()
+            self.links.hold(held)
+            look_again = now + HOLD_LOOK if held else None  # the console's progress is not an event here
+            timers = [
+                t
+                for t in (self.policy.next_deadline(), self.output.next_deadline(), silent_at, look_again)
+                if t is not None
+            ]
             timeout = max(0.0, min(timers) - now) if timers else None
             if read_stdin_now:
                 self.stdin.read()
@@ -336,12 +347,23 @@ class Controller:
                     for sig in self.signals.drain():
                         self.policy.take(SignalReceived(sig))
             self.output.flush_idle(now)
-        self.signals.restore()
         self.output.close()
         self.policy.links_closed()
         status = self.policy.exit_status()
         self.events.publish(RunEnded(status))
+        self.drain_console()
+        self.signals.restore()
         return status
+
+    def drain_console(self) -> None:
+        """Wait for the console to show what is queued for it, as any program's last write
+        would; a stopped run waits STOPPED_DRAIN seconds at most, and a signal meanwhile ends the
+        wait (what the console did not take is dropped; the log files have it)."""
+        waited = 0.0
+        while not self.output.writer.wait_drained(0.05):
+            waited += 0.05
+            if self.signals.drain() or (self.policy.stop_signal is not None and waited >= STOPPED_DRAIN):
+                return
 
     def exit_status(self) -> int:
         return self.policy.exit_status()

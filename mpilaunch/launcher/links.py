@@ -43,6 +43,7 @@ class Links:
         self.sel = sel
         self.by_host: dict[int, HostLink] = {}
         self.relays: set[int] = set()  # tree spawn: hosts whose connection carries hosts below them
+        self.held = False  # not read for now: the console is behind (launcher/console_writer.py)
 
     def __iter__(self) -> Iterator[HostLink]:
         return iter(list(self.by_host.values()))
@@ -60,9 +61,23 @@ class Links:
         link = self.by_host[index] = HostLink(index, agent, heard=time.monotonic())
         if agent.relayed:  # its frames come on its head's connection
             self.relays.add(agent.head_index)  # type: ignore[arg-type]
-        else:
+        elif not self.held:
             self.sel.register(agent.fileno(), selectors.EVENT_READ, link)
         return link
+
+    def hold(self, held: bool) -> None:
+        """Stop reading the agents (held) or read them again. While the console is behind but
+        taking output, the agents' and then the ranks' pipes fill, and the ranks wait for it as
+        they would writing to it themselves; the loop goes on serving signals and timers."""
+        if held == self.held:
+            return
+        self.held = held
+        for link in self.by_host.values():
+            if link.open and not link.link.relayed:
+                if held:
+                    self.sel.unregister(link.link.fileno())
+                else:
+                    self.sel.register(link.link.fileno(), selectors.EVENT_READ, link)
 
     def any_open(self) -> bool:
         return any(link.open for link in self.by_host.values())
@@ -131,7 +146,8 @@ class Links:
             if tell_relay:
                 link.link.close()
         else:
-            self.sel.unregister(link.link.fileno())
+            if not self.held:
+                self.sel.unregister(link.link.fileno())
             link.link.close()
         link.link.wait()
         return [other for other in self.by_host.values() if other.open and other.link.parent == link.index]

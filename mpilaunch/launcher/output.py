@@ -8,6 +8,7 @@ import stat
 import time
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.launcher.console_writer import ConsoleWriter
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
 IDLE_FLUSH = 0.25  # seconds a partial line waits before it is shown anyway
@@ -39,6 +40,8 @@ class LogTree:
     def __init__(self, base: str, np: int, merge: bool, job: int = 1) -> None:
         self.root = os.path.abspath(os.path.join(base, str(job)))
         self.fds: dict[tuple[int, int], int] = {}
+        self.paths: dict[tuple[int, int], str] = {}
+        self.failed: list[tuple[str, str]] = []  # (file, why) of writes that failed, each file once
         streams = (STDOUT,) if merge else (STDOUT, STDERR)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         where = os.path.abspath(base)
@@ -58,6 +61,7 @@ class LogTree:
                     for stream in streams:
                         where = os.path.join(self.root, name, _STREAM_NAMES[stream])
                         self.fds[(rank, stream)] = os.open(_STREAM_NAMES[stream], flags, 0o644, dir_fd=rank_fd)
+                        self.paths[(rank, stream)] = where
                 finally:
                     os.close(rank_fd)
         except OSError as exc:
@@ -69,8 +73,17 @@ class LogTree:
                 os.close(fd)
 
     def write(self, rank: int, stream: int, data: bytes) -> None:
-        fd = self.fds.get((rank, stream)) or self.fds[(rank, STDOUT)]
-        _write_all(fd, data)
+        """Append to the rank's file. A write that fails (a full disk) is not the job's failure:
+        the file is closed and named in `failed`, the console still shows the output."""
+        key = (rank, stream) if (rank, stream) in self.fds else (rank, STDOUT)
+        fd = self.fds.get(key)
+        if fd is None:  # its file failed before
+            return
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            os.close(self.fds.pop(key))
+            self.failed.append((self.paths[key], exc.strerror or str(exc)))
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -100,14 +113,15 @@ class Console:
     in first, so two ranks' bytes never share a console line.
     """
 
-    def __init__(self, tag: bool, timestamp: bool, fds: dict[int, int] | None = None) -> None:
+    def __init__(
+        self, tag: bool, timestamp: bool, fds: dict[int, int] | None = None, writer: ConsoleWriter | None = None
+    ) -> None:
         self.tag = tag
         self.timestamp = timestamp
-        self.fds = fds if fds is not None else {STDOUT: 1, STDERR: 2}
+        self.writer = writer if writer is not None else ConsoleWriter(fds)
         self.pending: dict[tuple[int, int], bytearray] = {}
         self.since: dict[tuple[int, int], float] = {}
         self.open_line: tuple[int, int] | None = None  # whose partial line the console ends with
-        self.broken: set[int] = set()
         self.labels: dict[int, tuple[int, int]] = {}  # process id -> (job, rank) for tags
         self.host_tags: dict[int, str] = {}  # process id -> host name, for `allrun`
 
@@ -182,15 +196,7 @@ class Console:
         self.open_line = None if data[-1] == 0x0A else key
 
     def _emit(self, stream: int, data: bytes) -> None:
-        fd = self.fds[stream]
-        if fd in self.broken:
-            return
-        try:
-            _write_all(fd, data)
-        except OSError as exc:
-            if exc.errno not in (errno.EPIPE, errno.EBADF, errno.EIO):
-                raise
-            self.broken.add(fd)  # the console went away; the log files still get every byte
+        self.writer.write(stream, data)  # queued: a console that does not read never stops the loop
 
 
 class OutputSink:
@@ -202,6 +208,8 @@ class OutputSink:
 
     def __init__(self, console: Console | None, log_dir: str | None, merged: bool) -> None:
         self.console = console
+        self.writer = console.writer if console is not None else ConsoleWriter()  # the launcher's own lines
+        self.writer.logs = log_dir is not None
         self.log_dir = log_dir
         self.merged = merged
         self.trees: dict[int, LogTree] = {}
@@ -225,6 +233,10 @@ class OutputSink:
         tree = self.trees.get(job)
         if tree is not None:
             tree.write(rank, stream, data)
+            if tree.failed:
+                for path, why in tree.failed:
+                    self.say(f"mpilaunch: cannot write {path}: {why}; the rest of that output is not kept")
+                tree.failed.clear()
         if self.console is not None:
             self.console.feed(proc, stream, data, now)
         if stream == STDERR or self.merged:
@@ -232,6 +244,10 @@ class OutputSink:
             tail += data
             if len(tail) > TAIL_BYTES:
                 del tail[: len(tail) - TAIL_BYTES]
+
+    def say(self, text: str) -> None:
+        """A line of the launcher's own on stderr, in order with the rank output shown there."""
+        self.writer.write(STDERR, (text + "\n").encode(), notice=True)
 
     def last_lines(self, proc: int, count: int = 10) -> list[str]:
         text = bytes(self.tails.get(proc, b"")).decode("utf-8", "replace")

@@ -8,7 +8,6 @@ end of a failed or stopped run into its summary.
 from __future__ import annotations
 
 import signal
-import sys
 
 from mpilaunch.launcher.events import (
     AgentLost,
@@ -63,7 +62,7 @@ class ConsoleReporter:
                 TimedOut: lambda e: self.say(f"the job exceeded --timeout {e.timeout:g} s; killing every rank"),
                 AgentLost: self.agent_lost,
                 Garbled: lambda e: self.say(f"garbled message from the agent of {self.hosts[e.host].name}: {e.why}"),
-                AgentNote: lambda e: print(e.text, file=sys.stderr),
+                AgentNote: lambda e: self.output.say(e.text),
                 SpawnRefused: lambda e: self.say(
                     f"MPI_Comm_spawn from {describe(self.policy.procs[e.proc])} refused: {e.why}"
                 ),
@@ -74,9 +73,8 @@ class ConsoleReporter:
     def __call__(self, event: Record) -> None:
         self.take(event)
 
-    @staticmethod
-    def say(text: str) -> None:
-        print(f"mpilaunch: {text}", file=sys.stderr)
+    def say(self, text: str) -> None:
+        self.output.say(f"mpilaunch: {text}")
 
     def agent_lost(self, event: AgentLost) -> None:
         because = f" ({event.why})" if event.why else ""
@@ -113,4 +111,4 @@ class ConsoleReporter:
                 failed_total=len(policy.failed),
                 reason=failure.reason,
             )
-            print(text, file=sys.stderr)
+            self.output.say(text)

@@ -98,6 +98,7 @@ class _Capture:
 
     def data(self) -> bytes:
         self.console.finish()
+        assert self.console.writer.wait_drained(10.0)  # the console is written from a thread
         os.close(self.w)
         data = b""
         while chunk := os.read(self.r, 65536):
