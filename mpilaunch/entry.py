@@ -22,6 +22,7 @@ NO_JOB = frozenset(
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
+    reopen_closed_std_streams()
     args = sys.argv[1:]
     early = bool(args) and args[0] not in cliopts.SUBCOMMANDS and NO_JOB.isdisjoint(args)
     if early:
@@ -44,6 +45,28 @@ def main(quick_exit: bool = True) -> None:
     if not quick_exit:
         raise SystemExit(status)
     leave(status)
+
+
+def reopen_closed_std_streams() -> None:
+    """Descriptors 0, 1 and 2 closed at start (`<&-`, `>&-`, `2>&-`) are opened on /dev/null
+    before anything else opens one: else the first socket or pipe gets the number, and console
+    bytes go down an agent's link, or the rank's stdin feed reads it. The run then goes as it
+    would with that stream redirected to /dev/null."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        name = ("stdin", "stdout", "stderr")[fd]
+        if getattr(sys, name) is None:  # Python found it closed and left None there
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
 def leave(status: int) -> None:
