@@ -27,15 +27,24 @@ _BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
 _NO = object()  # a value the scanner leaves to click
 
 
-def _number(text: str, check: str | None) -> object:
-    """Only plain decimal numbers; click decides everything else (signs, '1_0', 'inf', spaces)."""
+def _number(text: str, opt: Opt) -> object:
+    """Only plain decimal numbers in the option's range; click decides everything else (signs,
+    '1_0', 'inf', spaces, too large), and gives the message."""
+    check = opt.check
     if check == INT_MIN1:
-        return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else _NO
-    whole, _, frac = text.partition(".")
-    if not (whole or frac) or not text.isascii() or not (whole + frac).isdigit():
-        return _NO
-    value = float(text)
-    return value if value > 0 or (check == FLOAT_NONNEG and value == 0) else _NO
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            return _NO
+        value: float = int(text)
+        if value < 1:
+            return _NO
+    else:
+        whole, _, frac = text.partition(".")
+        if not (whole or frac) or not text.isascii() or not (whole + frac).isdigit() or len(whole) > 18:
+            return _NO
+        value = float(text)
+        if not (value > 0 or (check == FLOAT_NONNEG and value == 0)):
+            return _NO
+    return value if opt.maximum is None or value <= opt.maximum else _NO
 
 
 def _value(opt: Opt, text: str) -> object:
@@ -43,7 +52,7 @@ def _value(opt: Opt, text: str) -> object:
     if check is None:
         return text
     if check in (INT_MIN1, FLOAT_POS, FLOAT_NONNEG):
-        return _number(text, check)
+        return _number(text, opt)
     if check == CHOICE:
         return text.lower() if text.isascii() and text.lower() in opt.choices else _NO
     if check == RANK_CHOICE:

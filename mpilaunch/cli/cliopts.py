@@ -11,12 +11,15 @@ from __future__ import annotations
 FLAG, VALUE, MULTI, PAIRS = "flag", "value", "multi", "pairs"
 # What a value must be; the click command maps each to its type (see command.run_command).
 INT_MIN1, FLOAT_POS, FLOAT_NONNEG, CHOICE, RANK_CHOICE = "int>=1", "float>0", "float>=0", "choice", "stdin"
+# Numbers are plain ASCII decimals, finite, and at most `maximum` (docs/reference.md lists each).
+MAX_RANKS = 65536  # the largest job planned (plan/placement.MAX_RANKS): more is refused before any memory is spent
+MAX_SECONDS = 365 * 86400.0  # --timeout (and MPIEXEC_TIMEOUT): a year
 
 
 class Opt:
     """One option: its parameter name, every spelling, and what its value may be."""
 
-    __slots__ = ("check", "choices", "default", "flags", "help", "kind", "metavar", "name", "show_default")
+    __slots__ = ("check", "choices", "default", "flags", "help", "kind", "maximum", "metavar", "name", "show_default")
 
     def __init__(
         self,
@@ -30,6 +33,7 @@ class Opt:
         help: str | None = None,
         choices: tuple[str, ...] = (),
         show_default: bool = False,
+        maximum: float | None = None,
     ) -> None:
         self.name = name
         self.flags = flags
@@ -40,6 +44,7 @@ class Opt:
         self.help = help
         self.choices = choices
         self.show_default = show_default
+        self.maximum = maximum
 
 
 RUN_OPTIONS: tuple[Opt, ...] = (
@@ -49,13 +54,21 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="JOB.yaml",
         help="Job file: options, env, command; the command line wins.",
     ),
-    Opt("np", ("-n", "-np", "--np", "-c"), check=INT_MIN1, help="Number of ranks (default: every slot)."),
+    Opt(
+        "np",
+        ("-n", "-np", "--np", "-c"),
+        check=INT_MIN1,
+        maximum=MAX_RANKS,
+        help="Number of ranks (default: every slot).",
+    ),
     Opt("hosts", ("-H", "--host", "-host"), MULTI, metavar="h1:N,h2:N", help="Hosts and their slots."),
     Opt(
         "hostfile", ("--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f"), metavar="PATH", help="Hostfile."
     ),
     Opt("map_by", ("--map-by", "-map-by"), default="slot", metavar="slot|node|ppr:N:node", help="Placement policy."),
-    Opt("npernode", ("--npernode", "-npernode"), check=INT_MIN1, help="Ranks per node (ppr:N:node)."),
+    Opt(
+        "npernode", ("--npernode", "-npernode"), check=INT_MIN1, maximum=MAX_RANKS, help="Ranks per node (ppr:N:node)."
+    ),
     Opt("oversubscribe", ("--oversubscribe", "-oversubscribe"), FLAG, help="Allow more ranks than slots."),
     Opt("display_map", ("--display-map", "-display-map"), FLAG, help="Print the rank map, then launch."),
     Opt("dry_run", ("--dry-run", "-dry-run"), FLAG, help="Print the map and every rank's variables; start nothing."),
@@ -84,11 +97,14 @@ RUN_OPTIONS: tuple[Opt, ...] = (
     Opt("mca", ("--mca", "-mca"), PAIRS, metavar="KEY VALUE", help="MCA parameter (exported as OMPI_MCA_KEY)."),
     Opt("bind_to", ("--bind-to", "-bind-to"), default="none", metavar="none|core|socket|hwthread", help="CPU binding."),
     Opt("report_bindings", ("--report-bindings", "-report-bindings"), FLAG, help="Print each rank's CPU binding."),
-    Opt("timeout", ("--timeout", "-timeout"), check=FLOAT_POS, help="End the job after S seconds."),
+    Opt(
+        "timeout", ("--timeout", "-timeout"), check=FLOAT_POS, maximum=MAX_SECONDS, help="End the job after S seconds."
+    ),
     Opt(
         "kill_timeout",
         ("--kill-timeout", "-kill-timeout"),
         check=FLOAT_NONNEG,
+        maximum=3600.0,
         default=2.0,
         show_default=True,
         help="Seconds between SIGTERM and SIGKILL.",
@@ -111,6 +127,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "devices_per_rank",
         ("--devices-per-rank", "-devices-per-rank"),
         check=INT_MIN1,
+        maximum=1024,
         metavar="N",
         help="Each rank sees only its N devices: CUDA_VISIBLE_DEVICES (or the ASCEND_RT_/HIP_ list you set) narrowed.",
     ),
@@ -145,6 +162,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "ssh_tree_width",
         ("--ssh-tree-width", "-ssh-tree-width"),
         check=INT_MIN1,
+        maximum=MAX_RANKS,
         metavar="K",
         help="Tree spawn: connect to K hosts; each one's agent starts up to K more with ssh (hosts reach each other).",
     ),

@@ -32,6 +32,25 @@ def _stdin_callback(ctx: object, param: object, value: str) -> str:
     return choice
 
 
+@functools.cache
+def _ascii(base: type) -> type:
+    """click's range type, for plain ASCII numbers only: `-n ３` is not 3 (int() reads any
+    script's digits), and `nan` is not a number of seconds (it is in no range to a comparison)."""
+    import math
+
+    class Plain(base):  # type: ignore[misc, valid-type]
+        def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+            if isinstance(value, str) and not value.isascii():
+                self.fail(f"{value!r} is not a plain (ASCII) number", param, ctx)
+            converted = super().convert(value, param, ctx)
+            if isinstance(converted, float) and not math.isfinite(converted):
+                self.fail(f"{value!r} is not a finite number", param, ctx)
+            return converted
+
+    Plain.__name__ = base.__name__
+    return Plain
+
+
 def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-untyped-def]
     """The click option for one row of cliopts' table (overrides: e.g. a shorter help)."""
     import click
@@ -50,11 +69,11 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
     elif opt.check == cliopts.RANK_CHOICE:
         kwargs["callback"] = _stdin_callback
     elif opt.check == cliopts.INT_MIN1:
-        kwargs["type"] = click.IntRange(min=1)
+        kwargs["type"] = _ascii(click.IntRange)(min=1, max=opt.maximum)
     elif opt.check == cliopts.FLOAT_POS:
-        kwargs["type"] = click.FloatRange(min=0, min_open=True)
+        kwargs["type"] = _ascii(click.FloatRange)(min=0, min_open=True, max=opt.maximum)
     elif opt.check == cliopts.FLOAT_NONNEG:
-        kwargs["type"] = click.FloatRange(min=0)
+        kwargs["type"] = _ascii(click.FloatRange)(min=0, max=opt.maximum)
     kwargs.update(overrides)
     return click.Option([*opt.flags, opt.name], **kwargs)  # type: ignore[arg-type]
 

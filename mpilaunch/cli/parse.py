@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.cli import argscan
+from mpilaunch.cli import argscan, cliopts
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
 
@@ -13,13 +13,19 @@ APP_PARAMS = ("np", "wdir", "argv")
 
 
 def _env_timeout() -> float | None:
+    """MPIEXEC_TIMEOUT (hydra's and Open MPI's): 0 or less is no limit; else what --timeout takes."""
     raw = os.environ.get("MPIEXEC_TIMEOUT")
     if not raw:
         return None
+    text = raw.strip()
     try:
-        value = float(raw)
+        value = float(text) if text.isascii() else float("nan")
     except ValueError:
-        raise LaunchError(f"MPIEXEC_TIMEOUT={raw!r} is not a number of seconds") from None
+        value = float("nan")
+    if value != value or value > cliopts.MAX_SECONDS:  # nan, inf, or beyond the documented range
+        raise LaunchError(
+            f"MPIEXEC_TIMEOUT={raw[:40]!r} is not a number of seconds up to {cliopts.MAX_SECONDS:.0f} (a year)"
+        )
     return value if value > 0 else None
 
 

@@ -6,6 +6,9 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host
 from mpilaunch.protocol.record import Record
 
+# The largest job planned, all its app contexts and spawned jobs together (cli/cliopts.py says it too).
+MAX_RANKS = 65536
+
 
 class Rank(Record):
     """Where one process runs and what it is called there."""
@@ -166,6 +169,7 @@ def place(
         raise ValueError("place() needs every host's slot count")
     policy, per = parse_map_by(map_by, npernode)
     used = list(in_use) if in_use is not None else [0] * len(hosts)
+    planned = sum(used)
     placed: list[tuple[int, int]] = []  # (app, host) in rank order
     map_order: list[int] = []  # hosts in the order they first got ranks: how ranks are numbered
     for app, (np, argv0) in enumerate(apps):
@@ -179,12 +183,14 @@ def place(
         r_hosts = [hosts[i] for i in rotation]
         r_used = [used[i] for i in rotation]
         if policy == "ppr":
+            _check_size(planned + (per * len(hosts) if np is None else np))
             r_counts = _by_ppr(np, per, r_hosts, r_used, oversubscribe, argv0)
         else:
             if np is None:
                 np = sum(_capacity(h, used[i], False) for i, h in enumerate(hosts))
                 if np == 0:
                     raise _not_enough(sum(used) + 1, hosts, argv0, oversubscribe)
+            _check_size(planned + np)
             spread = _by_node if policy == "node" else _by_slot
             r_counts = spread(np, r_hosts, r_used, oversubscribe, argv0)
         counts = [0] * len(hosts)
@@ -198,8 +204,16 @@ def place(
             order = [i for i in map_order for _ in range(counts[i])]
         for i in order:
             used[i] += 1
+        planned += len(order)
         placed.extend((app, i) for i in order)
     return number_ranks(placed, len(hosts))
+
+
+def _check_size(total: int) -> None:
+    """A job larger than MAX_RANKS is refused before a rank of it is planned (placing, and then
+    an environment per rank, would take memory without end)."""
+    if total > MAX_RANKS:
+        raise LaunchError(f"the job would have {total} ranks; mpilaunch starts at most {MAX_RANKS}")
 
 
 def number_ranks(placed: list[tuple[int, int]], nhosts: int) -> list[Rank]:

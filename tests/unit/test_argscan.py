@@ -3,6 +3,8 @@ scanner answers, and it answers for the command lines people type."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.core import ParameterSource
 from hypothesis import given, settings
@@ -44,6 +46,18 @@ VALUES = [
     "²",
     "pmi1\n",
     "ß",
+    "３",
+    "65536",
+    "65537",
+    "1024",
+    "1025",
+    "3600",
+    "3601",
+    "31536000",
+    "31536001",
+    "1e20",
+    "99999999999",
+    "99999999999999999999999",
 ]
 
 
@@ -105,8 +119,51 @@ def test_errors_still_read_as_click_writes_them() -> None:
     from mpilaunch.errors import LaunchError
 
     with pytest.raises(
-        LaunchError, match=r"Invalid value for '-n' / '-np' / '--np' / '-c': 0 is not in the range x>=1"
+        LaunchError, match=r"Invalid value for '-n' / '-np' / '--np' / '-c': 0 is not in the range 1<=x<=65536"
     ):
         parse_args(["-n", "0", "true"])
     with pytest.raises(LaunchError, match="expected a rank number, all or none, not 'x'"):
         parse_args(["--stdin", "x", "true"])
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--timeout inf", "inf is not in the range 0<x<=31536000"),
+        ("--timeout 1e20", "is not in the range 0<x<=31536000"),
+        ("--timeout nan", "'nan' is not a finite number"),
+        ("--kill-timeout nan", "'nan' is not a finite number"),
+        ("--kill-timeout 3601", "3601.0 is not in the range 0<=x<=3600"),
+        ("-n 1000000000 --oversubscribe", "1000000000 is not in the range 1<=x<=65536"),
+        ("-n 65537", "65537 is not in the range 1<=x<=65536"),
+        ("--devices-per-rank 99999999999", "99999999999 is not in the range 1<=x<=1024"),
+        ("-n ３", "'３' is not a plain (ASCII) number"),
+        ("-n ٣", "'٣' is not a plain (ASCII) number"),
+        ("--timeout ３.５", "'３.５' is not a plain (ASCII) number"),
+    ],
+)
+def test_numbers_are_finite_plain_and_in_range(line: str, message: str) -> None:
+    """Each refused in one line (issue "No process left, ever", part 4): before, `inf` and `1e20`
+    were tracebacks, `nan` no limit at all (and a busy loop), `-n 1000000000` gigabytes of memory,
+    and `-n ３` three ranks. The fast scanner leaves each to click, which says why."""
+    from mpilaunch.errors import LaunchError
+
+    words = [*line.split(), "true"]
+    assert argscan.scan(words) is None
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        parse_args(words)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e20", "３", "abc"])
+def test_mpiexec_timeout_is_checked_as_timeout_is(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpilaunch.errors import LaunchError
+
+    monkeypatch.setenv("MPIEXEC_TIMEOUT", value)
+    with pytest.raises(LaunchError, match=r"MPIEXEC_TIMEOUT=.* is not a number of seconds up to 31536000"):
+        parse_args(["true"])
+
+
+def test_the_ceiling_is_one_number() -> None:
+    from mpilaunch.plan import placement
+
+    assert cliopts.MAX_RANKS == placement.MAX_RANKS

@@ -166,3 +166,20 @@ def test_placement_invariants(slots: list[int], nps: list[int], policy: str, ove
         if not over:
             assert len(mine) <= hosts[host].slots
     assert sorted({r.node_rank for r in ranks}) == list(range(len(per_host)))
+
+
+@pytest.mark.parametrize(
+    ("hosts", "apps", "policy"),
+    [
+        ([Host("a", slots=1_000_000), Host("b", slots=1_000_000)], [(None, "p")], "slot"),  # every slot
+        ([Host("a", slots=4)], [(40_000, "p"), (40_000, "q")], "slot"),  # two app contexts together
+        ([Host(f"h{i}", slots=1) for i in range(70)], [(None, "p")], "ppr:1000:node"),
+    ],
+)
+def test_a_job_beyond_the_ceiling_is_refused_before_it_is_planned(
+    hosts: list[Host], apps: list[tuple[int | None, str]], policy: str
+) -> None:
+    """Refused before a rank is placed, naming the count and the ceiling (it used to take
+    gigabytes and minutes)."""
+    with pytest.raises(LaunchError, match=r"the job would have \d+ ranks; mpilaunch starts at most 65536"):
+        place(hosts, apps, map_by=policy, oversubscribe=True)
