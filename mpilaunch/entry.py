@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import sys
 
-from mpilaunch.cli import cliopts
 
-# Words that mean no job starts here (help, version, a dry run): the early fork is skipped.
-NO_JOB = frozenset(
-    (*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS, *next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "dry_run"))
-)
+def starts_a_job_here(args: list[str]) -> bool:
+    """False for words that start no job here (help, version, a dry run, `check`, `allrun`): the
+    early fork is skipped for them."""
+    from mpilaunch.cli import cliopts
+
+    no_job = {
+        *cliopts.HELP_FLAGS,
+        *cliopts.VERSION_FLAGS,
+        *next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "dry_run"),
+    }
+    return bool(args) and args[0] not in cliopts.SUBCOMMANDS and no_job.isdisjoint(args)
 
 
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
+    if quick_exit:  # the command: a Ctrl-C before the run's own handling starts ends it quietly
+        import _signal
+
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     reopen_closed_std_streams()
     args = sys.argv[1:]
-    early = bool(args) and args[0] not in cliopts.SUBCOMMANDS and NO_JOB.isdisjoint(args)
+    early = starts_a_job_here(args)
     if early:
         from mpilaunch.transport import local
 
@@ -39,6 +49,8 @@ def main(quick_exit: bool = True) -> None:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
         if not isinstance(done.code, (int, type(None))):
             print(done.code, file=sys.stderr)
+    except KeyboardInterrupt:  # a caller's own SIGINT handling, before the run took it over
+        status = 130
     finally:
         if early:
             local.discard_early_agent()

@@ -1,0 +1,30 @@
+"""Ctrl-C at any moment of the start (issue "No process left, ever", part 6): before the run's
+own signal handling starts, a SIGINT ends the launcher quietly (killed by it, as a C program
+would be), after it the run stops its ranks (status 130); never a traceback of mpilaunch's, and
+nothing left. (A SIGINT while Python itself starts, in `site`, is Python's to report.)"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from tests.conftest import Launcher, tagged_pids
+
+
+def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher) -> None:
+    outcomes: dict[int, int] = {}
+    for attempt in range(40):
+        proc = launcher.popen("-n", "2", "sleep", "5")
+        time.sleep((attempt % 20) * 0.003)  # 0 to 57 ms: the interpreter, imports, plan, launch
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        text = err.decode(errors="replace")
+        ours = [line for line in text.splitlines() if "/mpilaunch/" in line and line.lstrip().startswith("File ")]
+        assert not ours, text
+        assert proc.returncode in (-signal.SIGINT, 130) or (proc.returncode == 1 and "<frozen site>" in text), text
+        outcomes[proc.returncode] = outcomes.get(proc.returncode, 0) + 1
+        deadline = time.monotonic() + 5
+        while tagged_pids(launcher.tag) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not tagged_pids(launcher.tag), f"attempt {attempt}: processes left"
+    assert outcomes.get(130, 0) > 0  # the later moments reached the run's own handling
