@@ -22,6 +22,7 @@ from mpilaunch.agent.ranks import Ranks
 from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
 from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
+from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.host import hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_problem
@@ -69,6 +70,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
         self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
+        self.shm = ShmWatch(self.ranks)
+        self.reaper.before_kill = self.shm.look  # while the ranks still map their segments
         self.services = Services(self, REGISTRY)
         self.ranks.services = self.services
         self.heartbeat = Heartbeat(self)
@@ -260,7 +263,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         signal.set_wakeup_fd(wake_w)
         self.loop.watch(wake_r, _drain)
         self.loop.watch(self.link, self.read_link)
-        for timer in (self.reaper, self, self.ranks, self.heartbeat):
+        for timer in (self.reaper, self, self.ranks, self.heartbeat, self.shm):
             self.loop.add_timer(timer)  # services add themselves when a launch starts them
         reached = os.environ.get("SSH_CONNECTION", "").split()  # client, port, the address we were reached at, port
         self.send(
@@ -279,6 +282,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
             self.reaper.release()
+            self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
         self.send(Bye())
         return 0
 

@@ -21,6 +21,8 @@ from mpilaunch.host.procfs import children_of, start_time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mpilaunch.agent.ranks import Ranks
     from mpilaunch.agent.relay import Relay
     from mpilaunch.host.cgroup import JobCgroup
@@ -158,6 +160,7 @@ class Reaper(Timer):
         self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
         self.told: set[int] = set()  # processes below the ranks (not ranks) the guardian was told about
         self.cgroup: JobCgroup | None = None  # made when the agent starts to run, where the host lets it
+        self.before_kill: Callable[[], None] | None = None  # a last look at the ranks (agent/shm_watch.py)
         self.kill_deadline: float | None = None  # when SIGTERM'd processes get SIGKILL
         self.next_adoption_scan = 0.0
         self.link_lost = False  # then a kill cuts the links of the hosts we relay to as well
@@ -247,6 +250,8 @@ class Reaper(Timer):
     def terminate_all(self, grace: float) -> None:
         """SIGTERM every rank's group, every orphan and every process below them; SIGKILL what is
         left after grace seconds, and again every KILL_ROUND until nothing is."""
+        if self.before_kill is not None and self.ranks.any_live():
+            self.before_kill()
         self.ranks.signal_all(signal.SIGTERM)
         self.signal_orphans(signal.SIGTERM)
         self.signal_below(signal.SIGTERM)

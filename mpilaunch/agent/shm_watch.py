@@ -1,0 +1,60 @@
+"""The /dev/shm files of a host's ranks: seen while they run, removed after the job if left.
+
+A segment can only be seen while a rank maps it, so the agent looks at its ranks' maps soon
+after they start and then less and less often (FIRST_LOOK doubling up to LOOK_CAP), as soon as
+one of them ends (its node's peers map the same segment), and before it kills them. At the end
+of the agent's run, host/shm.py removes what they left. Not seen, so not removed: a segment
+made and left by a job whose ranks all end within FIRST_LOOK, or after their last look.
+"""
+
+from __future__ import annotations
+
+from mpilaunch.agent.loop import Timer
+from mpilaunch.host import shm
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from mpilaunch.agent.ranks import Ranks
+
+FIRST_LOOK = 0.1  # seconds after a rank starts
+LOOK_CAP = 30.0  # a maps read costs 0.1 to 2 ms a rank: never more often than this once a job runs
+
+
+class ShmWatch(Timer):
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.before = shm.present()  # files there before any rank of ours ran: never removed
+        self.seen: dict[str, shm.FileId] = {}
+        self.gap = FIRST_LOOK
+        self.next_look: float | None = None
+        self.live = 0
+
+    def live_pids(self) -> list[int]:
+        return [rp.pid for rp in self.ranks.by_pid.values() if rp.status is None]
+
+    def look(self) -> None:
+        """Record what every live rank maps in /dev/shm now."""
+        for pid in self.live_pids():
+            self.seen.update(shm.mapped_by(pid))
+
+    def next_deadline(self) -> float | None:
+        return self.next_look
+
+    def tick(self, now: float) -> None:
+        live = len(self.live_pids())
+        if live > self.live:  # ranks started (a job, or a spawned one): look soon
+            self.gap = FIRST_LOOK
+            self.next_look = now + FIRST_LOOK
+        elif live < self.live and live:  # one ended: its peers on this host map what it mapped
+            self.look()
+        if not live:
+            self.next_look = None
+        elif self.next_look is not None and now >= self.next_look:
+            self.look()
+            self.gap = min(self.gap * 2, LOOK_CAP)
+            self.next_look = now + self.gap
+        self.live = live
+
+    def clean(self) -> list[str]:
+        """After the job: remove what the ranks left (see host/shm.remove_left)."""
+        return shm.remove_left(self.seen, self.before) if self.seen else []

@@ -1,0 +1,116 @@
+"""Shared-memory files in /dev/shm: which ones a process maps, and removing those a job left.
+
+MPI libraries put their intra-node segments in /dev/shm (MPICH's `mpich_shm_*`, Open MPI's
+`vader_segment.*`, Intel MPI's `shm-*`) and unlink them when every rank has attached, or at
+finalize; a rank that aborts, crashes or is killed first leaves its segment behind, under
+hydra and mpirun alike. Only files this module is shown (mapped by a rank while it ran) and
+that were not there before the job are ever candidates; one is removed only when it is still
+the same file, belongs to this user, and no live process maps it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+SHM_DIR = "/dev/shm"
+_PREFIX = SHM_DIR + "/"
+_DELETED = " (deleted)"
+
+FileId = tuple[int, int]  # (st_dev, st_ino)
+
+
+def present() -> set[FileId]:
+    """The files in /dev/shm now (before a job: never to be removed)."""
+    try:
+        dev = os.stat(SHM_DIR).st_dev
+        with os.scandir(SHM_DIR) as entries:
+            return {(dev, entry.inode()) for entry in entries}
+    except OSError:
+        return set()
+
+
+def _file_id(line: bytes) -> tuple[str, FileId] | None:
+    """(path, (dev, ino)) of a /proc/PID/maps line that maps a file in /dev/shm, else None."""
+    fields = line.split(None, 5)
+    if len(fields) < 6 or not fields[5].startswith(_PREFIX.encode()):
+        return None
+    path = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape")
+    if path.endswith(_DELETED):  # already unlinked: nothing to remove
+        return None
+    try:
+        major, minor = (int(part, 16) for part in fields[3].split(b":"))
+        return path, (os.makedev(major, minor), int(fields[4]))
+    except ValueError:
+        return None
+
+
+def _maps(pid: int | str) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def mapped_by(pid: int) -> dict[str, FileId]:
+    """The /dev/shm files a live process maps, by path ({} once it is gone)."""
+    found: dict[str, FileId] = {}
+    maps = _maps(pid)
+    if maps and _PREFIX.encode() in maps:
+        for line in maps.splitlines():
+            entry = _file_id(line)
+            if entry is not None:
+                found[entry[0]] = entry[1]
+    return found
+
+
+def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
+    """Which of ids some live process maps, and whether every process's maps could be read."""
+    mapped: set[FileId] = set()
+    complete = True
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        maps = _maps(name)
+        if maps is None:
+            complete = complete and not os.path.exists(f"/proc/{name}")  # gone is fine; unreadable is not
+            continue
+        if _PREFIX.encode() in maps:
+            for line in maps.splitlines():
+                entry = _file_id(line)
+                if entry is not None and entry[1] in ids:
+                    mapped.add(entry[1])
+    return mapped, complete
+
+
+def remove_left(seen: dict[str, FileId], before: set[FileId]) -> list[str]:
+    """Remove the files of `seen` (mapped by the job's ranks) that were not `before` the job,
+    are still those files, are this user's, and that no live process maps; the paths removed.
+    A file others may map (group or other can read or write it) is kept when some process's
+    maps could not be read."""
+    candidates: dict[str, os.stat_result] = {}
+    uid = os.getuid()
+    for path, ident in seen.items():
+        if ident in before:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue  # its MPI removed it
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == ident and st.st_uid == uid:
+            candidates[path] = st
+    if not candidates:
+        return []
+    mapped, complete = _mapped_anywhere({(st.st_dev, st.st_ino) for st in candidates.values()})
+    removed = []
+    for path, st in candidates.items():
+        if (st.st_dev, st.st_ino) in mapped or (not complete and st.st_mode & 0o066):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
