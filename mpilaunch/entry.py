@@ -28,19 +28,20 @@ def starts_a_job_here(args: list[str]) -> bool:
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
-    if quick_exit:  # the command: a Ctrl-C before the run's own handling starts ends it quietly
+    if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
         import _signal
 
-        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # KeyboardInterrupt, caught below: 130
     reopen_closed_std_streams()
     args = sys.argv[1:]
-    early = starts_a_job_here(args)
-    if early:
-        from mpilaunch.transport import local
-
-        local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
-        local.prestart_local_agent()
+    early = False
     try:
+        if starts_a_job_here(args):
+            from mpilaunch.transport import local
+
+            early = True
+            local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
+            local.prestart_local_agent()
         from mpilaunch.cli.main import main as run
 
         run(args)
@@ -49,7 +50,7 @@ def main(quick_exit: bool = True) -> None:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
         if not isinstance(done.code, (int, type(None))):
             print(done.code, file=sys.stderr)
-    except KeyboardInterrupt:  # a caller's own SIGINT handling, before the run took it over
+    except KeyboardInterrupt:  # Ctrl-C before the run's own signal handling started (or after it ended)
         status = 130
     finally:
         if early:
