@@ -282,6 +282,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
             self.reaper.release()
+            self.services.close()  # a PMIx server and its files
             self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
         self.send(Bye())
         return 0

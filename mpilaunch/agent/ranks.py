@@ -12,6 +12,7 @@ import selectors
 import time
 
 from mpilaunch.agent.loop import Loop, Timer
+from mpilaunch.agent.services.base import ServiceError
 from mpilaunch.host import spawn
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Exited, Failed, Started, StdinAck
@@ -94,8 +95,14 @@ class Ranks(Timer):
     ) -> bool:
         """Start one rank behind the gate; False (and a `failed` report) if it could not."""
         passed: list[int] = []
-        for service in services:
-            passed += service.prepare(job, spec, env)
+        try:
+            for service in services:
+                passed += service.prepare(job, spec, env)
+        except ServiceError as exc:
+            for service in services:
+                service.not_spawned(job, spec)
+            self.send(Failed(proc=spec.proc, error=str(exc), code=126))
+            return False
         try:
             with _Affinity(cpus):
                 started = spawn.start(
@@ -208,6 +215,8 @@ class Ranks(Timer):
                 self.send(StdinAck(n=dropped))
             self._update_stdin_interest(rp)
         self.maybe_report(rp, rp.reaped_at)
+        if self.services is not None:
+            self.services.exited(rp.job, rp.ident)
         return True
 
     def maybe_report(self, rp: RankProcess, now: float) -> None:

@@ -113,9 +113,16 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "mpi",
         ("--mpi", "-mpi"),
         check=CHOICE,
-        choices=("pmi1", "pmi2", "none"),
+        choices=("pmi1", "pmi2", "pmix", "none"),
         default="pmi1",
-        help="PMI for MPICH-family ranks: pmi1 (PMI-1 and PMI-2 served), pmi2 (also tell MPICH to use PMI-2) or none.",
+        help="What the ranks are served: pmi1 (PMI-1 and PMI-2, for MPICH and Intel MPI), pmi2 (also tell MPICH to "
+        "use PMI-2), pmix (PMIx, for Open MPI) or none.",
+    ),
+    Opt(
+        "pmix_lib",
+        ("--pmix-lib", "-pmix-lib"),
+        metavar="PATH",
+        help="With --mpi pmix: the PMIx server library (libpmix.so.2, PMIx 4 or 5) on every host.",
     ),
     Opt(
         "pmi_tcp",

@@ -60,6 +60,7 @@ from mpilaunch.protocol.messages import (
     PmiError,
     PmiSpawn,
     PmiSpawnReply,
+    PmixJob,
     PutDone,
     RankSpec,
     Signal,
@@ -145,7 +146,8 @@ class Controller:
         """Start an agent where there is none yet, then hand each agent its share of the job."""
         states = [s for s in self.procs if s.job == job.job]
         options = self.options
-        for index in sorted({s.rank.host for s in states}):
+        used = sorted({s.rank.host for s in states})
+        for index in used:
             link = self.links.get(index) or self.links.add(index, start_local_agent())
             ranks = tuple(
                 RankSpec(
@@ -166,6 +168,7 @@ class Controller:
                 ranks=ranks,
                 services=job.services,
                 pmi=job.pmi,
+                pmix=self.pmix_here(job, index, used.index(index), len(ranks)),
                 merge=options.merge_stderr_to_stdout,
                 bind_to=options.bind_to,
                 report_bindings=options.report_bindings,
@@ -173,6 +176,13 @@ class Controller:
                 drop_names=tuple(sorted(LEAK_NAMES)),
             )
             self.links.send(link, launch)
+
+    def pmix_here(self, job: JobPlan, index: int, node: int, local: int) -> PmixJob | None:
+        """The job's PMIx description as host `index` registers it: its node, and whether its
+        ranks outnumber its slots (Open MPI ranks then yield)."""
+        if job.pmix is None:
+            return None
+        return job.pmix._replace(node=node, oversubscribed=local > (self.plan.hosts[index].slots or 0))
 
     def spawn(self, link: HostLink, message: PmiSpawn) -> None:
         """MPI_Comm_spawn: a new job on free slots, with its own ranks, KVS and log directory."""

@@ -23,10 +23,17 @@ from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start
 def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> None:
     """A missing program or directory is a clear error before anything starts."""
     path = inherited(env).get("PATH", os.defpath)
+    refuse = refuses_open_mpi(plan.options)
     for check in host_checks(plan.job, host):
-        problem = program_problem(check["program"], check["wdir"], check["path"] or path, plan.options.mpi != "none")
+        problem = program_problem(check["program"], check["wdir"], check["path"] or path, refuse)
         if problem:
             raise LaunchError(problem)
+
+
+def refuses_open_mpi(options: Options) -> bool:
+    """A program linked with Open MPI is refused where nothing serves it PMIx (it would run as a
+    singleton); --mpi none lets it run so, --mpi pmix serves it."""
+    return options.mpi in ("pmi1", "pmi2")
 
 
 def remote_transport(options: Options, hosts: int) -> Transport:
@@ -57,7 +64,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
             Check(
                 apps=tuple(AppCheck(**app) for app in host_checks(plan.job, index)),
                 carried=carried,
-                mpi=options.mpi != "none",
+                mpi=refuses_open_mpi(options),
                 port=0 if pick_port and index == rank0 else -1,
                 heartbeat=plan.heartbeat,
                 probe=Probe(**probe),

@@ -1,12 +1,22 @@
-"""The job-wide half of PMI, kept by the controller: barriers across hosts and the name service
-(MPI_Comm_spawn starts a job: Controller.spawn). Agents answer everything else locally
-(agent/services/)."""
+"""The job-wide half of PMI and PMIx, kept by the controller: barriers and fences across hosts
+and the name service (MPI_Comm_spawn starts a job: Controller.spawn). Agents answer everything
+else locally (agent/services/)."""
 
 from __future__ import annotations
 
+import base64
+
 from mpilaunch.launcher.links import HostLink, Links
 from mpilaunch.plan.build import JobPlan
-from mpilaunch.protocol.messages import MessageError, PmiFence, PmiFenceDone, PmiName, PmiNameReply
+from mpilaunch.protocol.messages import (
+    MessageError,
+    PmiFence,
+    PmiFenceDone,
+    PmiName,
+    PmiNameReply,
+    PmixFence,
+    PmixFenceDone,
+)
 
 
 class JobKvs:
@@ -25,6 +35,39 @@ class JobKvs:
             return None
         merged, self.batch, self.entered = self.batch, {}, set()
         return merged
+
+
+class PmixFences:
+    """PMIx fences across hosts: each host's server calls up once per fence with its
+    participants' data; once every host with a participant is in, all of it goes to each."""
+
+    def __init__(self) -> None:
+        self.hosts_of: dict[int, list[int]] = {}  # job -> the host of each rank
+        self.open: dict[tuple[int, str], dict[int, bytes]] = {}  # (job, fence) -> host -> data
+
+    def add_job(self, job: JobPlan) -> None:
+        self.hosts_of[job.job] = [r.host for r in job.ranks]
+
+    def enter(self, host: int, message: PmixFence) -> tuple[set[int], bytes] | None:
+        """Record one host's part; (the participating hosts, every part joined) when it was the last."""
+        hosts_of = self.hosts_of.get(message.job)
+        if hosts_of is None:
+            raise MessageError(f"job {message.job} is not one of the run's")
+        if any(not 0 <= rank < len(hosts_of) for rank in message.ranks):
+            raise MessageError(f"a PMIx fence of job {message.job} names a rank it does not have")
+        hosts = {hosts_of[rank] for rank in message.ranks} if message.ranks else set(hosts_of)
+        if host not in hosts:
+            raise MessageError(f"host {host} has no participant in PMIx fence {message.key!r}")
+        try:
+            data = base64.b64decode(message.blob, validate=True)
+        except ValueError:
+            raise MessageError("a PMIx fence's data is not base64") from None
+        parts = self.open.setdefault((message.job, message.key), {})
+        parts[host] = data
+        if not hosts <= set(parts):
+            return None
+        del self.open[(message.job, message.key)]
+        return hosts, b"".join(parts.values())  # PMIx reads each host's part whole, in any order
 
 
 class NameService:
@@ -57,13 +100,25 @@ class JobWidePmi:
     def __init__(self, links: Links) -> None:
         self.links = links
         self.kvs: dict[int, JobKvs] = {}
+        self.fences = PmixFences()
         self.names = NameService()
 
     def rows(self) -> dict[type, object]:
-        return {PmiFence: self.fence, PmiName: self.name}
+        return {PmiFence: self.fence, PmiName: self.name, PmixFence: self.pmix_fence}
 
     def add_job(self, job: JobPlan) -> None:
         self.kvs[job.job] = JobKvs(len({r.host for r in job.ranks}))
+        self.fences.add_job(job)
+
+    def pmix_fence(self, link: HostLink, message: PmixFence) -> None:
+        done = self.fences.enter(link.index, message)
+        if done is not None:
+            hosts, data = done
+            reply = PmixFenceDone(job=message.job, key=message.key, blob=base64.b64encode(data).decode())
+            for host in sorted(hosts):
+                target = self.links.get(host)
+                if target is not None:
+                    self.links.send(target, reply)
 
     def fence(self, link: HostLink, message: PmiFence) -> None:
         kvs = self.kvs.get(message.job)

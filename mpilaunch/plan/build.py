@@ -16,10 +16,10 @@ from mpilaunch.plan import devices
 from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place
-from mpilaunch.plan.pmi import pmi_job, services
+from mpilaunch.plan.pmi import pmi_job, pmix_job, services
 from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.plan.spec import JobSpec, Options
-from mpilaunch.protocol.messages import PmiJob, SpawnApp
+from mpilaunch.protocol.messages import PmiJob, PmixJob, SpawnApp
 from mpilaunch.protocol.record import Record
 
 # MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
@@ -36,6 +36,7 @@ class JobPlan(Record):
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
     pmi: PmiJob | None = None  # what agents need to serve this job PMI, or None (--mpi none)
     services: tuple[str, ...] = ()  # the agent services its ranks get (plan/pmi.services)
+    pmix: PmixJob | None = None  # what each host's PMIx server registers (--mpi pmix)
 
 
 class LaunchPlan(Record):
@@ -195,8 +196,13 @@ def job_plan(
     for rank_env, extras in zip(envs, more):
         rank_env.update(extras)
     served = services(options)
-    pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served else None
-    return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi, served)
+    pmix = None
+    if "pmix" in served:
+        names = [h.name for h in hosts]
+        nspace = f"mpilaunch.{layout.job_id}"
+        pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib)
+    pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and not pmix else None
+    return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi, served, pmix)
 
 
 def heartbeat_timeout(env: Mapping[str, str]) -> float:

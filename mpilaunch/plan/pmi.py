@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.spec import Options
-from mpilaunch.protocol.messages import PmiJob
+from mpilaunch.protocol.messages import PmiJob, PmixJob
 
 
 def process_mapping(node_of_rank: Sequence[int]) -> str:
@@ -35,6 +35,8 @@ def services(options: Options) -> tuple[str, ...]:
     """The agent services a job's ranks get (agent/services/registry.py): PMI-1/PMI-2 over an
     inherited socket or loopback TCP, with the guard that stops Open MPI ranks from running as
     singletons; none with --mpi none."""
+    if options.mpi == "pmix":
+        return ("pmix",)
     if options.mpi not in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
         return ()
     return ("pmi-tcp" if options.pmi_tcp else "pmi", "openmpi-guard")
@@ -57,4 +59,22 @@ def pmi_job(
         mapping=process_mapping([r.node_rank for r in ranks]),
         preput=dict(preput or {}),
         spawner=spawner,
+    )
+
+
+def pmix_job(
+    ranks: Sequence[Rank], hosts: Sequence[str], apps: Sequence[int], universe: int, nspace: str, library: str | None
+) -> PmixJob:
+    """A job as each host's PMIx server registers it (node: set per host by the controller).
+    hosts: the name of every host index; apps: each app context's number of ranks."""
+    used = sorted({r.host for r in ranks})
+    nodes = tuple(tuple(r.rank for r in ranks if r.host == host) for host in used)
+    return PmixJob(
+        nspace=nspace,
+        size=len(ranks),
+        universe=max(universe, len(ranks)),
+        nodes=nodes,
+        hosts=tuple(hosts[host] for host in used),
+        apps=tuple(apps),
+        library=library,
     )

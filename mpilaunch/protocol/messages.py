@@ -71,6 +71,20 @@ class PmiJob(Record):
     spawner: str | None = None  # the kvsname of the job whose MPI_Comm_spawn made this one
 
 
+class PmixJob(Record):
+    """What a host's PMIx server registers of a job: the same on every host but `node`."""
+
+    nspace: str
+    size: int
+    universe: int
+    nodes: tuple[tuple[int, ...], ...]  # the ranks on each node of the job, nodes in order
+    hosts: tuple[str, ...]  # each node's host name
+    apps: tuple[int, ...]  # each app context's number of ranks (ranks are numbered app by app)
+    node: int = -1  # this host's place in nodes
+    oversubscribed: bool = False  # more ranks than cores here: Open MPI ranks should yield
+    library: str | None = None  # --pmix-lib
+
+
 class SshSpec(Record):
     """How a relay's ssh reaches the hosts below it."""
 
@@ -131,6 +145,7 @@ class Launch(Record):
     ranks: tuple[RankSpec, ...]
     services: tuple[str, ...] = ()  # agent services for the job's ranks (agent/services: "pmi", "pmi-tcp", ...)
     pmi: PmiJob | None = None
+    pmix: PmixJob | None = None
     merge: bool = False
     bind_to: str = "none"
     report_bindings: bool = False
@@ -161,6 +176,15 @@ class PmiFenceDone(Record):
 
     job: int
     kvs: dict[str, str]
+
+
+class PmixFenceDone(Record):
+    """Every host with a participant entered this PMIx fence: blob is all their data joined."""
+
+    job: int
+    key: str
+    blob: str  # base64
+    status: int = 0
 
 
 class PmiNameReply(Record):
@@ -268,6 +292,16 @@ class PmiFence(Record):
     kvs: dict[str, str]
 
 
+class PmixFence(Record):
+    """This host's part of a PMIx fence (PMIx calls up once per host per fence): the opaque
+    data of its participants. ranks: the participants, () for every rank of the job."""
+
+    job: int
+    key: str  # the fence, as this host's PMIx server named its participants, and how many came before
+    ranks: tuple[int, ...]
+    blob: str  # base64: the data has NUL bytes
+
+
 class PmiAbort(Record):
     """The rank called MPI_Abort."""
 
@@ -323,6 +357,7 @@ DOWN_MESSAGES = (
     Kill,
     Finish,
     PmiFenceDone,
+    PmixFenceDone,
     PmiNameReply,
     PmiSpawnReply,
     RelayHosts,
@@ -339,6 +374,7 @@ UP_MESSAGES = (
     StdinAck,
     Note,
     PmiFence,
+    PmixFence,
     PmiAbort,
     PmiError,
     PmiName,
@@ -346,7 +382,7 @@ UP_MESSAGES = (
     Bye,
     Gone,
 )
-PARTS = (AppCheck, Probe, RankSpec, PmiJob, SshSpec, RelayHost, SpawnApp)
+PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp)
 
 
 def op_name(cls: type) -> str:

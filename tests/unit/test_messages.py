@@ -61,7 +61,7 @@ def test_nested_records_round_trip() -> None:
 def test_each_op_is_the_records_name_and_names_are_unique() -> None:
     assert messages.op_name(messages.PmiFenceDone) == "pmi_fence_done"
     ops = [cls.op for cls in {*DOWN_MESSAGES, *UP_MESSAGES}]  # type: ignore[attr-defined]
-    assert len(ops) == len(set(ops)) == 27
+    assert len(ops) == len(set(ops)) == 29  # 27, and the PMIx fence both ways
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,13 @@ def test_every_down_message_is_handled_by_the_agent_and_every_up_one_by_the_cont
         assert set(controller.handlers) == set(UP_MESSAGES)
     finally:
         controller.sel.close()
+
+
+def test_the_service_registry_says_what_each_service_takes() -> None:
+    """The agent's dispatch table is built from the registry's rows before any service is
+    imported: each row's messages are its class's `takes`."""
+    from mpilaunch.agent.services.registry import REGISTRY, service_class
+
+    for name, (_, takes) in REGISTRY.items():
+        kind = service_class(name)
+        assert kind.name == name and tuple(kind.takes) == takes, name

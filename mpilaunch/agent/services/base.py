@@ -6,7 +6,7 @@ descriptors the rank inherits; after the spawn it tells them the pid (or that th
 failed). Services watch their own descriptors and timers on the agent's loop, send their own
 messages up, take the controller's messages they list in `takes`, and say what state a rank's
 MPI is in for its exit report. So a new flavour (PMIx) is a new module and a registry row in
-`services/__init__.py`, with no branch in the agent's spawn or dispatch.
+`services/registry.py`, with no branch in the agent's spawn or dispatch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from mpilaunch.protocol.record import Record
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
     from mpilaunch.protocol.messages import Launch, RankSpec
+
+
+class ServiceError(Exception):
+    """A service cannot serve this rank (prepare): the rank is not started, and this says why."""
 
 
 class ServiceHost:
@@ -48,7 +52,8 @@ class Service(Timer):
         """A launch of a job that uses this service (called once per launch, before its ranks)."""
 
     def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
-        """Set the rank's variables; return the descriptors it must inherit (the agent passes them)."""
+        """Set the rank's variables; return the descriptors it must inherit (the agent passes them).
+        ServiceError: the rank cannot be served here and must not start."""
         return []
 
     def spawned(self, job: int, spec: RankSpec, pid: int) -> None:
@@ -56,6 +61,12 @@ class Service(Timer):
 
     def not_spawned(self, job: int, spec: RankSpec) -> None:
         """The spawn failed: forget the rank."""
+
+    def exited(self, job: int, ident: int) -> None:
+        """The rank was reaped."""
+
+    def close(self) -> None:
+        """The agent is done: give back what the service holds (a server, its files)."""
 
     def take(self, message: Record) -> None:
         """A message from the controller of a type in `takes`."""
@@ -68,7 +79,7 @@ class Service(Timer):
 class Services:
     """The services this agent runs, started by name on first use (one instance each)."""
 
-    def __init__(self, host: ServiceHost, registry: dict[str, type[Service]]) -> None:
+    def __init__(self, host: ServiceHost, registry: dict[str, tuple[str, tuple[type, ...]]]) -> None:
         self.host = host
         self.registry = registry
         self.running: dict[str, Service] = {}
@@ -80,9 +91,10 @@ class Services:
         for name in launch.services:
             service = self.running.get(name)
             if service is None:
-                kind = self.registry.get(name)
-                if kind is None:
+                if name not in self.registry:
                     raise MessageError(f"no agent service is called {name!r}")
+                module, _, cls = self.registry[name][0].partition(":")
+                kind = getattr(__import__(module, fromlist=[cls]), cls)  # imported on first use
                 service = self.running[name] = kind(self.host)
                 self.host.loop.add_timer(service)
             service.start_job(launch)
@@ -94,12 +106,20 @@ class Services:
     def takes(self) -> dict[type, object]:
         """Rows for the agent's dispatch table: every message a registered service takes goes to
         each running service that takes it (one that was never started has none to take)."""
-        return {kind: self.route for service in self.registry.values() for kind in service.takes}
+        return {kind: self.route for _, takes in self.registry.values() for kind in takes}
 
     def route(self, message: Record) -> None:
         for service in self.running.values():
             if type(message) in service.takes:
                 service.take(message)
+
+    def exited(self, job: int, ident: int) -> None:
+        for service in self.of_job.get(job, ()):
+            service.exited(job, ident)
+
+    def close(self) -> None:
+        for service in self.running.values():
+            service.close()
 
     def state_of(self, job: int, ident: int) -> str:
         for service in self.of_job.get(job, ()):

@@ -1,0 +1,315 @@
+"""PMIx for Open MPI ranks ("pmix"): a PMIx server hosted in the agent, through the real
+`libpmix.so.2` (services/pmix_lib.py), as Slurm's `srun --mpi=pmix` does.
+
+Each job is a namespace registered with what Open MPI reads (sizes, nodes, apps, each rank's
+local and node rank); each rank is registered and gets what `PMIx_server_setup_fork` returns.
+PMIx completes a fence among this host's ranks itself and calls up once per host when the
+fence spans hosts: the agent sends its host's data up (PmixFence), the controller joins every
+host's and sends the result back (PmixFenceDone). Upcalls come on PMIx's own thread: they are
+queued and the agent's loop is woken through a pipe; answers go back through the callbacks.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import os
+import shutil
+import socket
+import tempfile
+from collections import deque
+
+from mpilaunch.agent.services import pmix_lib as lib
+from mpilaunch.agent.services.base import Service, ServiceError
+from mpilaunch.protocol.messages import Note, PmiAbort, PmixFence, PmixFenceDone
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from mpilaunch.protocol.messages import Launch, PmixJob, RankSpec
+    from mpilaunch.protocol.record import Record
+
+# Where a host's own PMIx library usually is (Debian and Ubuntu's libpmix2, RPM distributions,
+# a source install); the ranks' own Open MPI's library comes first when it can be found.
+LIBRARY_PLACES = (
+    "/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2",
+    "/usr/lib/aarch64-linux-gnu/pmix2/lib/libpmix.so.2",
+    "/usr/lib64/pmix/lib/libpmix.so.2",
+    "/usr/lib64/libpmix.so.2",
+    "/usr/lib/libpmix.so.2",
+    "/usr/local/lib/libpmix.so.2",
+    "/opt/pmix/lib/libpmix.so.2",
+)
+
+
+def find_library(requested: str | None) -> str:
+    """The PMIx library to serve with: --pmix-lib, else the first of LIBRARY_PLACES there."""
+    if requested:
+        return requested
+    for path in LIBRARY_PLACES:
+        if os.path.exists(path):
+            return path
+    raise lib.LibraryError(
+        "no PMIx library (libpmix.so.2, PMIx 4 or 5) found on this host; install one "
+        "(Debian and Ubuntu: apt install libpmix2) or name it with --pmix-lib PATH"
+    )
+
+
+def job_rows(job: PmixJob, local: list[int]) -> list[tuple[str, int, object]]:
+    """The namespace's information, as Open MPI 4.1 and 5 read it (and PRRTE registers it)."""
+    ranks_app = [app for app, count in enumerate(job.apps) for _ in range(count)]
+    app_first = [sum(job.apps[:app]) for app in range(len(job.apps))]
+    node_of = {rank: node for node, ranks in enumerate(job.nodes) for rank in ranks}
+    local_rank = {rank: i for ranks in job.nodes for i, rank in enumerate(ranks)}
+    peers = ",".join(map(str, local))
+    rows: list[tuple[str, int, object]] = [
+        ("pmix.jobid", lib.STRING, job.nspace),
+        ("pmix.job.size", lib.UINT32, job.size),
+        ("pmix.max.size", lib.UINT32, job.universe),
+        ("pmix.univ.size", lib.UINT32, job.universe),
+        ("pmix.num.nodes", lib.UINT32, len(job.nodes)),
+        ("pmix.job.napps", lib.UINT32, len(job.apps)),
+        ("pmix.local.size", lib.UINT32, len(local)),
+        ("pmix.lpeers", lib.STRING, peers),
+        ("pmix.lldr", lib.PROC_RANK, min(local) if local else 0),
+        ("pmix.ndosub", lib.BOOL, job.oversubscribed),
+    ]
+    for node, ranks in enumerate(job.nodes):
+        rows.append(
+            (
+                "pmix.node.arr",
+                lib.DATA_ARRAY,
+                [
+                    ("pmix.nodeid", lib.UINT32, node),
+                    ("pmix.hname", lib.STRING, job.hosts[node]),
+                    ("pmix.local.size", lib.UINT32, len(ranks)),
+                    ("pmix.lpeers", lib.STRING, ",".join(map(str, ranks))),
+                    ("pmix.lldr", lib.PROC_RANK, min(ranks)),
+                ],
+            )
+        )
+    for app, count in enumerate(job.apps):
+        rows.append(
+            (
+                "pmix.app.arr",
+                lib.DATA_ARRAY,
+                [
+                    ("pmix.appnum", lib.UINT32, app),
+                    ("pmix.app.size", lib.UINT32, count),
+                    ("pmix.aldr", lib.PROC_RANK, app_first[app]),
+                ],
+            )
+        )
+    for rank in range(job.size):
+        app = ranks_app[rank]
+        rows.append(
+            (
+                "pmix.pdata",
+                lib.DATA_ARRAY,
+                [
+                    ("pmix.rank", lib.PROC_RANK, rank),  # first: what the array is about
+                    ("pmix.lrank", lib.UINT16, local_rank[rank]),
+                    ("pmix.nrank", lib.UINT16, local_rank[rank]),
+                    ("pmix.grank", lib.PROC_RANK, rank),
+                    ("pmix.apprank", lib.PROC_RANK, rank - app_first[app]),
+                    ("pmix.appnum", lib.UINT32, app),
+                    ("pmix.nodeid", lib.UINT32, node_of[rank]),
+                    ("pmix.hname", lib.STRING, job.hosts[node_of[rank]]),
+                    ("pmix.reinc", lib.UINT32, 0),
+                ],
+            )
+        )
+    return rows
+
+
+class _Job:
+    def __init__(self, number: int, spec: PmixJob) -> None:
+        self.number = number
+        self.spec = spec
+        self.idents: dict[int, int] = {}  # rank -> process id
+        self.states: dict[int, str] = {}  # process id -> new, init or finalized
+        self.fences: dict[str, int] = {}  # participants -> fences so far (the next one's number)
+
+
+class PmixService(Service):
+    name = "pmix"
+    takes = (PmixFenceDone,)
+
+    def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(host)
+        self.server: lib.Server | None = None
+        self.dir: str | None = None
+        self.jobs: dict[int, _Job] = {}
+        self.by_nspace: dict[str, _Job] = {}
+        self.refused: dict[int, str] = {}  # job -> why its ranks cannot be served here
+        self.upcalls: deque[tuple] = deque()  # from PMIx's thread, for the loop
+        self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
+        self.held: dict[int, tuple[object, object]] = {}  # buffers PMIx has not released yet
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        host.loop.watch(self.wake_r, self.woken)
+
+    # -- the server ---------------------------------------------------------------------------
+    def start_server(self, library: str | None) -> lib.Server:
+        server = lib.Server(find_library(library))
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.dir = tempfile.mkdtemp(prefix=f"mpilaunch-pmix-{os.getpid()}-", dir=base)
+        upcalls = {
+            lib.CLIENT_CONNECTED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("connected", who)),
+            lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("finalized", who)),
+            lib.ABORT: lib.ABORT_FN(self._abort),
+            lib.FENCE_NB: lib.FENCE_FN(self._fence),
+            lib.JOB_CONTROL: lib.JOB_CONTROL_FN(lambda *args: lib.ERR_NOT_SUPPORTED),
+        }
+        server.start(
+            [
+                ("pmix.srvr.tmpdir", lib.STRING, self.dir),
+                ("pmix.sys.tmpdir", lib.STRING, self.dir),
+                ("pmix.hname", lib.STRING, socket.gethostname()),
+                ("pmix.srv.nspace", lib.STRING, f"mpilaunch-agent-{os.getpid()}"),
+                ("pmix.srv.rank", lib.PROC_RANK, 0),
+                ("pmix.srvr.share", lib.BOOL, True),
+            ],
+            upcalls,
+        )
+        return server
+
+    def start_job(self, launch: Launch) -> None:
+        spec = launch.pmix
+        if spec is None or launch.job in self.jobs:
+            return
+        try:
+            if self.server is None:
+                self.server = self.start_server(spec.library)
+            local = sorted(r.rank for r in launch.ranks)
+            self.server.register_nspace(spec.nspace, len(local), job_rows(spec, local))
+        except lib.LibraryError as exc:  # its ranks are not started (prepare says why)
+            self.refused[launch.job] = f"needs PMIx, which host {socket.gethostname()} cannot serve: {exc}"
+            return
+        job = self.jobs[launch.job] = _Job(launch.job, spec)
+        self.by_nspace[spec.nspace] = job
+
+    def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
+        if job in self.refused:
+            raise ServiceError(self.refused[job])
+        served = self.jobs.get(job)
+        if served is None or self.server is None:
+            return []
+        who = lib.proc(served.spec.nspace, spec.rank)
+        self.server.register_client(who)
+        env.update(self.server.setup_fork(who))
+        served.idents[spec.rank] = spec.proc
+        served.states[spec.proc] = "new"
+        env.setdefault("OMPI_MCA_schizo", "^orte")  # Open MPI 4.1 would else ignore PMIx and run alone
+        assert self.dir is not None
+        for name in ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_btl_sm_backing_directory"):
+            env.setdefault(name, self.dir)  # this agent's own: two agents on one machine never collide
+        if served.spec.oversubscribed:
+            env.setdefault("OMPI_MCA_mpi_oversubscribe", "1")  # yield instead of busy-polling
+        return []
+
+    def not_spawned(self, job: int, spec: RankSpec) -> None:
+        self.exited(job, spec.proc)
+
+    def exited(self, job: int, ident: int) -> None:
+        served = self.jobs.get(job)
+        if served is None or self.server is None:
+            return
+        for rank, proc in served.idents.items():
+            if proc == ident:
+                self.server.deregister_client(lib.proc(served.spec.nspace, rank))  # its files go now
+
+    def state_of(self, job: int, ident: int) -> str | None:
+        self.take_upcalls()  # a finalize queued before the rank's exit counts
+        served = self.jobs.get(job)
+        return served.states.get(ident) if served is not None else None
+
+    def close(self) -> None:
+        if self.server is not None:
+            for served in self.jobs.values():
+                self.server.deregister_nspace(served.spec.nspace)
+            self.server.finalize()
+            self.server = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    # -- upcalls, on PMIx's thread: queued for the loop ---------------------------------------
+    def _up(self, kind: str, *args: object) -> int:
+        who = args[0]
+        nspace = who.contents.nspace.decode(errors="replace")  # type: ignore[attr-defined]
+        self.upcalls.append((kind, nspace, who.contents.rank, *args[1:]))  # type: ignore[attr-defined]
+        try:
+            os.write(self.wake_w, b"!")
+        except BlockingIOError:
+            pass  # the loop has a wake-up pending already
+        return lib.OPERATION_SUCCEEDED
+
+    def _abort(self, who, obj, status, message, procs, nprocs, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
+        return self._up("abort", who, int(status), (message or b"").decode(errors="replace"))
+
+    def _fence(self, procs, nprocs, info, ninfo, data, ndata, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
+        ranks = tuple(sorted({procs[i].rank for i in range(nprocs)}))
+        blob = ctypes.string_at(data, ndata) if ndata else b""
+        self.upcalls.append(("fence", procs[0].nspace.decode(errors="replace"), ranks, blob, cb, cbdata))
+        try:
+            os.write(self.wake_w, b"!")
+        except BlockingIOError:
+            pass
+        return lib.SUCCESS  # answered through cb when every host's data is in
+
+    # -- the loop's side ----------------------------------------------------------------------
+    def woken(self, fd: int) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+        self.take_upcalls()
+
+    def take_upcalls(self) -> None:
+        while self.upcalls:
+            kind, nspace, *rest = self.upcalls.popleft()
+            served = self.by_nspace.get(nspace)
+            if served is None:
+                continue
+            if kind == "fence":
+                self.fence(served, *rest)
+                continue
+            ident = served.idents.get(rest[0])
+            if ident is None:
+                continue
+            if kind == "connected":
+                served.states[ident] = "init"
+            elif kind == "finalized":
+                served.states[ident] = "finalized"
+            elif kind == "abort":
+                self.host.send(PmiAbort(proc=ident, code=rest[1], message=rest[2]))
+
+    def fence(self, served: _Job, ranks: tuple[int, ...], blob: bytes, cb: object, cbdata: int) -> None:
+        everyone = lib.RANK_WILDCARD in ranks
+        who = "*" if everyone else ",".join(map(str, ranks))
+        count = served.fences.get(who, 0)
+        served.fences[who] = count + 1
+        key = f"{who}#{count}"
+        self.waiting[(served.number, key)] = (cb, cbdata)
+        text = base64.b64encode(blob).decode()
+        self.host.send(PmixFence(job=served.number, key=key, ranks=() if everyone else ranks, blob=text))
+
+    def take(self, message: Record) -> None:
+        """PmixFenceDone: every host's data; PMIx keeps the buffer until it calls release."""
+        done: PmixFenceDone = message  # type: ignore[assignment]
+        entry = self.waiting.pop((done.job, done.key), None)
+        if entry is None:
+            self.host.send(Note(text=f"mpilaunch agent: a PMIx fence {done.key!r} that nobody waits for"))
+            return
+        callback, cbdata = entry
+        data = base64.b64decode(done.blob)
+        buffer = ctypes.create_string_buffer(data, max(1, len(data)))
+        token = id(buffer)
+
+        def release(arg: object) -> None:
+            self.held.pop(token, None)
+
+        released = lib.RELEASE_CB(release)
+        self.held[token] = (buffer, released)
+        callback(done.status, ctypes.cast(buffer, ctypes.c_void_p), len(data), cbdata, released, None)  # type: ignore[operator]

@@ -1,0 +1,152 @@
+"""Open MPI ranks, served PMIx by the agents (`--mpi pmix`): Debian's Open MPI 4.1.4, as a C
+program built with `mpicc.openmpi` and as `/usr/bin/python3` with `python3-mpi4py`; the server
+is Debian's libpmix 4.2 (`libpmix2`). On one host PMIx completes fences itself; across hosts
+(the sshd bed) each fence goes through the controller. After every test: no process left (the
+`launcher` fixture), no PMIx directory and no new file in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mpilaunch.agent.services.pmix import LIBRARY_PLACES
+from tests.conftest import Launcher
+from tests.sshbed import SshBed, bed_available
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+MPICC = shutil.which("mpicc.openmpi")
+LIBRARY = next((p for p in LIBRARY_PLACES if os.path.exists(p)), None)
+pytestmark = pytest.mark.skipif(
+    MPICC is None or LIBRARY is None, reason="needs Debian's openmpi-bin, libopenmpi-dev and libpmix2"
+)
+
+PROGRAM = r"""
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    int rank, size, sum, one = 1, flag = 0, *appnum = NULL;
+    const char *me = getenv("OMPI_COMM_WORLD_RANK");
+    if (argc > 1 && strcmp(argv[1], "die") == 0 && me && atoi(me) == 1) raise(SIGKILL);  /* before MPI_Init */
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &appnum, &flag);
+    if (argc > 1 && strcmp(argv[1], "abort") == 0 && rank == 1) MPI_Abort(MPI_COMM_WORLD, 7);
+    MPI_Barrier(MPI_COMM_WORLD);
+    printf("rank %d of %d sum %d app %d\n", rank, size, sum, flag ? *appnum : -1);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+COLLECTIVES = """
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+assert comm.allreduce(rank + 1) == size * (size + 1) // 2
+assert comm.bcast({"size": size} if rank == 0 else None, root=0) == {"size": size}
+gathered = comm.gather(rank * rank, root=0)
+comm.Barrier()
+if rank == 0:
+    assert gathered == [r * r for r in range(size)], gathered
+    print("collectives ok", size, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> str:
+    where = tmp_path_factory.mktemp("openmpi")
+    (where / "hello.c").write_text(PROGRAM)
+    assert MPICC is not None
+    subprocess.run([MPICC, "-o", str(where / "hello"), str(where / "hello.c")], check=True, timeout=120)
+    return str(where / "hello")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_in_dev_shm() -> Iterator[None]:
+    before = set(os.listdir("/dev/shm"))
+    yield
+    made = set(os.listdir("/dev/shm")) - before
+    left = sorted(name for name in made if name.startswith(("mpilaunch-pmix", "vader", "sm_segment", "pmix")))
+    assert not left, f"left in /dev/shm: {left}"
+
+
+def _lines(out: bytes) -> list[str]:
+    return sorted(out.decode().splitlines())
+
+
+@pytest.mark.parametrize("np", [1, 2, 4, 8])
+def test_a_c_program_sees_the_whole_job(launcher: Launcher, program: str, np: int) -> None:
+    proc = launcher.run("--mpi", "pmix", "--oversubscribe", "-n", str(np), program, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert _lines(proc.stdout) == sorted(f"rank {r} of {np} sum {np} app 0" for r in range(np))
+
+
+@pytest.mark.parametrize("np", [1, 2, 4, 8])
+def test_mpi4py_on_debians_open_mpi(launcher: Launcher, tmp_path: Path, np: int) -> None:
+    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
+        pytest.skip("needs Debian's python3-mpi4py")
+    script = tmp_path / "coll.py"
+    script.write_text(COLLECTIVES)
+    proc = launcher.run("--mpi", "pmix", "--oversubscribe", "-n", str(np), SYSTEM_PYTHON, str(script), timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().splitlines() == [f"collectives ok {np}"]
+
+
+def test_mpmd_ranks_know_their_app(launcher: Launcher, program: str) -> None:
+    proc = launcher.run("--mpi", "pmix", "--oversubscribe", "-n", "2", program, ":", "-n", "1", program, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert _lines(proc.stdout) == ["rank 0 of 3 sum 3 app 0", "rank 1 of 3 sum 3 app 0", "rank 2 of 3 sum 3 app 1"]
+
+
+def test_mpi_abort_ends_the_job_with_its_code(launcher: Launcher, program: str) -> None:
+    proc = launcher.run("--mpi", "pmix", "--kill-timeout", "1", "-n", "2", program, "abort", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 7, err[-3000:]
+    assert "mpilaunch: rank 1 called MPI_Abort with code 7" in err
+
+
+def test_a_rank_killed_before_mpi_init_aborts_the_job_naming_it(launcher: Launcher, program: str) -> None:
+    proc = launcher.run("--mpi", "pmix", "--kill-timeout", "1", "-n", "2", program, "die", timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 137, err[-3000:]
+    assert "Rank:      1" in err and "SIGKILL" in err
+
+
+def test_a_missing_library_is_one_line_naming_the_host(launcher: Launcher, program: str) -> None:
+    proc = launcher.run("--mpi", "pmix", "--pmix-lib", "/nonexistent/libpmix.so.2", "-n", "2", program, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 126, err
+    for rank in (0, 1):  # not started: the line names the rank, the host and the library
+        assert f"mpilaunch: rank {rank} could not start: needs PMIx, which host" in err, err
+    assert "cannot load /nonexistent/libpmix.so.2" in err and "Traceback" not in err
+
+
+available, why = bed_available()
+
+
+@pytest.mark.skipif(not available, reason=why)
+def test_fences_across_hosts_go_through_the_controller(launcher: Launcher, program: str, tmp_path: Path) -> None:
+    """2 hosts x 2 ranks of the sshd bed: every fence that spans hosts is joined by the
+    controller. (The bed's hosts are this machine: Open MPI's TCP transport is told to use lo.)"""
+    home = tmp_path / "home"
+    home.mkdir()
+    with SshBed(tmp_path / "bed", 2, setenv={"HOME": str(home)}) as bed:
+        hosts = ["--ssh-config", str(bed.config), "-H", "node1:2,node2:2"]
+        tcp = ["-x", "OMPI_MCA_btl_tcp_if_include=lo"]
+        proc = launcher.run(*hosts, *tcp, "--mpi", "pmix", "-n", "4", program, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        assert _lines(proc.stdout) == sorted(f"rank {r} of 4 sum 4 app 0" for r in range(4))
+        proc = launcher.run(*hosts, *tcp, "--mpi", "pmix", "--kill-timeout", "1", "-n", "4", program, "abort")
+        assert proc.returncode == 7, proc.stderr.decode()[-3000:]
+        left = bed.wait_clean(5.0)
+        assert not left, f"left on the hosts: {left}"
