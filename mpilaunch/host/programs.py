@@ -46,8 +46,8 @@ def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None
     if library:
         return (
             f"program {program!r} is linked with Open MPI ({library}); Open MPI ranks need a PMIx server, "
-            "which mpilaunch does not provide, so each would run alone as a singleton of size 1. "
-            "Use Open MPI's mpirun, rebuild with MPICH, or pass --mpi none to start it anyway"
+            "without which each would run alone as a singleton of size 1. Pass --mpi pmix to serve them PMIx, "
+            "or --mpi none to start them as singletons anyway"
         )
     return None
 

@@ -35,9 +35,9 @@ LOOK_SLACK = 0.05  # ranks due this soon are looked at in the same wake-up (rank
 FIRST_MAPS_LOOK = 0.5  # a maps read costs 0.1-2 ms: first after 0.5 s, the gap doubling up to MAPS_CAP
 MAPS_CAP = 60.0
 ADVICE = (
-    "which needs a PMIx server; mpilaunch does not serve PMIx (only PMI-1, for MPICH-family MPIs), so the rank "
-    "would run alone as a singleton of size 1. Use Open MPI's mpirun, use an MPICH-family MPI, or pass --mpi none "
-    "to run the ranks as singletons anyway"
+    "which needs a PMIx server, and this job is served PMI-1 (for MPICH-family MPIs), so the rank would run alone "
+    "as a singleton of size 1. Pass --mpi pmix to serve the job PMIx, or --mpi none to run the ranks as "
+    "singletons anyway"
 )
 
 
