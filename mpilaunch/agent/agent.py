@@ -25,7 +25,7 @@ from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.host import hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for
-from mpilaunch.host.programs import merge_host_environment, probe_port, program_problem
+from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
     DOWN,
@@ -154,11 +154,15 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if message.heartbeat:
             self.heartbeat.start(message.heartbeat)
         problems = []
+        families: dict[str, str] | None = {} if message.families else None
         for app in message.apps:
             path = app.path or self.host_env.get("PATH", os.defpath)
             problem = program_problem(app.program, app.wdir, path, message.mpi)
             if problem and problem not in problems:
                 problems.append(problem)
+            found = program_family(app.program, app.wdir, path) if families is not None and not problem else None
+            if found is not None:
+                families[app.program] = " ".join(found)  # type: ignore[index]
         port, port_free = message.port, None
         if port >= 0:
             port, port_free = probe_port(port)
@@ -166,7 +170,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if message.probe is not None:
             path = self.host_env.get("PATH", os.defpath)
             info = hostinfo.probe(message.probe.gpus, message.probe.hccn, path)
-        self.send(Checked(problems=problems, port=port, port_free=port_free, info=info))
+        self.send(Checked(problems=problems, port=port, port_free=port_free, info=info, families=families))
 
     def put(self, message: Put) -> None:
         """A file the ranks read (the rank table), before they start."""

@@ -1,9 +1,11 @@
 """Which MPI library a program uses, from its ELF DT_NEEDED entries, before it is launched.
 
-Open MPI ranks find their job through PMIx, which mpilaunch does not serve; started here they
-would each run alone as a singleton of size 1, which must never happen silently. (A rank that
-loads Open MPI only at run time, a Python rank with mpi4py, is caught by the agent's Open MPI
-guard: agent/services/openmpi_guard.py.)
+Open MPI ranks find their job through PMIx, MPICH-family ones (MPICH, Intel MPI, MVAPICH)
+through PMI-1/PMI-2; served the wrong one, a rank runs alone as a singleton of size 1, which
+must never happen silently. The launcher serves a job PMIx when its programs are linked with
+Open MPI (and refuses a job that mixes the families). A rank that loads Open MPI only at run
+time, a Python rank with mpi4py, is caught by the agent's Open MPI guard instead
+(agent/services/openmpi_guard.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import struct
 
 OPEN_MPI_LIBRARIES = ("libmpi.so.40", "libopen-rte.so", "libopen-pal.so", "libmpi_mpifh.so.40", "libmpi_cxx.so.40")
+MPICH_LIBRARIES = ("libmpi.so.12", "libmpich.so", "libmpicxx.so.12", "libmpifort.so.12")  # MPICH's ABI: Intel MPI too
 PT_LOAD, PT_DYNAMIC = 1, 2
 DT_NULL, DT_NEEDED, DT_STRTAB = 0, 1, 5
 MAX_HEADERS = 4096
@@ -79,3 +82,13 @@ def _needed(handle) -> list[str]:  # type: ignore[no-untyped-def]
 def open_mpi_library(path: str) -> str | None:
     """The Open MPI library this program needs, or None."""
     return next((lib for lib in needed_libraries(path) if lib.startswith(OPEN_MPI_LIBRARIES)), None)
+
+
+def mpi_family(path: str) -> tuple[str, str] | None:
+    """("openmpi" or "mpich", the library) for a program linked with an MPI, else None."""
+    for lib in needed_libraries(path):
+        if lib.startswith(OPEN_MPI_LIBRARIES):
+            return "openmpi", lib
+        if lib.startswith(MPICH_LIBRARIES):
+            return "mpich", lib
+    return None

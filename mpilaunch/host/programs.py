@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.host.mpi_family import open_mpi_library
+from mpilaunch.host.mpi_family import mpi_family, open_mpi_library
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
@@ -27,17 +27,28 @@ def find_program(program: str, env: dict[str, str]) -> str:
     raise FileNotFoundError(2, os.strerror(2), program)
 
 
+def _target(program: str, wdir: str, path: str) -> str | None:
+    """The file `program` names, run in `wdir` with this PATH (None: none is found)."""
+    if os.sep in program:
+        return program if os.path.isabs(program) else os.path.join(wdir, program)
+    try:
+        return find_program(program, {"PATH": path})
+    except OSError:
+        return None
+
+
+def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None:
+    """The MPI family and library the program is linked with (host/mpi_family.py), or None."""
+    target = _target(program, wdir, path) if os.path.isdir(wdir) else None
+    return mpi_family(target) if target and os.path.isfile(target) else None
+
+
 def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None:
-    """None when `program` would start in `wdir` with this PATH; else one line saying why not."""
+    """None when `program` would start in `wdir` with this PATH; else one line saying why not.
+    mpi: a program linked with Open MPI is a problem too (the job is served PMI-1 only)."""
     if not os.path.isdir(wdir):
         return f"working directory {wdir!r} does not exist"
-    if os.sep in program:
-        target: str | None = program if os.path.isabs(program) else os.path.join(wdir, program)
-    else:
-        try:
-            target = find_program(program, {"PATH": path})
-        except OSError:
-            target = None
+    target = _target(program, wdir, path)
     if not target or not os.path.isfile(target):
         return f"program {program!r} not found (PATH and working directory {wdir})"
     if not os.access(target, os.X_OK):

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.host.programs import carried_environment, program_problem
+from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.controller import Controller
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
@@ -20,20 +20,53 @@ from mpilaunch.transport.base import Link, Transport, transport_class
 from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
 
 
-def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> None:
-    """A missing program or directory is a clear error before anything starts."""
+def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> dict[str, str]:
+    """A missing program or directory is a clear error before anything starts; the MPI each
+    program is linked with, when the job's PMI depends on it (see choose_mpi)."""
     path = inherited(env).get("PATH", os.defpath)
     refuse = refuses_open_mpi(plan.options)
+    families: dict[str, str] = {}
     for check in host_checks(plan.job, host):
         problem = program_problem(check["program"], check["wdir"], check["path"] or path, refuse)
         if problem:
             raise LaunchError(problem)
+        found = program_family(check["program"], check["wdir"], check["path"] or path)
+        if found is not None and asks_families(plan.options):
+            families[check["program"]] = " ".join(found)
+    return families
 
 
 def refuses_open_mpi(options: Options) -> bool:
-    """A program linked with Open MPI is refused where nothing serves it PMIx (it would run as a
-    singleton); --mpi none lets it run so, --mpi pmix serves it."""
-    return options.mpi in ("pmi1", "pmi2")
+    """A program linked with Open MPI is refused where the user asked for PMI-2 (it would run as
+    a singleton); by default its job is served PMIx instead, --mpi none lets it run alone."""
+    return options.mpi == "pmi2"
+
+
+def asks_families(options: Options) -> bool:
+    return options.mpi in ("pmi1", "pmix")
+
+
+def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
+    """What the job is served, now that each host said which MPI its programs are linked with:
+    by default PMI-1/PMI-2, or PMIx when they are linked with Open MPI. A job that mixes the
+    families, or asks PMIx for MPICH-family programs, is refused (they would not share one
+    MPI_COMM_WORLD, or would run alone)."""
+    found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
+    open_mpi = [(program, lib) for program, family, lib in found if family == "openmpi"]
+    mpich = [(program, lib) for program, family, lib in found if family == "mpich"]
+    if open_mpi and mpich:
+        raise LaunchError(
+            f"program {open_mpi[0][0]!r} is linked with Open MPI ({open_mpi[0][1]}) and {mpich[0][0]!r} with an "
+            f"MPICH-family MPI ({mpich[0][1]}): their ranks cannot share one MPI_COMM_WORLD; run them as two jobs"
+        )
+    if plan.options.mpi == "pmix" and mpich:
+        raise LaunchError(
+            f"program {mpich[0][0]!r} is linked with an MPICH-family MPI ({mpich[0][1]}), which is served PMI-1, "
+            "not PMIx: drop --mpi pmix"
+        )
+    if plan.options.mpi == "pmi1" and open_mpi:
+        return with_master(plan._replace(options=plan.options._replace(mpi="pmix")), plan.master)
+    return plan
 
 
 def remote_transport(options: Options, hosts: int) -> Transport:
@@ -68,6 +101,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
                 port=0 if pick_port and index == rank0 else -1,
                 heartbeat=plan.heartbeat,
                 probe=Probe(**probe),
+                families=asks_families(options),
             )
         )
 
@@ -90,6 +124,8 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     for index, link in links.items():  # what each host found out about itself, and where it was reached
         reply = results[index].reply
         info[index] = {"cpus": link.hello.cpus if link.hello else None, **((reply.info if reply else None) or {})}
+        if reply is not None and reply.families:
+            info[index]["families"] = reply.families  # which MPI each program is linked with there
         info[index]["address"] = link.peer
     plan = plan._replace(host_info=info)
     master = plan.master
@@ -226,8 +262,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     job = plan.job
     remote = remote_hosts(plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
-    for index in local:
-        check_local_programs(plan, plan.launcher_env, index)
+    families = {index: check_local_programs(plan, plan.launcher_env, index) for index in local}
     raise_fd_limit()
     if not local:
         discard_early_agent(wait=False)  # forked at start-up in case the job had local ranks; it has none
@@ -239,6 +274,8 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             remote_links, plan = start_remote_agents(plan, remote)
             links.update(remote_links)
             discard_early_agent()  # reaps the early agent told to stop above: it has left by now
+            families.update({i: plan.host_info.get(i, {}).get("families") or {} for i in remote})
+        plan = choose_mpi(plan, families)
         if plan.options.rank_table:
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files

@@ -121,10 +121,11 @@ class Check(Record):
 
     apps: tuple[AppCheck, ...]
     carried: dict[str, str]  # the launcher's PATH, LD_LIBRARY_PATH, VIRTUAL_ENV, CONDA_PREFIX
-    mpi: bool  # look for Open MPI linkage too
+    mpi: bool  # a program linked with Open MPI is a problem (the job is served PMI-1 only)
     port: int
     heartbeat: float | None = None  # seconds of silence after which the launcher counts as gone
     probe: Probe | None = None
+    families: bool = False  # say which MPI each program is linked with (host/mpi_family.py)
 
 
 class Put(Record):
@@ -240,6 +241,7 @@ class Checked(Record):
     port: int
     port_free: bool | None  # None when no port was asked for
     info: dict[str, object] | None = None  # hostinfo.probe's answer
+    families: dict[str, str] | None = None  # program -> "openmpi LIBRARY" or "mpich LIBRARY", when asked
 
 
 class PutDone(Record):

@@ -354,14 +354,34 @@ def test_a_c_program_built_with_mpich(launcher: Launcher, tmp_path: Path) -> Non
 
 
 @pytest.mark.skipif(not OPENMPI_MPICC.exists(), reason="Debian's libopenmpi-dev is not installed")
-def test_an_open_mpi_program_is_refused_instead_of_running_as_singletons(launcher: Launcher, tmp_path: Path) -> None:
+def test_an_open_mpi_program_is_served_pmix_never_run_as_singletons(launcher: Launcher, tmp_path: Path) -> None:
+    """By default a program linked with Open MPI gets PMIx (one job of 2); asked for PMI-2 it is
+    refused in one line; --mpi none starts singletons, the user's explicit choice."""
     program = _compile(str(OPENMPI_MPICC), tmp_path, "hello_ompi")
     proc = launcher.run("-n", "2", program, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == ["rank 0 of 2", "rank 1 of 2"]
+    proc = launcher.run("--mpi", "pmi2", "-n", "2", program, timeout=60)
     err = proc.stderr.decode()
     assert proc.returncode == 2 and proc.stdout == b"", err
-    assert "is linked with Open MPI (libmpi.so.40)" in err and "singleton" in err and len(err.splitlines()) == 1
+    assert "is linked with Open MPI (libmpi.so.40)" in err and "--mpi pmix" in err and len(err.splitlines()) == 1
     proc = launcher.run("--mpi", "none", "-n", "2", program, timeout=60)  # the user's explicit choice
     assert proc.stdout.decode().splitlines() == ["rank 0 of 1", "rank 0 of 1"]
+
+
+@pytest.mark.skipif(not (OPENMPI_MPICC.exists() and WHEEL_MPICC.exists()), reason="needs both MPIs' mpicc")
+def test_a_job_that_mixes_mpi_families_is_refused(launcher: Launcher, tmp_path: Path) -> None:
+    """Open MPI and MPICH ranks cannot share one MPI_COMM_WORLD: one line, status 2, nothing
+    started; and --mpi pmix does not serve MPICH ranks."""
+    ompi = _compile(str(OPENMPI_MPICC), tmp_path, "hello_ompi")
+    mpich = _compile(str(WHEEL_MPICC), tmp_path, "hello_mpich")
+    proc = launcher.run("-n", "1", ompi, ":", "-n", "1", mpich, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and proc.stdout == b"", err
+    assert "cannot share one MPI_COMM_WORLD" in err and len(err.splitlines()) == 1
+    proc = launcher.run("--mpi", "pmix", "-n", "2", mpich, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "drop --mpi pmix" in err and len(err.splitlines()) == 1, err
 
 
 def test_elf_reader_on_real_files_and_garbage(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Open MPI ranks, served PMIx by the agents (`--mpi pmix`): Debian's Open MPI 4.1.4, as a C
+"""Open MPI ranks, served PMIx by the agents (`--mpi pmix`, and by default for programs linked
+with Open MPI): Debian's Open MPI 4.1.4, as a C
 program built with `mpicc.openmpi` and as `/usr/bin/python3` with `python3-mpi4py`; the server
 is Debian's libpmix 4.2 (`libpmix2`). On one host PMIx completes fences itself; across hosts
 (the sshd bed) each fence goes through the controller. After every test: no process left (the
@@ -143,7 +144,7 @@ def test_fences_across_hosts_go_through_the_controller(launcher: Launcher, progr
     with SshBed(tmp_path / "bed", 2, setenv={"HOME": str(home)}) as bed:
         hosts = ["--ssh-config", str(bed.config), "-H", "node1:2,node2:2"]
         tcp = ["-x", "OMPI_MCA_btl_tcp_if_include=lo"]
-        proc = launcher.run(*hosts, *tcp, "--mpi", "pmix", "-n", "4", program, timeout=120)
+        proc = launcher.run(*hosts, *tcp, "-n", "4", program, timeout=120)  # PMIx by default: each host saw Open MPI
         assert proc.returncode == 0, proc.stderr.decode()[-3000:]
         assert _lines(proc.stdout) == sorted(f"rank {r} of 4 sum 4 app 0" for r in range(4))
         proc = launcher.run(*hosts, *tcp, "--mpi", "pmix", "--kill-timeout", "1", "-n", "4", program, "abort")
