@@ -40,7 +40,7 @@ def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRo
     problems = []
     program_cell = "-"
     if program:
-        problem = program_problem(program, wdir, os.environ.get("PATH", os.defpath), True)
+        problem = program_problem(program, wdir, os.environ.get("PATH", os.defpath), False)
         program_cell = "FAIL" if problem else "ok"
         if problem:
             problems.append(problem)
@@ -97,7 +97,7 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
     remote = {i: h for i, h in enumerate(hosts) if hostlib.needs_ssh(h)}
     carried = carried_environment(dict(os.environ))
     apps = (AppCheck(program=program, wdir=wdir),) if program else ()
-    check = encode(Check(apps=apps, carried=carried, mpi=True, port=port))
+    check = encode(Check(apps=apps, carried=carried, mpi=False, port=port))
     transport = ParamikoTransport(SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new))
     results = transport.start(remote, lambda index: check)
     rows = []
