@@ -139,6 +139,20 @@ def scenario_barrier(size: int):
 RANK_PROGRAMS = {"sh", "sleep"}  # the ranks of the sleep256 scenario; everything else is launcher
 
 
+def scenario_ompi_barrier(size: int):
+    """mpi4py over Debian's Open MPI 4.1.4 (/usr/bin/python3, python3-mpi4py): wire-up and one
+    barrier; mpilaunch serves the ranks PMIx (--mpi pmix), mpirun starts them itself."""
+
+    def run(name: str, prefix: list[str], work: Path) -> dict:
+        served = ["--mpi", "pmix"] if name == "mpilaunch" else []
+        argv = [*prefix, *oversub(name), *served, "-n", str(size), "/usr/bin/python3", "-c", BARRIER]
+        elapsed, proc = timed(argv, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {"seconds": elapsed}
+
+    return run
+
+
 def scenario_sleep256(name: str, prefix: list[str], work: Path) -> dict:
     """256 ranks of `echo; sleep 1`: the launcher side's peak memory (sum of PSS over its
     processes: launcher, agent or proxies, not ranks) and CPU seconds, sampled with psutil."""
@@ -255,6 +269,13 @@ SCENARIOS = {
         )
         for n in (2, 4, 8, 16, 32)
     },
+    **{
+        f"ompi_barrier{n}": (
+            f"mpi4py over Open MPI 4.1.4, wire-up + barrier, {n} ranks (mpilaunch --mpi pmix; Open MPI only)",
+            scenario_ompi_barrier(n),
+        )
+        for n in (2, 4, 8, 16, 32)
+    },
     "sleep256": ("256 ranks of `echo; sleep 1` (launcher side: peak memory (PSS), CPU seconds)", scenario_sleep256),
     "ssh_true": ("ssh, 4 hosts x 2 ranks of `true`", scenario_ssh(4, 2, ["true"])),
     "ssh_barrier": (
@@ -284,6 +305,7 @@ SCENARIOS = {
     ),
 }
 MPICH_ONLY = {key for key in SCENARIOS if key.startswith(("barrier", "ssh_barrier"))}
+OPEN_MPI_ONLY = {key for key in SCENARIOS if key.startswith("ompi_barrier")}  # hydra cannot start Open MPI ranks
 # Open MPI's mpirun over 32 bed hosts took 38 s once, then failed (orte_session_dir errors).
 NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32", "ssh_fanout32_openssh", "ssh_tree32", "ssh_chain8"}
 
@@ -306,7 +328,11 @@ def main() -> None:
             # Short, or noisy against a 1.0x target: three times the runs, for a steadier median.
             quick = ("true", "barrier2", "barrier4", "ssh_true", "ssh_true_openssh")
             reps = max(3, args.reps // 2) if key in slow else args.reps * 3 if key in quick else args.reps
-            runners = {n: p for n, p in peers.items() if not (key in NO_OPENMPI and n == "openmpi")}
+            runners = {
+                n: p
+                for n, p in peers.items()
+                if not (key in NO_OPENMPI and n == "openmpi") and not (key in OPEN_MPI_ONLY and n == "hydra")
+            }
             results = {name: [] for name in runners}
             for _ in range(reps):
                 for name, prefix in runners.items():

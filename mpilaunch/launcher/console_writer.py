@@ -52,6 +52,8 @@ class _Queue:
         self.chunks: deque[tuple[int, bytes]] = deque()
         self.size = 0
         self.refusing = False  # stalled: rank output for it is dropped until it has caught up
+        self.cut = False  # something was dropped since the last byte taken: a line may be cut short
+        self.line_open = False  # the last byte queued was not a newline
         self.gone = False
         self.progress = 0.0  # when it last took bytes (or got some to take after having none)
         self.lock = lock
@@ -83,7 +85,7 @@ class ConsoleWriter:
                 return
             now = time.monotonic()
             if not notice and (queue.refusing or queue.size > HARD_LIMIT or queue.stalled(self.limit, now)):
-                queue.refusing = True
+                queue.refusing = queue.cut = True
                 first = self.dropped == 0
                 self.dropped += len(data)
                 if not first:
@@ -92,6 +94,11 @@ class ConsoleWriter:
                 queue = self._queue_locked(fd)
                 if queue.gone:
                     return
+            if queue.line_open and (notice or queue.cut):  # never glued to a line cut short, or to a rank's
+                data = b"\n" + bytes(data)
+            if not notice:
+                queue.cut = False
+            queue.line_open = not bytes(data[-1:]) == b"\n"
             if not queue.chunks:
                 queue.progress = now  # the clock of a stall starts when there is something to take
             queue.chunks.append((fd, bytes(data)))
