@@ -112,7 +112,7 @@ def test_a_failure_or_a_timeout_is_acted_on_while_the_console_does_not_read(
     else:
         assert proc.returncode != 0 and "exceeded --timeout 1.5 s" in text, text
     for line in console.split(b"\n")[:-1]:  # rank 0's lines, one cut short where the console's copy was dropped
-        assert LINE.fullmatch(line) or line.count(b"rank ") <= 1 and len(line) < 70, line[:80]
+        assert LINE.fullmatch(line) or (line.count(b"rank ") <= 1 and len(line) < 70), line[:80]
 
 
 def test_a_slow_console_loses_nothing(launcher: Launcher, tmp_path: Path) -> None:
