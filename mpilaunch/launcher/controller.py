@@ -39,8 +39,7 @@ from mpilaunch.launcher.reporter import ConsoleReporter
 from mpilaunch.launcher.signals import SignalPipe
 from mpilaunch.launcher.states import RankState
 from mpilaunch.launcher.stdin import StdinFeed
-from mpilaunch.plan.build import JobPlan, LaunchPlan, remote_hosts, spawn_plan
-from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES
+from mpilaunch.plan.build import JobPlan, LaunchPlan, launch_messages, remote_hosts, spawn_plan
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
     UP,
@@ -52,7 +51,6 @@ from mpilaunch.protocol.messages import (
     Gone,
     Hello,
     Kill,
-    Launch,
     MessageError,
     Note,
     Ping,
@@ -60,9 +58,7 @@ from mpilaunch.protocol.messages import (
     PmiError,
     PmiSpawn,
     PmiSpawnReply,
-    PmixJob,
     PutDone,
-    RankSpec,
     Signal,
     Started,
     StdinAck,
@@ -80,8 +76,18 @@ HOLD_LOOK = 0.02  # seconds between looks at a console that is behind, while the
 
 
 class Controller:
-    def __init__(self, plan: LaunchPlan, output: OutputSink, links: dict | None = None, summary: bool = True) -> None:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        output: OutputSink,
+        links: dict | None = None,
+        summary: bool = True,
+        launched: bool = False,
+    ) -> None:
+        """launched: job 1's Launch messages were sent before the controller was made (see
+        launch.execute), so its ranks started while these modules were imported."""
         self.plan = plan
+        self.launched = launched
         self.options = plan.options
         self.output = output
         self.events = Events()
@@ -144,45 +150,10 @@ class Controller:
 
     def launch(self, job: JobPlan) -> None:
         """Start an agent where there is none yet, then hand each agent its share of the job."""
-        states = [s for s in self.procs if s.job == job.job]
-        options = self.options
-        used = sorted({s.rank.host for s in states})
-        for index in used:
+        procs = [s.proc for s in sorted((s for s in self.procs if s.job == job.job), key=lambda s: s.rank.rank)]
+        for index, launch in launch_messages(self.plan, job, procs, set(self.stdin.procs)).items():
             link = self.links.get(index) or self.links.add(index, start_local_agent())
-            ranks = tuple(
-                RankSpec(
-                    proc=s.proc,
-                    rank=s.rank.rank,
-                    local_rank=s.rank.local_rank,
-                    app=s.rank.app,
-                    argv=tuple(job.argvs[s.rank.app]),
-                    wdir=job.wdirs[s.rank.app],
-                    env=job.envs[s.rank.rank],
-                    stdin=s.proc in self.stdin.procs,
-                )
-                for s in states
-                if s.rank.host == index
-            )
-            launch = Launch(
-                job=job.job,
-                ranks=ranks,
-                services=job.services,
-                pmi=job.pmi,
-                pmix=self.pmix_here(job, index, used.index(index), len(ranks)),
-                merge=options.merge_stderr_to_stdout,
-                bind_to=options.bind_to,
-                report_bindings=options.report_bindings,
-                drop_prefixes=LEAK_PREFIXES,
-                drop_names=tuple(sorted(LEAK_NAMES)),
-            )
             self.links.send(link, launch)
-
-    def pmix_here(self, job: JobPlan, index: int, node: int, local: int) -> PmixJob | None:
-        """The job's PMIx description as host `index` registers it: its node, and whether its
-        ranks outnumber its slots (Open MPI ranks then yield)."""
-        if job.pmix is None:
-            return None
-        return job.pmix._replace(node=node, oversubscribed=local > (self.plan.hosts[index].slots or 0))
 
     def spawn(self, link: HostLink, message: PmiSpawn) -> None:
         """MPI_Comm_spawn: a new job on free slots, with its own ranks, KVS and log directory."""
@@ -322,7 +293,8 @@ class Controller:
             if link.link.unread:  # frames read during start-up, not used there
                 self.read_link(link, now)
         self.policy.start()
-        self.launch(self.plan.job)
+        if not self.launched:
+            self.launch(self.plan.job)
         self.stdin.start()
 
     def _run(self) -> int:

@@ -8,16 +8,19 @@ from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
-from mpilaunch.launcher.controller import Controller
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
 from mpilaunch.plan import devices
-from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, with_master
+from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, launch_messages, remote_hosts, with_master
 from mpilaunch.plan.rank_env import inherited
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.transport.base import Link, Transport, transport_class
 from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from mpilaunch.launcher.controller import Controller
 
 
 def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) -> dict[str, str]:
@@ -288,4 +291,19 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
     if note:
         print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
-    return Controller(plan, sink, links, summary=not host_tags)
+    # Job 1's ranks start now, and the controller's modules are imported while they do: what the
+    # agents answer waits in their links until the controller reads it.
+    try:
+        for index, launch in launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks)).items():
+            link = links.get(index)
+            if link is None:
+                link = links[index] = start_local_agent()
+            link.send(encode(launch))
+        from mpilaunch.launcher.controller import Controller
+
+        return Controller(plan, sink, links, summary=not host_tags, launched=True)
+    except BaseException:
+        for link in links.values():
+            link.close()
+            link.wait()
+        raise

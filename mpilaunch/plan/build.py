@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from mpilaunch.errors import LaunchError
@@ -17,9 +17,9 @@ from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place
 from mpilaunch.plan.pmi import pmi_job, pmix_job, services
-from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, rank_environment
+from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES, JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.plan.spec import JobSpec, Options
-from mpilaunch.protocol.messages import PmiJob, PmixJob, SpawnApp
+from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
 from mpilaunch.protocol.record import Record
 
 # MPICH reads its PMI version from any of these (MPIR_CVAR_PMI_VERSION is the documented one).
@@ -144,6 +144,47 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
         host_info=plan.host_info,
     )
     return plan._replace(job=rebuilt, master=master)
+
+
+def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin: Collection[int]) -> dict[int, Launch]:
+    """Each host's Launch of a job, by host index. procs: the job's process ids in rank order
+    (job 1's are its ranks); stdin: the process ids that get the launcher's stdin. A host's
+    PMIx description says its place among the job's hosts and whether its ranks outnumber its
+    slots (Open MPI ranks then yield)."""
+    options = plan.options
+    used = sorted({r.host for r in job.ranks})
+    launches = {}
+    for node, index in enumerate(used):
+        ranks = tuple(
+            RankSpec(
+                proc=procs[r.rank],
+                rank=r.rank,
+                local_rank=r.local_rank,
+                app=r.app,
+                argv=tuple(job.argvs[r.app]),
+                wdir=job.wdirs[r.app],
+                env=job.envs[r.rank],
+                stdin=procs[r.rank] in stdin,
+            )
+            for r in job.ranks
+            if r.host == index
+        )
+        pmix = None
+        if job.pmix is not None:
+            pmix = job.pmix._replace(node=node, oversubscribed=len(ranks) > (plan.hosts[index].slots or 0))
+        launches[index] = Launch(
+            job=job.job,
+            ranks=ranks,
+            services=job.services,
+            pmi=job.pmi,
+            pmix=pmix,
+            merge=options.merge_stderr_to_stdout,
+            bind_to=options.bind_to,
+            report_bindings=options.report_bindings,
+            drop_prefixes=LEAK_PREFIXES,
+            drop_names=tuple(sorted(LEAK_NAMES)),
+        )
+    return launches
 
 
 def stdin_ranks(choice: str, np: int) -> list[int]:
