@@ -67,7 +67,9 @@ def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
     for item in values:
         name, eq, value = item.partition("=")
         if not valid_env_name(name):
-            raise LaunchError(f"-x {item!r}: {name!r} is not a variable name")
+            from mpilaunch.plan.hosts import shown
+
+            raise LaunchError(f"-x {shown(item)}: {shown(name)} is not a variable name")
         out.append((name, value if eq else None))
     return tuple(out)
 
@@ -84,6 +86,8 @@ def parse_args(argv: list[str]) -> JobSpec:
         if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""
             raise LaunchError(f"no program given{where}; usage: mpilaunch [options] program [args]")
+        if params["wdir"] == "":
+            raise LaunchError("--wdir: the directory name is empty")
         apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"]))
         for name, value in params.items():
             if name in APP_PARAMS:

@@ -47,7 +47,11 @@ def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None
     """None when `program` would start in `wdir` with this PATH; else one line saying why not.
     mpi: a program linked with Open MPI is a problem too (the job is served PMI-1 only)."""
     if not os.path.isdir(wdir):
-        return f"working directory {wdir!r} does not exist"
+        if not os.path.exists(wdir):
+            return f"working directory {wdir!r} does not exist"
+        return f"working directory {wdir!r} is not a directory"
+    if not os.access(wdir, os.X_OK):
+        return f"working directory {wdir!r} cannot be entered (permission denied)"
     target = _target(program, wdir, path)
     if not target or not os.path.isfile(target):
         return f"program {program!r} not found (PATH and working directory {wdir})"

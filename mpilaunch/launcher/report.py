@@ -87,7 +87,7 @@ def failure_summary(
         )
     where = f"{rank}" if job == 1 else f"{rank} of spawned job {job}"
     lines = [RULE, head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
-    lines.append(f"  Command:   {shlex.join(argv)}")
+    lines.append(f"  Command:   {shown_command(argv)}")
     lines.append(f"  {describe_status(status)}")
     if reason:
         lines.append(f"  Reason:    {reason}")
@@ -100,3 +100,13 @@ def failure_summary(
         lines.append(f"Ranks killed by mpilaunch: {ranges(killed) or 'none of job 1'}{spawned}")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+COMMAND_SHOWN = 400  # characters of a failed rank's command in the summary (--report-json has it whole)
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """The command as a shell would take it, cut after COMMAND_SHOWN characters (a 2 MB argv is
+    not a 2 MB line)."""
+    text = shlex.join(argv)
+    return text if len(text) <= COMMAND_SHOWN else f"{text[:COMMAND_SHOWN]}... ({len(text)} characters)"

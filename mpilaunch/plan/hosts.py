@@ -39,6 +39,12 @@ class Host(Record):
     port: int | None = None
 
 
+def shown(value: str) -> str:
+    """A value quoted for a one-line message, cut when long (a 5 MB host name is not echoed)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:76]}...' ({len(value)} characters)"
+
+
 class HostSyntaxError(ValueError):
     """A bad host entry; the caller adds where it came from."""
 
@@ -46,26 +52,26 @@ class HostSyntaxError(ValueError):
 def check_host_name(name: str) -> str:
     """Refuse names that could be read as options or shell syntax."""
     if not _HOST_RE.match(name):
-        raise HostSyntaxError(f"invalid host name {name!r}")
+        raise HostSyntaxError(f"invalid host name {shown(name)}")
     return name
 
 
 def check_user_name(user: str) -> str:
     if not re.match(_USER_RE, user):
-        raise HostSyntaxError(f"invalid user name {user!r}")
+        raise HostSyntaxError(f"invalid user name {shown(user)}")
     return user
 
 
 def _count(key: str, value: str) -> int:
     if not value.isdigit() or not value.isascii():
-        raise HostSyntaxError(f"{key} must be a whole number, not {value!r}")
+        raise HostSyntaxError(f"{key} must be a whole number, not {shown(value)}")
     if len(value) > 12:  # int() refuses more than 4300 digits; anything this long is too large anyway
         raise HostSyntaxError(f"{key}={value[:12]}... is too large")
     number = int(value)
     if number < 1 and key not in _MAX_KEYS:
         raise HostSyntaxError(f"{key} must be at least 1")
     if number > 1_000_000:
-        raise HostSyntaxError(f"{key}={value} is too large")
+        raise HostSyntaxError(f"{key}={shown(value)} is too large")
     return number
 
 
@@ -81,12 +87,12 @@ def _split_count(word: str) -> tuple[str, int | None]:
     if word.startswith("["):
         end = word.find("]")
         if end < 0:
-            raise HostSyntaxError(f"unclosed '[' in {word!r}")
+            raise HostSyntaxError(f"unclosed '[' in {shown(word)}")
         rest = word[end + 1 :]
         if not rest:
             return word, None
         if not rest.startswith(":"):
-            raise HostSyntaxError(f"unexpected {rest!r} after {word[: end + 1]!r}")
+            raise HostSyntaxError(f"unexpected {shown(rest)} after {shown(word[: end + 1])}")
         return word[: end + 1], _count("slots", rest[1:])
     if word.count(":") == 1:
         name, _, count = word.partition(":")
@@ -108,7 +114,7 @@ def parse_hostfile_line(line: str) -> Host | None:
         key, eq, value = item.partition("=")
         key = key.lower()
         if not eq or not value:
-            raise HostSyntaxError(f"expected key=value, got {item!r}")
+            raise HostSyntaxError(f"expected key=value, got {shown(item)}")
         if key in _SLOTS_KEYS:
             slots = _count(key, value)
         elif key in _MAX_KEYS:
@@ -120,7 +126,7 @@ def parse_hostfile_line(line: str) -> Host | None:
         elif key in _USER_KEYS:
             user = check_user_name(value)
         else:
-            raise HostSyntaxError(f"unknown key {key!r}")
+            raise HostSyntaxError(f"unknown key {shown(key)}")
     if max_slots is not None and slots is not None and max_slots < slots:
         raise HostSyntaxError(f"max_slots={max_slots} is less than slots={slots}")
     if slots is None and max_slots:  # Open MPI: max_slots alone sets the slots too
@@ -172,7 +178,7 @@ def read_hostfile(path: str) -> list[Host]:
 def parse_host_list(value: str, label: str | None = None) -> list[Host]:
     """-H a:2,b,user@c:4 ; a missing :N means one slot, as in Open MPI. Errors start with
     label (default `-H 'value'`), so a variable in the same grammar can name itself."""
-    label = f"-H {value!r}" if label is None else label
+    label = f"-H {shown(value)}" if label is None else label
     entries = []
     for word in value.split(","):
         word = word.strip()

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan import hosts as hostlib
-from mpilaunch.plan.hosts import Host, HostSyntaxError
+from mpilaunch.plan.hosts import Host, HostSyntaxError, shown
 from mpilaunch.plan.textfiles import read_text
 
 SOURCES = hostlib.ENVIRONMENT_SOURCES  # looked at in this order; the first one set (and not empty) is used
@@ -24,19 +24,13 @@ _RANGE_RE = r"^([0-9]{1,12})(?:-([0-9]{1,12}))?$"  # ASCII digits only, never a 
 _TASKS_RE = r"^([0-9]{1,12})(?:\(x([0-9]{1,12})\))?$"  # both compiled by re when a Slurm list is read
 
 
-def _show(value: str) -> str:
-    """A value quoted for a one-line message, shortened when long."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:76] + "...'"
-
-
 def _is_count(text: str) -> bool:
     """A whole number from 1 to MAX_COUNT in ASCII digits (int() would also take '١' or 10**5000)."""
     return text.isascii() and text.isdigit() and len(text) <= 12 and 1 <= int(text) <= MAX_COUNT
 
 
 def _bad(var: str, value: str, problem: str) -> LaunchError:
-    return LaunchError(f"{var}={_show(value)}: {problem}")
+    return LaunchError(f"{var}={shown(value)}: {problem}")
 
 
 def _split_top(text: str, var: str) -> list[str]:
@@ -68,12 +62,12 @@ def _expand_group(body: str, var: str, value: str) -> list[str]:
     for piece in body.split(","):
         match = re.match(_RANGE_RE, piece)
         if not match:
-            raise _bad(var, value, f"expected a number or a range such as 01-04 in brackets, not {_show(piece)}")
+            raise _bad(var, value, f"expected a number or a range such as 01-04 in brackets, not {shown(piece)}")
         low_text, high_text = match.group(1), match.group(2)
         low = int(low_text)
         high = low if high_text is None else int(high_text)
         if high < low:
-            raise _bad(var, value, f"range {_show(piece)} goes down")
+            raise _bad(var, value, f"range {shown(piece)} goes down")
         if len(out) + high - low + 1 > MAX_HOSTS:
             raise _bad(var, value, f"more than {MAX_HOSTS} hosts")
         width = len(low_text)  # Slurm pads to the width of the lower bound: 08-10 is 08 09 10
@@ -125,7 +119,7 @@ def expand_tasks_per_node(value: str, var: str = "SLURM_TASKS_PER_NODE") -> list
     for item in text.split(","):
         match = re.match(_TASKS_RE, item.strip())
         if not match:
-            raise _bad(var, value, f"expected N or N(xM), not {_show(item)}")
+            raise _bad(var, value, f"expected N or N(xM), not {shown(item)}")
         count, times = int(match.group(1)), int(match.group(2) or 1)
         if not 1 <= count <= MAX_COUNT:
             raise _bad(var, value, f"count {count} is out of range (1 to {MAX_COUNT})")
@@ -153,7 +147,7 @@ def slurm_hosts(env: Mapping[str, str]) -> list[Host]:
 
 def parse_mlp_hosts(value: str, var: str = "MLP_MPI_HOSTS") -> list[Host]:
     """`worker0:2,worker1:2` (-H's grammar: a missing :N is one slot)."""
-    return hostlib.merge_hosts(hostlib.parse_host_list(value, label=f"{var}={_show(value)}"))
+    return hostlib.merge_hosts(hostlib.parse_host_list(value, label=f"{var}={shown(value)}"))
 
 
 def parse_lsf_hosts(value: str, var: str = "LSB_MCPU_HOSTS") -> list[Host]:
@@ -172,7 +166,7 @@ def parse_lsf_hosts(value: str, var: str = "LSB_MCPU_HOSTS") -> list[Host]:
         except HostSyntaxError as exc:
             raise _bad(var, value, str(exc)) from None
         if not _is_count(count):
-            problem = f"slot count of {name!r} must be a whole number from 1 to {MAX_COUNT}, not {_show(count)}"
+            problem = f"slot count of {shown(name)} must be a whole number from 1 to {MAX_COUNT}, not {shown(count)}"
             raise _bad(var, value, problem)
         entries.append(Host(name, int(count)))
     return hostlib.merge_hosts(entries)

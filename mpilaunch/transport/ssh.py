@@ -150,15 +150,34 @@ def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarg
     return SshTarget(
         name=name,
         hostname=entry.get("hostname", name),
-        port=int(port or entry.get("port", 22)),
+        port=port or _config_port(entry.get("port", "22"), name),
         user=user,
         identity_files=tuple(os.path.expanduser(f) for f in entry.get("identityfile", [])),
         identities_only=entry.get("identitiesonly", "no").lower() == "yes",
         proxy_jump=None if not proxy or proxy.lower() == "none" else proxy,
         strict=entry.get("stricthostkeychecking", "ask").lower(),
         known_hosts=tuple(os.path.expanduser(f) for f in known if f.lower() != "none"),
-        timeout=float(entry.get("connecttimeout", CONNECT_TIMEOUT)),
+        timeout=_config_seconds(entry.get("connecttimeout", CONNECT_TIMEOUT), name),
     )
+
+
+def _config_port(value: str, name: str) -> int:
+    """The ssh config's Port for this host, checked: a bad one is one line, not a ValueError."""
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+        raise TransportError("resolve", f"the ssh config gives host {name} Port {text[:40]!r}: not a port (1-65535)")
+    return int(text)
+
+
+def _config_seconds(value: object, name: str) -> float:
+    text = str(value).strip()
+    try:
+        seconds = float(text) if text.isascii() else -1.0
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise TransportError("resolve", f"the ssh config gives host {name} ConnectTimeout {text[:40]!r}: not seconds")
+    return seconds
 
 
 def parse_jump(hop: str) -> tuple[str | None, str, int | None]:
@@ -181,22 +200,75 @@ def fingerprint(key) -> str:
     return f"{key.get_name()} SHA256:{digest}"
 
 
-_parsed_known_hosts: dict[str, tuple[tuple[int, int, int], paramiko.HostKeys]] = {}  # path -> (stamp, keys)
+_parsed_known_hosts: dict[str, tuple[tuple[int, int, int], KnownHosts]] = {}  # path -> (stamp, keys)
 _known_hosts_lock = threading.Lock()
 
 
-def _known_keys(path: str) -> paramiko.HostKeys:
+class KnownHosts:
+    """One known_hosts file as OpenSSH reads it: host keys, and keys marked `@revoked`.
+    `@cert-authority` lines (certificates, which this client does not do) and lines that are
+    not UTF-8 or not a key are skipped, as OpenSSH skips them; paramiko's own parser gives up
+    on the whole file for any of them."""
+
+    def __init__(self, path: str) -> None:
+        paramiko = import_paramiko()
+        from paramiko.hostkeys import HostKeyEntry
+
+        self.keys = paramiko.HostKeys()
+        self.revoked: list[tuple[list[str], object]] = []  # (host patterns, key)
+        with open(path, "rb") as handle:
+            raw_lines = handle.read().split(b"\n")
+        kept = []
+        for raw in raw_lines:
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                continue
+            if not line or line.startswith("#"):
+                continue
+            marker = line.split(None, 1)[0] if line.startswith("@") else ""
+            body = line[len(marker) :].strip()
+            try:
+                entry = HostKeyEntry.from_line(body)
+            except Exception:  # a line paramiko cannot read is skipped, not the file
+                continue
+            if entry is None or marker == "@cert-authority":
+                continue
+            if marker == "@revoked":
+                self.revoked.append((entry.hostnames, entry.key))
+            elif not marker:
+                kept.append(body)
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".known_hosts") as clean:
+            clean.write("\n".join(kept) + "\n")
+            clean.flush()
+            self.keys.load(clean.name)
+
+    def is_revoked(self, name: str, key) -> bool:  # type: ignore[no-untyped-def]
+        """The key is marked @revoked for this host name (patterns and hashed names as lookups read them)."""
+        from paramiko.hostkeys import HostKeys
+
+        for patterns, revoked in self.revoked:
+            if revoked.asbytes() != key.asbytes():  # type: ignore[attr-defined]
+                continue
+            probe = HostKeys()
+            for pattern in patterns:
+                probe.add(pattern, revoked.get_name(), revoked)  # type: ignore[attr-defined]
+            if probe.lookup(name) is not None or "*" in patterns:
+                return True
+        return False
+
+
+def _known_keys(path: str) -> KnownHosts:
     """A known_hosts file, parsed once per run: every host's connection used to parse all of it."""
-    paramiko = import_paramiko()
     try:
         info = os.stat(path)
         stamp = (info.st_mtime_ns, info.st_size, info.st_ino)  # an append in the same tick still changes the size
         with _known_hosts_lock:
             cached = _parsed_known_hosts.get(path)
             if cached is None or cached[0] != stamp:  # a key accepted by this run was appended
-                keys = paramiko.HostKeys()
-                keys.load(path)
-                cached = _parsed_known_hosts[path] = (stamp, keys)
+                cached = _parsed_known_hosts[path] = (stamp, KnownHosts(path))
     except OSError as exc:
         raise TransportError("host key", f"cannot read {path}: {exc.strerror}") from None
     return cached[1]
@@ -204,8 +276,10 @@ def _known_keys(path: str) -> paramiko.HostKeys:
 
 def _add_known_keys(into: paramiko.HostKeys, path: str, name: str) -> None:
     """The keys known_hosts has for this host name (hashed entries too): all a client checks."""
-    for key_type, key in (_known_keys(path).lookup(name) or {}).items():
-        into.add(name, key_type, key)
+    known = _known_keys(path)
+    for key_type, key in (known.keys.lookup(name) or {}).items():
+        if not known.is_revoked(name, key):  # a revoked key is no known key: the policy refuses it
+            into.add(name, key_type, key)
 
 
 def _client_for(target: SshTarget, accept_new: bool) -> paramiko.SSHClient:
@@ -223,6 +297,13 @@ def _client_for(target: SshTarget, accept_new: bool) -> paramiko.SSHClient:
 
     class Policy(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client, hostname, key) -> None:  # type: ignore[no-untyped-def]
+            for path in ("/etc/ssh/ssh_known_hosts", *target.known_hosts):
+                if os.path.isfile(path) and _known_keys(path).is_revoked(target.key_name, key):
+                    raise TransportError(
+                        "host key",
+                        f"host key of {target.name} ({target.key_name}) is marked @revoked in {path} "
+                        f"({fingerprint(key)}); refused",
+                    )
             if not accept:
                 raise TransportError(
                     "host key",
