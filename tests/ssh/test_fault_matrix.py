@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -129,3 +130,53 @@ def test_sigterm_with_a_console_that_does_not_read(launcher: Launcher, bed: SshB
     if left:
         _kill_what_is_left(bed, launcher, left)
     assert not left, f"{len(left)} processes left after SIGTERM: {left}"
+
+
+def test_a_closed_stdout_over_ssh(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """The launcher started with stdout closed (`>&-`) for a job on 2 hosts: as with /dev/null
+    (the first SSH connection must not take descriptor 1); every line in the log files."""
+    hosts = ["--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "--output-filename", "logs"]
+    proc = subprocess.run(
+        launcher.argv(*hosts, "-n", "2", PY, WRITER, "50000"),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=launcher.env,
+        cwd=tmp_path,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),  # the closing is what is tested
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    for rank in range(2):
+        assert (tmp_path / "logs" / "1" / f"rank.{rank}" / "stdout").read_bytes().count(b"\n") == 50000
+
+
+MPICH_ABORT = """
+import os, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+with open(f"/proc/self/maps") as maps:
+    mine = sorted({line.split()[-1] for line in maps if "/dev/shm/mpich_shm_" in line})
+with open(sys.argv[1] + f".{comm.rank}", "w") as out:
+    out.write("\\n".join(mine))
+time.sleep(0.6)
+if comm.rank == 1:
+    comm.Abort(3)
+time.sleep(30)
+"""
+
+
+def test_a_remote_hosts_mpich_segment_is_removed_after_an_abort(
+    launcher: Launcher, bed: SshBed, tmp_path: Path
+) -> None:
+    """2 MPICH ranks on node1 (one node: they share a /dev/shm segment), rank 1 aborts: node1's
+    agent removes the segment hydra would leave."""
+    pytest.importorskip("mpi4py")
+    script = tmp_path / "abort.py"
+    script.write_text(MPICH_ABORT)
+    hosts = ["--ssh-config", str(bed.config), "-H", "node1:2", "--kill-timeout", "0.5"]
+    proc = launcher.run(*hosts, "-n", "2", PY, str(script), str(tmp_path / "maps"), timeout=120)
+    assert proc.returncode == 3, proc.stderr.decode()[-2000:]
+    segments = {line for name in tmp_path.glob("maps.*") for line in name.read_text().split("\n") if line}
+    assert segments, "the ranks mapped no mpich_shm segment: nothing was tested"
+    assert not [path for path in segments if os.path.exists(path)]
