@@ -32,6 +32,9 @@ def main(quick_exit: bool = True) -> None:
         import _signal
 
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # KeyboardInterrupt, caught below: 130
+        for sig in (_signal.SIGTERM, _signal.SIGHUP):
+            if _signal.getsignal(sig) == _signal.SIG_DFL:  # one ignored (nohup) stays ignored
+                _signal.signal(sig, _stopped_by)
     reopen_closed_std_streams()
     args = sys.argv[1:]
     early = False
@@ -58,6 +61,13 @@ def main(quick_exit: bool = True) -> None:
     if not quick_exit:
         raise SystemExit(status)
     leave(status)
+
+
+def _stopped_by(signum: int, frame: object) -> None:
+    """SIGTERM or SIGHUP before the run's own handling starts (or after it ends): what is open
+    (agents, SSH connections, ranks already launched) is closed on the way out, and the status is
+    the shell's 128 + signal, as after it."""
+    raise SystemExit(128 + signum)
 
 
 def reopen_closed_std_streams() -> None:

@@ -28,3 +28,23 @@ def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher) -> None
             time.sleep(0.02)
         assert not tagged_pids(launcher.tag), f"attempt {attempt}: processes left"
     assert outcomes.get(130, 0) > 0  # the later moments reached the run's own handling
+
+
+def test_sigterm_during_start_up_closes_what_is_open(launcher: Launcher) -> None:
+    """A SIGTERM before the controller's handling (imports, plan, agents and ranks launched)
+    ends the launcher with 143, as later in the run, after closing what it opened."""
+    outcomes: dict[int, int] = {}
+    for attempt in range(40):
+        proc = launcher.popen("-n", "2", "sleep", "5")
+        time.sleep((attempt % 20) * 0.003)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        text = err.decode(errors="replace")
+        assert "Traceback" not in text, text
+        assert proc.returncode in (-signal.SIGTERM, 143), (proc.returncode, text)
+        outcomes[proc.returncode] = outcomes.get(proc.returncode, 0) + 1
+        deadline = time.monotonic() + 5
+        while tagged_pids(launcher.tag) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not tagged_pids(launcher.tag), f"attempt {attempt}: processes left"
+    assert outcomes.get(143, 0) > 0, outcomes  # by the signal only while Python starts and entry is imported
