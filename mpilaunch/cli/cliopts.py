@@ -61,18 +61,33 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         maximum=MAX_RANKS,
         help="Number of ranks (default: every slot).",
     ),
-    Opt("hosts", ("-H", "--host", "-host"), MULTI, metavar="h1:N,h2:N", help="Hosts and their slots."),
+    Opt("hosts", ("-H", "--host", "-host", "-hosts", "--hosts"), MULTI, metavar="h1:N,h2:N", help="Hosts, slots."),
     Opt(
         "hostfile", ("--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f"), metavar="PATH", help="Hostfile."
     ),
     Opt("map_by", ("--map-by", "-map-by"), default="slot", metavar="slot|node|ppr:N:node", help="Placement policy."),
     Opt(
-        "npernode", ("--npernode", "-npernode"), check=INT_MIN1, maximum=MAX_RANKS, help="Ranks per node (ppr:N:node)."
+        "npernode",
+        ("--npernode", "-npernode", "-ppn", "--ppn"),
+        check=INT_MIN1,
+        maximum=MAX_RANKS,
+        help="Ranks per node (ppr:N:node).",
     ),
     Opt("oversubscribe", ("--oversubscribe", "-oversubscribe"), FLAG, help="Allow more ranks than slots."),
     Opt("display_map", ("--display-map", "-display-map"), FLAG, help="Print the rank map, then launch."),
     Opt("dry_run", ("--dry-run", "-dry-run"), FLAG, help="Print the map and every rank's variables; start nothing."),
     Opt("exports", ("-x",), MULTI, metavar="VAR[=value]", help="Export a variable to every rank."),
+    Opt("genv", ("-genv", "--genv"), PAIRS, metavar="VAR VALUE", help="hydra's -x VAR=VALUE."),
+    Opt("genvlist", ("-genvlist", "--genvlist"), MULTI, metavar="A,B", help="hydra's -x A -x B."),
+    Opt(
+        "genvall",
+        ("-genvall", "--genvall"),
+        FLAG,
+        help="Every variable of the launcher's environment to every rank, remote ones too (hydra's default).",
+    ),
+    Opt("genvnone", ("-genvnone", "--genvnone"), FLAG, help="Only -x/-genv variables to remote ranks (the default)."),
+    Opt("app_env", ("-env", "--env"), PAIRS, metavar="VAR VALUE", help="VAR=VALUE for this app context's ranks."),
+    Opt("app_envlist", ("-envlist", "--envlist"), MULTI, metavar="A,B", help="These variables for this app context."),
     Opt("wdir", ("--wdir", "-wdir", "--wd", "-wd"), metavar="DIR", help="Working directory of the ranks."),
     Opt(
         "output_filename",
@@ -87,6 +102,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="One stream per rank.",
     ),
     Opt("tag_output", ("--tag-output", "-tag-output"), FLAG, help="Prefix console lines with [1,rank]<stream>:."),
+    Opt("prepend_rank", ("-l", "--prepend-rank", "-prepend-rank"), FLAG, help="Prefix console lines with [rank]."),
     Opt(
         "timestamp_output",
         ("--timestamp-output", "-timestamp-output"),
@@ -173,12 +189,28 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="K",
         help="Tree spawn: connect to K hosts; each one's agent starts up to K more with ssh (hosts reach each other).",
     ),
+    Opt(
+        "launcher",
+        ("--launcher", "-launcher"),
+        check=CHOICE,
+        choices=("auto", "ssh", "local", "fork"),
+        default="auto",
+        help="How agents start: auto (this machine's hosts locally, the others over SSH), ssh, or local (alias "
+        "fork: every host's agent on this machine, as hydra's fork launcher).",
+    ),
+    Opt(
+        "configfile",
+        ("-configfile", "--configfile"),
+        metavar="FILE",
+        help="hydra's file of app contexts: one per line, options and program, as between ' : '.",
+    ),
     Opt("allow_run_as_root", ("--allow-run-as-root", "-allow-run-as-root"), FLAG, help="Allow running as root."),
 )
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
 VERSION_FLAGS = ("--version", "-V", "-version")
 SUBCOMMANDS = ("check", "allrun")  # first words that are not a job: hostcli's commands
+APP_PARAMS = ("np", "wdir", "argv", "app_env", "app_envlist")  # per app context; the rest are the job's
 
 
 def stdin_choice(value: str) -> str | None:

@@ -25,7 +25,9 @@ from mpilaunch.plan.spec import AppContext
 from mpilaunch.plan.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
-NOT_IN_FILE = frozenset({"config"})  # a job file does not name another one
+NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's spellings of its own keys are not keys
+    {"config", "configfile", "genv", "genvlist", "genvnone", "app_env", "app_envlist"}
+)
 APP_KEYS = ("np", "wdir", "command")  # what an entry of `apps:` may set
 EXTRA_KEYS = ("env", "command", "apps")
 _INT_RE = re.compile(r"[+-]?[0-9]{1,15}")

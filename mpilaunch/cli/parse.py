@@ -4,12 +4,11 @@ sure, click otherwise)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from mpilaunch.cli import argscan, cliopts
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
-
-APP_PARAMS = ("np", "wdir", "argv")
 
 
 def _env_timeout() -> float | None:
@@ -40,11 +39,42 @@ def split_apps(argv: list[str]) -> list[list[str]]:
     return segments
 
 
+def unknown_word(words: list[str]) -> str | None:
+    """The first single-dash word before the program that is no option: click would read
+    `-genvx` as -g -e -n -v -x and name a letter of it."""
+    by_flag = {flag: opt for opt in cliopts.RUN_OPTIONS for flag in opt.flags}
+    eager = {*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--" or len(word) < 2 or word[0] != "-" or word in eager:
+            return None
+        name, eq, _ = word.partition("=")
+        opt = by_flag.get(name)
+        if opt is None and word.startswith("--"):
+            return None  # click names an unknown long option whole
+        if opt is None:
+            opt = by_flag.get(word[:2])  # a value glued to a short option: -n4, -xFOO=1, -Hnode1
+            numeric = opt is not None and opt.check == cliopts.INT_MIN1
+            if opt is None or opt.kind == cliopts.FLAG or (numeric and not word[2:].isdigit()):
+                return word
+            i += 1
+            continue
+        taken = {cliopts.FLAG: 0, cliopts.PAIRS: 2}.get(opt.kind, 1)
+        i += 1 + max(taken - (1 if eq else 0), 0)
+    return None
+
+
 def _parse_segment(words: list[str]) -> tuple[dict, set[str]]:
     """The fast scanner when it is sure, click otherwise (help, version, every error message)."""
     scanned = argscan.scan(words)
     if scanned is not None:
         return scanned
+    unknown = unknown_word(words)
+    if unknown is not None:
+        from mpilaunch.plan.hosts import shown
+
+        raise LaunchError(f"unknown option {shown(unknown)}; `mpilaunch --help` lists them")
     import click
     from click.core import ParameterSource
 
@@ -58,6 +88,66 @@ def _parse_segment(words: list[str]) -> tuple[dict, set[str]]:
         raise LaunchError(exc.format_message()) from None
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
     return ctx.params, given
+
+
+def _names(values: tuple[str, ...]) -> list[str]:
+    """-genvlist A,B -genvlist C -> [A, B, C]."""
+    return [name for value in values for name in value.split(",") if name]
+
+
+def _checked(pairs: tuple[tuple[str, str | None], ...]) -> tuple[tuple[str, str | None], ...]:
+    """-env and -genv names are variable names, as -x's are."""
+    return exports_of(tuple(name if value is None else f"{name}={value}" for name, value in pairs))
+
+
+NOT_CARRIED = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_"})  # this shell's, not the job's (-genvall)
+
+
+def hydra_exports(globals_: dict[str, object], env: Mapping[str, str]) -> tuple[tuple[str, str | None], ...]:
+    """hydra's -genv, -genvlist and -genvall as the -x exports they mean (taken out of globals_);
+    -genvnone is mpilaunch's default already: remote ranks get only what is exported."""
+    pairs: tuple[tuple[str, str | None], ...] = tuple(globals_.pop("genv"))  # type: ignore[arg-type]
+    pairs += tuple((name, None) for name in _names(globals_.pop("genvlist")))  # type: ignore[arg-type]
+    every, none = globals_.pop("genvall"), globals_.pop("genvnone")
+    if every and none:
+        raise LaunchError("-genvall and -genvnone: give one of them")
+    if every:
+        from mpilaunch.plan.rank_env import inherited
+
+        names = [n for n in inherited(env) if n not in NOT_CARRIED and not n.startswith("SSH_")]
+        pairs = tuple((name, None) for name in names) + pairs
+    return _checked(pairs)
+
+
+CONFIGFILE_FLAGS = next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "configfile")
+
+
+def _with_configfile(words: list[str], path: str) -> list[str]:
+    """hydra's -configfile: the file's lines are app contexts (options and program, # comments),
+    as if given on the command line after the other options, separated by ' : '."""
+    import shlex
+
+    from mpilaunch.plan.textfiles import read_text
+
+    at = next(i for i, w in enumerate(words) if w.split("=", 1)[0] in CONFIGFILE_FLAGS)
+    rest = words[:at] + words[at + (1 if "=" in words[at] else 2) :]
+    text = read_text(path, "configfile", 1 << 20)
+    contexts: list[list[str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            line_words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise LaunchError(f"{path}:{number}: {exc}") from None
+        if any(w.split("=", 1)[0] in CONFIGFILE_FLAGS for w in line_words):
+            raise LaunchError(f"{path}:{number}: a configfile cannot name another one")
+        if line_words:
+            contexts.append(line_words)
+    if not contexts:
+        raise LaunchError(f"{path}: configfile with no app context in it")
+    out = rest + contexts[0]
+    for context in contexts[1:]:
+        out += [":", *context]
+    return out
 
 
 def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
@@ -82,28 +172,34 @@ def parse_args(argv: list[str]) -> JobSpec:
     segments = split_apps(argv)
     for index, words in enumerate(segments):
         params, given = _parse_segment(words)
+        if params["configfile"] is not None:
+            if len(segments) > 1 or params["argv"]:
+                raise LaunchError("-configfile: the file gives the programs; give none on the command line")
+            return parse_args(_with_configfile(words, str(params["configfile"])))
         given_anywhere |= given
         if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""
             raise LaunchError(f"no program given{where}; usage: mpilaunch [options] program [args]")
         if params["wdir"] == "":
             raise LaunchError("--wdir: the directory name is empty")
-        apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"]))
+        own = (*params["app_env"], *((name, None) for name in _names(params["app_envlist"])))
+        apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"], exports=own))
         for name, value in params.items():
-            if name in APP_PARAMS:
+            if name in cliopts.APP_PARAMS:
                 continue
             if index == 0 or name in given:
                 if name in ("hosts", "mca", "exports") and index and name in globals_:
                     value = tuple(globals_[name]) + tuple(value)  # type: ignore[arg-type]
                 globals_[name] = value
+    globals_.pop("configfile")
     config = globals_.pop("config")
     if config:  # pyyaml only now: a plain run does not pay for it
         from mpilaunch.cli.command import run_command
         from mpilaunch.cli.jobfile import apply_job_file, read_job_file
 
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
-    exports = exports_of(globals_.pop("exports"))  # type: ignore[arg-type]
-    apps = [AppContext(a.argv, a.np, exports, a.wdir) for a in apps]
+    exports = hydra_exports(globals_, os.environ) + exports_of(globals_.pop("exports"))  # type: ignore[arg-type]
+    apps = [AppContext(a.argv, a.np, exports + _checked(a.exports), a.wdir) for a in apps]
     env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")
     if env_abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
         globals_["mca"] = (("orte_abort_on_non_zero_status", env_abort), *globals_["mca"])  # type: ignore[misc]

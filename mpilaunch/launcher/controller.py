@@ -168,7 +168,7 @@ class Controller:
             if self.policy.ending:
                 raise LaunchError("the job is ending")
             child = spawn_plan(plan, job_no, message.apps, in_use, preput)
-            unreached = [i for i in remote_hosts(plan.hosts, child.ranks) if i not in self.links]
+            unreached = [i for i in remote_hosts(plan.options, plan.hosts, child.ranks) if i not in self.links]
             if unreached:
                 name = plan.hosts[unreached[0]].name
                 raise LaunchError(f"it would place ranks on {name!r}, which has no agent (no rank of job 1 runs there)")

@@ -250,7 +250,7 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
             log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
     console = None
     if copy_to_console:
-        console = Console(options.tag_output or host_tags, options.timestamp_output)
+        console = Console(options.tag_output or host_tags, options.timestamp_output, rank_label=options.prepend_rank)
         if host_tags:
             console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
     sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
@@ -263,7 +263,7 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
 def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     """Check what can be checked, start the agents, open the output: a controller ready to run."""
     job = plan.job
-    remote = remote_hosts(plan.hosts, job.ranks)
+    remote = remote_hosts(plan.options, plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
     families = {index: check_local_programs(plan, plan.launcher_env, index) for index in local}
     raise_fd_limit()

@@ -114,10 +114,16 @@ class Console:
     """
 
     def __init__(
-        self, tag: bool, timestamp: bool, fds: dict[int, int] | None = None, writer: ConsoleWriter | None = None
+        self,
+        tag: bool,
+        timestamp: bool,
+        fds: dict[int, int] | None = None,
+        writer: ConsoleWriter | None = None,
+        rank_label: bool = False,
     ) -> None:
         self.tag = tag
         self.timestamp = timestamp
+        self.rank_label = rank_label and not tag  # hydra's -l: "[rank] " ("[job:rank] " for spawned jobs)
         self.writer = writer if writer is not None else ConsoleWriter(fds)
         self.pending: dict[tuple[int, int], bytearray] = {}
         self.since: dict[tuple[int, int], float] = {}
@@ -180,6 +186,9 @@ class Console:
         elif self.tag:
             job, rank = self.labels.get(proc, (1, proc))
             parts.append(f"[{job},{rank}]<{_STREAM_NAMES[stream]}>:")
+        elif self.rank_label:
+            job, rank = self.labels.get(proc, (1, proc))
+            parts.append(f"[{rank}] " if job == 1 else f"[{job}:{rank}] ")
         elif self.timestamp:
             parts.append(f"<{_STREAM_NAMES[stream]}>:")
         return "".join(parts).encode()
@@ -188,7 +197,7 @@ class Console:
         continuing = self.open_line == key
         if self.open_line is not None and not continuing:
             self._emit(self.open_line[1], b"\n")
-        if self.tag or self.timestamp:
+        if self.tag or self.timestamp or self.rank_label:
             prefix = self._prefix(*key)
             lines = bytes(data).splitlines(keepends=True)
             data = b"".join(line if (continuing and i == 0) else prefix + line for i, line in enumerate(lines))

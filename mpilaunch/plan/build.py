@@ -49,6 +49,7 @@ class LaunchPlan(Record):
     job_id: str = ""
     master: tuple[str, int] = ("127.0.0.1", 0)
     exports: tuple[tuple[str, str | None], ...] = ()
+    app_exports: tuple[tuple[tuple[str, str | None], ...], ...] = ()  # by app, when hydra's -env makes them differ
     launcher_env: Mapping[str, str] = MappingProxyType({})
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
     host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
@@ -83,9 +84,18 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
     return hostlib.localhost_default(), "localhost (no hosts given)"
 
 
-def with_slots(hosts: list[Host], source: str) -> list[Host]:
+LOCAL_LAUNCHERS = ("local", "fork")  # --launcher values that start every host's agent on this machine
+
+
+def over_ssh(options: Options, host: Host) -> bool:
+    """Reached over SSH: a host that is not this machine, unless --launcher local starts every
+    host's agent here (hydra's fork launcher: several agents on one machine, each a "host")."""
+    return options.launcher not in LOCAL_LAUNCHERS and hostlib.needs_ssh(host)
+
+
+def with_slots(hosts: list[Host], source: str, options: Options) -> list[Host]:
     """Fill in core counts for hosts listed without slots (only known here for this machine)."""
-    unknown = [h.name for h in hosts if h.slots is None and hostlib.needs_ssh(h)]
+    unknown = [h.name for h in hosts if h.slots is None and over_ssh(options, h)]
     if unknown:
         raise LaunchError(f"{source}: no slot count for remote host {unknown[0]!r}; give one with slots=N or host:N")
     return hostlib.with_core_counts(hosts, {h.name: os.cpu_count() or 1 for h in hosts})
@@ -104,16 +114,16 @@ class Here:
         raise NotImplementedError
 
 
-def master_address(hosts: list[Host], used: set[int], rank0_host: int) -> str:
-    if not hostlib.needs_ssh(hosts[rank0_host]):
-        all_local = not any(hostlib.needs_ssh(hosts[i]) for i in used)
+def master_address(options: Options, hosts: list[Host], used: set[int], rank0_host: int) -> str:
+    if not over_ssh(options, hosts[rank0_host]):
+        all_local = not any(over_ssh(options, hosts[i]) for i in used)
         return "127.0.0.1" if all_local else os.uname().nodename  # socket.gethostname() is uname's
     return hosts[rank0_host].name
 
 
-def remote_hosts(hosts: list[Host], ranks: Sequence[Rank]) -> list[int]:
-    """Indices of the hosts these ranks would run on that are not this machine (reached over SSH)."""
-    return sorted(i for i in {r.host for r in ranks} if hostlib.needs_ssh(hosts[i]))
+def remote_hosts(options: Options, hosts: list[Host], ranks: Sequence[Rank]) -> list[int]:
+    """Indices of the hosts these ranks would run on that are reached over SSH."""
+    return sorted(i for i in {r.host for r in ranks} if over_ssh(options, hosts[i]))
 
 
 def host_checks(job: JobPlan, host: int) -> list[dict]:
@@ -142,6 +152,7 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
         exports=plan.exports,
         env=plan.launcher_env,
         host_info=plan.host_info,
+        app_exports=plan.app_exports,
     )
     return plan._replace(job=rebuilt, master=master)
 
@@ -211,8 +222,10 @@ def job_plan(
     env: Mapping[str, str],
     extra: Mapping[str, str] | None = None,
     host_info: Mapping[int, Mapping] | None = None,
+    app_exports: Sequence[Sequence[tuple[str, str | None]]] = (),
 ) -> JobPlan:
-    """Environments and PMI data of one job's ranks."""
+    """Environments and PMI data of one job's ranks; app_exports, when given, are each app's
+    exports (hydra's -env), instead of exports."""
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
     layout = JobLayout(
         ranks=ranks,
@@ -228,7 +241,7 @@ def job_plan(
         common.update(extra)
     if options.mpi == "pmi2" and not any(name in env for name in PMI_VERSION_NAMES):
         common["MPIR_CVAR_PMI_VERSION"] = "2"  # MPICH picks its PMI client at run time; the user's choice wins
-    envs = [rank_environment(r, common, exports, env) for r in ranks]
+    envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env) for r in ranks]
     first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
@@ -265,7 +278,7 @@ def build_plan(
     options = spec.options
     if hosts is None:
         hosts, source = resolve_hosts(options, env)
-        hosts = with_slots(hosts, source)
+        hosts = with_slots(hosts, source, options)
     else:
         source = "the host list"
     nps = [app.np for app in spec.apps]
@@ -283,13 +296,15 @@ def build_plan(
     )
     job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
     port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
-    master = (master_address(hosts, {r.host for r in ranks}, ranks[0].host), port)
+    master = (master_address(options, hosts, {r.host for r in ranks}, ranks[0].host), port)
     exports = spec.apps[0].exports
+    app_exports = tuple(app.exports for app in spec.apps)
+    app_exports = app_exports if len(set(app_exports)) > 1 else ()
     apps = [(app.argv, os.path.abspath(app.wdir) if app.wdir else os.getcwd()) for app in spec.apps]
     if options.rank_table:
         options = options._replace(rank_table=os.path.abspath(options.rank_table))
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, exports)
-    local = sorted({r.host for r in ranks if not hostlib.needs_ssh(hosts[r.host])})
+    local = sorted({r.host for r in ranks if not over_ssh(options, hosts[r.host])})
     facts = here.facts(probe, inherited(env).get("PATH", os.defpath)) if local else {}
     host_info = {index: dict(facts) for index in local}  # every name of this machine: one set of facts
     job = job_plan(
@@ -303,6 +318,7 @@ def build_plan(
         exports=exports,
         env=env,
         host_info=host_info,
+        app_exports=app_exports,
     )
     plan = LaunchPlan(
         hosts=hosts,
@@ -312,6 +328,7 @@ def build_plan(
         job_id=job_id,
         master=master,
         exports=exports,
+        app_exports=app_exports,
         launcher_env=dict(env),
         heartbeat=heartbeat_timeout(env),
         host_info=host_info,

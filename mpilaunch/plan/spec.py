@@ -31,6 +31,7 @@ class Options(Record):
     output_filename: str | None = None
     merge_stderr_to_stdout: bool = False
     tag_output: bool = False
+    prepend_rank: bool = False  # hydra's -l: [rank] before each console line
     timestamp_output: bool = False
     stdin: str = "0"  # rank number, "all" or "none"
     mca: tuple[tuple[str, str], ...] = ()
@@ -49,6 +50,7 @@ class Options(Record):
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
     ssh_client: str = "paramiko"  # paramiko (in the launcher) or openssh (an `ssh` process per host)
     ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
+    launcher: str = "auto"  # auto, ssh, or local/fork (every host's agent on this machine)
 
     @property
     def abort_on_failure(self) -> bool:

@@ -151,3 +151,17 @@ def test_fences_across_hosts_go_through_the_controller(launcher: Launcher, progr
         assert proc.returncode == 7, proc.stderr.decode()[-3000:]
         left = bed.wait_clean(5.0)
         assert not left, f"left on the hosts: {left}"
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_two_agents_on_this_machine_join_fences_without_sshd(launcher: Launcher, program: str, np: int) -> None:
+    """--launcher local starts an agent per host name here (hydra's fork launcher): each has its
+    own PMIx server and shared-memory directory, every fence goes through the controller, and
+    the ranks of the two "hosts" talk TCP on loopback."""
+    hosts = f"node1:{np // 2},node2:{np // 2}"
+    tcp = ("-x", "OMPI_MCA_btl_tcp_if_include=lo")
+    proc = launcher.run("--launcher", "local", "-H", hosts, *tcp, "-n", str(np), program, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert _lines(proc.stdout) == sorted(f"rank {r} of {np} sum {np} app 0" for r in range(np))
+    proc = launcher.run("--launcher", "local", "-H", hosts, *tcp, "-n", str(np), program, "abort", timeout=120)
+    assert proc.returncode == 7, proc.stderr.decode()[-3000:]

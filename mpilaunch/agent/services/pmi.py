@@ -162,17 +162,17 @@ class PmiTcp(PmiFd):
         except OSError:
             data = b""
         buf += data
-        if data and b"\n" not in buf and len(buf) < 512:
+        if data and b"\n" not in buf and len(buf) < 512 and not pmi2_first(buf):
             return
         self.host.loop.unwatch(sock)
         del self.hello[fd]
-        words = dict(w.split("=", 1) for w in buf.split(b"\n", 1)[0].decode("ascii", "replace").split() if "=" in w)
+        words = hello_words(buf)
         claimed = words.get("pmiid", "")
         entry = self.ids.pop(int(claimed), None) if words.get("cmd") == "initack" and claimed.isdigit() else None
         if entry is None:
             sock.close()
             self.refused += 1
-            self.host.send(Note(text="mpilaunch: refused a PMI connection that did not present a valid PMI_ID"))
+            self.host.send(Note(text=refusal(buf, words)))
             if self.refused == MAX_REFUSED:  # someone is guessing ids: close the door for this job
                 self.close_port()
             return
@@ -190,3 +190,30 @@ class PmiTcp(PmiFd):
         for _, ident in self.ids.values():
             self.host.send(PmiError(proc=ident, error=error))
         self.ids.clear()
+
+
+REFUSED = "mpilaunch: refused a PMI connection that did not present a valid PMI_ID"
+PMI2_REFUSED = (
+    "a PMI-2 client connected over --pmi-tcp, and PMI-2 does not send PMI_ID; drop --pmi-tcp to serve it over PMI_FD"
+)
+
+
+def hello_words(buf: bytes | bytearray) -> dict[str, str]:
+    """The `key=value` words of a TCP client's first line."""
+    line = bytes(buf).split(b"\n", 1)[0].decode("ascii", "replace")
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
+
+
+def pmi2_first(buf: bytes | bytearray) -> bool:
+    """A PMI-2 frame where the first line was expected: it has no newline to wait for."""
+    from mpilaunch.agent.services.pmi2 import looks_like_frame  # compiles its patterns: TCP hellos only
+
+    return looks_like_frame(buf)
+
+
+def refusal(buf: bytes | bytearray, words: dict[str, str]) -> str:
+    """Why a TCP connection was refused. PMI-2 clients (MPICH's, Slurm's libpmi2) open with
+    `cmd=init pmi_version=2` or a frame and never send PMI_ID, so the user is told the way out."""
+    if (words.get("cmd") == "init" and words.get("pmi_version") == "2") or pmi2_first(buf):
+        return f"{REFUSED}: {PMI2_REFUSED}"
+    return REFUSED

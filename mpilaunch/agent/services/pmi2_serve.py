@@ -1,12 +1,26 @@
 """How a job's PMI server serves a PMI-2 client: one handler per command, and the answers to
-what went up to the controller."""
+what went up to the controller.
+
+Two families of PMI-2 clients read the answers: MPICH's today and the older simple PMI-2 client,
+MPICH's own up to 4.0.1 and still Slurm's `libpmi2.so` (which Intel MPI loads with
+`I_MPI_PMI_LIBRARY`). Where they read different fields, both are sent.
+"""
 
 from __future__ import annotations
 
 from mpilaunch.agent.services.pmi1 import FINALIZED, INITIALIZED, put_error
-from mpilaunch.agent.services.pmi2 import Pairs, fields, is_true, parse_body, response, spawn_apps, split_frame
+from mpilaunch.agent.services.pmi2 import (
+    VALLEN_MAX,
+    Pairs,
+    fields,
+    is_true,
+    parse_body,
+    response,
+    spawn_apps,
+    split_frame,
+)
 from mpilaunch.agent.services.pmi_job import JobState, PmiClient
-from mpilaunch.protocol.messages import PmiNameReply, PmiSpawnReply, SpawnApp
+from mpilaunch.protocol.messages import Note, PmiNameReply, PmiSpawnReply, SpawnApp
 
 NAMES = {"name-publish": "publish_name", "name-unpublish": "unpublish_name", "name-lookup": "lookup_name"}
 NAMES_BACK = {v: k for k, v in NAMES.items()}
@@ -95,6 +109,18 @@ def _finalize(server: JobState, client: PmiClient, msg: dict[str, str], pairs: P
     _answer(server, client, msg)
 
 
+def _abort(server: JobState, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
+    """MPI_Abort. MPICH's client sends `exitcode` and `message`; Slurm's sends only `isworld` and
+    `msg`, then exits with the code itself: its exit status is the job's, so no code is made up."""
+    message = msg.get("message", msg.get("msg", ""))
+    if "exitcode" in msg:
+        server.abort(client, msg["exitcode"], message)
+        return
+    said = f": {message[:VALLEN_MAX]}" if message else ""
+    rank = server.rank_of(client)
+    server.send_up(Note(text=f"mpilaunch: rank {rank} called MPI_Abort{said} (its exit status is the code)"))
+
+
 def _name(server: JobState, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
     server.name_request(client, msg.get("thrid"), NAMES[msg["cmd"]], msg.get("name", ""), msg.get("port"))
 
@@ -118,9 +144,7 @@ COMMANDS = {
     "info-getnodeattr": _get_node_attr,
     "info-getjobattr": _get_job_attr,
     "finalize": _finalize,
-    "abort": lambda server, client, msg, pairs: server.abort(
-        client, msg.get("exitcode"), msg.get("message", msg.get("msg", ""))
-    ),
+    "abort": _abort,
     "name-publish": _name,
     "name-unpublish": _name,
     "name-lookup": _name,
@@ -150,5 +174,10 @@ def answer(server: JobState, client: PmiClient, thrid: str | None, message: PmiN
     if message.rc != 0:
         out = [("errmsg", message.msg or "failed")]
     else:
-        out = [("port", message.port)] if cmd == "name-lookup" else []
+        out = looked_up(message.port) if cmd == "name-lookup" else []
     server.send(client, response(cmd, thrid, message.rc, out))
+
+
+def looked_up(port: str) -> list[tuple[str, str]]:
+    """A found name: MPICH's client reads `port` (hydra's key), Slurm's `value` (its server's key)."""
+    return [("port", port), ("value", port)]
