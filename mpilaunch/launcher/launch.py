@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.host.mpi_family import MPI4PY_HINT
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
@@ -51,12 +52,15 @@ def asks_families(options: Options) -> bool:
 
 def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
     """What the job is served, now that each host said which MPI its programs are linked with:
-    by default PMI-1/PMI-2, or PMIx when they are linked with Open MPI. A job that mixes the
-    families, or asks PMIx for MPICH-family programs, is refused (they would not share one
-    MPI_COMM_WORLD, or would run alone)."""
+    by default PMI-1/PMI-2, or PMIx when they are linked with Open MPI, or are Python whose
+    mpi4py is (a hint: it only decides when nothing else does). A job that mixes programs linked
+    with either family, or asks PMIx for MPICH-family programs, is refused (they would not share
+    one MPI_COMM_WORLD, or would run alone)."""
     found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
-    open_mpi = [(program, lib) for program, family, lib in found if family == "openmpi"]
-    mpich = [(program, lib) for program, family, lib in found if family == "mpich"]
+    linked = [(program, family, lib) for program, family, lib in found if not lib.startswith(MPI4PY_HINT)]
+    open_mpi = [(program, lib) for program, family, lib in linked if family == "openmpi"]
+    mpich = [(program, lib) for program, family, lib in linked if family == "mpich"]
+    hinted = {family for _, family, lib in found if lib.startswith(MPI4PY_HINT)}
     if open_mpi and mpich:
         raise LaunchError(
             f"program {open_mpi[0][0]!r} is linked with Open MPI ({open_mpi[0][1]}) and {mpich[0][0]!r} with an "
@@ -67,7 +71,7 @@ def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> L
             f"program {mpich[0][0]!r} is linked with an MPICH-family MPI ({mpich[0][1]}), which is served PMI-1, "
             "not PMIx: drop --mpi pmix"
         )
-    if plan.options.mpi == "pmi1" and open_mpi:
+    if plan.options.mpi == "pmi1" and (open_mpi or (hinted == {"openmpi"} and not mpich)):
         return with_master(plan._replace(options=plan.options._replace(mpi="pmix")), plan.master)
     return plan
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,3 +166,28 @@ def test_two_agents_on_this_machine_join_fences_without_sshd(launcher: Launcher,
     assert _lines(proc.stdout) == sorted(f"rank {r} of {np} sum {np} app 0" for r in range(np))
     proc = launcher.run("--launcher", "local", "-H", hosts, *tcp, "-n", str(np), program, "abort", timeout=120)
     assert proc.returncode == 7, proc.stderr.decode()[-3000:]
+
+
+def test_debians_mpi4py_is_served_pmix_without_being_asked(launcher: Launcher, tmp_path: Path) -> None:
+    """/usr/bin/python3's mpi4py is built for Open MPI: the job is served PMIx by default."""
+    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
+        pytest.skip("needs Debian's python3-mpi4py")
+    script = tmp_path / "coll.py"
+    script.write_text(COLLECTIVES)
+    proc = launcher.run("--oversubscribe", "-n", "3", SYSTEM_PYTHON, str(script), timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().splitlines() == ["collectives ok 3"]
+
+
+def test_a_hint_of_each_family_serves_pmi1_and_the_guard_stops_the_open_mpi_rank(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Two Pythons whose mpi4py differ: a hint decides nothing, the Open MPI guard still stops
+    a rank that would run alone; nothing hangs."""
+    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
+        pytest.skip("needs Debian's python3-mpi4py")
+    script = tmp_path / "coll.py"
+    script.write_text(COLLECTIVES)
+    proc = launcher.run("-n", "1", SYSTEM_PYTHON, str(script), ":", "-n", "1", sys.executable, str(script), timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "uses Open MPI" in err, err[-3000:]
