@@ -74,6 +74,16 @@ def find_library(requested: str | None, own: str | None = None) -> str:
     )
 
 
+NOT_SERVED = {  # PMIx upcalls refused, with what a rank calls to reach each
+    lib.PUBLISH: "MPI_Publish_name",
+    lib.LOOKUP: "MPI_Lookup_name",
+    lib.UNPUBLISH: "MPI_Unpublish_name",
+    lib.SPAWN: "MPI_Comm_spawn",
+    lib.CONNECT: "MPI_Comm_connect/MPI_Comm_accept",
+    lib.DISCONNECT: "MPI_Comm_disconnect",
+}
+
+
 def _compatibility(prefix: str, other_build: bool) -> dict[str, str]:
     """What ranks of an Open MPI installed in its own prefix need: where its help texts are, and,
     when the server is another PMIx build than theirs (4.1.8's PMIx 3 built in, or a host's
@@ -171,6 +181,7 @@ class PmixService(Service):
         self.jobs: dict[int, _Job] = {}
         self.by_nspace: dict[str, _Job] = {}
         self.refused: dict[int, str] = {}  # job -> why its ranks cannot be served here
+        self.told: set[tuple[int, str]] = set()  # (process, call) refused and said once
         self.compat: dict[str, str] = {}  # set in every rank unless it has them (see _compatibility)
         self.upcalls: deque[tuple] = deque()  # from PMIx's thread, for the loop
         self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
@@ -192,6 +203,8 @@ class PmixService(Service):
             lib.FENCE_NB: lib.FENCE_FN(self._fence),
             lib.JOB_CONTROL: lib.JOB_CONTROL_FN(lambda *args: lib.ERR_NOT_SUPPORTED),
         }
+        for slot, call in NOT_SERVED.items():
+            upcalls[slot] = lib.FIRST_PROC_FN(lambda who, call=call: self._refuse(who, call))
         server.start(
             [
                 ("pmix.srvr.tmpdir", lib.STRING, self.dir),
@@ -283,6 +296,11 @@ class PmixService(Service):
             pass  # the loop has a wake-up pending already
         return lib.OPERATION_SUCCEEDED
 
+    def _refuse(self, who, call: str) -> int:  # type: ignore[no-untyped-def]
+        """Said on the launcher's stderr, naming the rank; the call fails in the rank."""
+        self._up("refused", who, call)
+        return lib.ERR_NOT_SUPPORTED
+
     def _abort(self, who, obj, status, message, procs, nprocs, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
         return self._up("abort", who, int(status), (message or b"").decode(errors="replace"))
 
@@ -322,6 +340,15 @@ class PmixService(Service):
                 served.states[ident] = "finalized"
             elif kind == "abort":
                 self.host.send(PmiAbort(proc=ident, code=rest[1], message=rest[2]))
+            elif kind == "refused" and (ident, rest[1]) not in self.told:
+                self.told.add((ident, rest[1]))
+                rank = f"rank {rest[0]}" + (f" of job {served.number}" if served.number != 1 else "")
+                self.host.send(
+                    Note(
+                        text=f"mpilaunch: {rank} called {rest[1]}, which mpilaunch does not serve to "
+                        "Open MPI ranks yet (PMIx); the call fails in the rank"
+                    )
+                )
 
     def fence(self, served: _Job, ranks: tuple[int, ...], blob: bytes, cb: object, cbdata: int) -> None:
         everyone = lib.RANK_WILDCARD in ranks

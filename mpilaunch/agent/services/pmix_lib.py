@@ -24,6 +24,7 @@ RANK_WILDCARD = 0xFFFFFFFE
 MODULE_SLOTS = 40  # 28 in PMIx 4.2, 29 in 5.0: a zero-filled table longer than either
 # Slots of pmix_server_module_t
 CLIENT_CONNECTED, CLIENT_FINALIZED, ABORT, FENCE_NB, DIRECT_MODEX, JOB_CONTROL = 0, 1, 2, 3, 4, 19
+PUBLISH, LOOKUP, UNPUBLISH, SPAWN, CONNECT, DISCONNECT = 5, 6, 7, 8, 9, 10
 
 
 class Proc(ctypes.Structure):
@@ -70,6 +71,7 @@ FENCE_FN = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(Proc), ctypes.c_size_t, _P, ctypes.c_size_t, _P, ctypes.c_size_t, MODEX_CB, _P
 )
 DMODEX_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc), _P, ctypes.c_size_t, MODEX_CB, _P)
+FIRST_PROC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc))  # an upcall read only up to its proc(s)
 JOB_CONTROL_FN = ctypes.CFUNCTYPE(ctypes.c_int, _P, _P, ctypes.c_size_t, _P, ctypes.c_size_t, _P, _P)
 
 
