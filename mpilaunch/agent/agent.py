@@ -25,6 +25,7 @@ from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.host import hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for
+from mpilaunch.host.binding import report as binding_report
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
@@ -186,9 +187,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
         try:
             for spec in message.ranks:
                 cpus = cpus_for(message.bind_to, spec.local_rank, groups)
-                if message.report_bindings:
-                    where = f"bound to CPUs {','.join(map(str, cpus))}" if cpus else "not bound"
-                    self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {where}"))
+                if message.report_bindings:  # in Open MPI's words
+                    self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **spec.env}
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
         finally:

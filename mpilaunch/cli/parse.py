@@ -215,7 +215,9 @@ def parse_args(argv: list[str]) -> JobSpec:
             "so mpilaunch would refuse its connection; drop --pmi-tcp to serve PMI-2 over PMI_FD"
         )
     bind_to = str(globals_.pop("bind_to")).split(":", 1)[0].lower()
-    if bind_to not in ("none", "core", "socket", "hwthread"):
+    if bind_to == "none" and "bind_to" not in given_anywhere:
+        bind_to = ""  # not asked for: each MPI family's launcher default (plan/build.launch_messages)
+    if bind_to not in ("", "none", "core", "socket", "hwthread"):
         raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket or hwthread")
     options = Options(
         timeout=timeout,  # type: ignore[arg-type]

@@ -31,3 +31,31 @@ def cpus_for(level: str, local_rank: int, groups: list[list[int]]) -> list[int] 
     if level == "none" or not groups:
         return None
     return groups[local_rank % len(groups)]
+
+
+def report(cpus: list[int] | None, usable: list[int] | None = None) -> str:
+    """Open MPI's words for a rank's binding (`--report-bindings`): `bound to socket 0[core 1[hwt
+    0]]: [./B]` (each bound core, then a map per socket: a letter per hwthread, cores split by
+    /), or `is not bound (or bound to all available processors)`."""
+    every = sorted(usable if usable is not None else os.sched_getaffinity(0))
+    if not cpus or set(cpus) >= set(every):
+        return "is not bound (or bound to all available processors)"
+    where: dict[int, tuple[int, int]] = {}  # cpu -> (package, core id)
+    for cpu in every:
+        where[cpu] = (_topology_value(cpu, "physical_package_id"), _topology_value(cpu, "core_id"))
+    packages = sorted({p for p, _ in where.values()})
+    cores = {p: sorted({c for q, c in where.values() if q == p}) for p in packages}
+    threads = {key: sorted(cpu for cpu, at in where.items() if at == key) for key in set(where.values())}
+    bound = set(cpus)
+    named = []
+    for p in packages:
+        for c in cores[p]:
+            hwts = [h for h, cpu in enumerate(threads[(p, c)]) if cpu in bound]
+            if hwts:
+                span = str(hwts[0]) if len(hwts) == 1 else f"{hwts[0]}-{hwts[-1]}"
+                named.append(f"socket {packages.index(p)}[core {cores[p].index(c)}[hwt {span}]]")
+    picture = "".join(
+        "[" + "/".join("".join("B" if cpu in bound else "." for cpu in threads[(p, c)]) for c in cores[p]) + "]"
+        for p in packages
+    )
+    return f"bound to {', '.join(named)}: {picture}"

@@ -12,7 +12,15 @@ from mpilaunch.host.programs import carried_environment, program_family, program
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
 from mpilaunch.plan import devices
-from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, launch_messages, remote_hosts, with_master
+from mpilaunch.plan.build import (
+    LaunchPlan,
+    build_plan,
+    host_checks,
+    launch_messages,
+    open_mpi_binding,
+    remote_hosts,
+    with_master,
+)
 from mpilaunch.plan.rank_env import inherited
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
@@ -292,6 +300,14 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             link.wait()
         raise
     job = plan.job
+    if not plan.options.bind_to and job.pmix is not None and open_mpi_binding(len(job.ranks), False) != "none":
+        level = open_mpi_binding(len(job.ranks), False)
+        print(
+            f"mpilaunch: Open MPI ranks are bound to a {level} each, as mpirun binds them (not on a host with more "
+            "ranks than slots); --bind-to none leaves them unbound",
+            file=sys.stderr,
+            flush=True,
+        )
     note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
     if note:
         print(f"mpilaunch: {note}", file=sys.stderr, flush=True)

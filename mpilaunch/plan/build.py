@@ -157,6 +157,12 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
     return plan._replace(job=rebuilt, master=master)
 
 
+def open_mpi_binding(size: int, oversubscribed: bool) -> str:
+    """mpirun's binding when none is asked for (Open MPI 4.1 and 5): a core per rank for jobs of
+    2 ranks or fewer, a socket for larger ones, none on a host with more ranks than slots."""
+    return "none" if oversubscribed else "core" if size <= 2 else "socket"
+
+
 def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin: Collection[int]) -> dict[int, Launch]:
     """Each host's Launch of a job, by host index. procs: the job's process ids in rank order
     (job 1's are its ranks); stdin: the process ids that get the launcher's stdin. A host's
@@ -181,8 +187,9 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
             if r.host == index
         )
         pmix = None
+        over = len(ranks) > (plan.hosts[index].slots or 0)
         if job.pmix is not None:
-            pmix = job.pmix._replace(node=node, oversubscribed=len(ranks) > (plan.hosts[index].slots or 0))
+            pmix = job.pmix._replace(node=node, oversubscribed=over)
         launches[index] = Launch(
             job=job.job,
             ranks=ranks,
@@ -190,7 +197,7 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
             pmi=job.pmi,
             pmix=pmix,
             merge=options.merge_stderr_to_stdout,
-            bind_to=options.bind_to,
+            bind_to=options.bind_to or (open_mpi_binding(len(job.ranks), over) if job.pmix else "none"),
             report_bindings=options.report_bindings,
             drop_prefixes=LEAK_PREFIXES,
             drop_names=tuple(sorted(LEAK_NAMES)),

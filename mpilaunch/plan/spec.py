@@ -35,7 +35,7 @@ class Options(Record):
     timestamp_output: bool = False
     stdin: str = "0"  # rank number, "all" or "none"
     mca: tuple[tuple[str, str], ...] = ()
-    bind_to: str = "none"
+    bind_to: str = ""  # none, core, socket, hwthread; "" when not asked for (Open MPI ranks: mpirun's default)
     report_bindings: bool = False
     devices_per_rank: int | None = None  # each rank's slice of its host's device list (CUDA_VISIBLE_DEVICES, ...)
     rank_table: str | None = None  # where to write the HCCL rank table of the job (sets RANK_TABLE_FILE)

@@ -367,7 +367,7 @@ def test_bind_to_core_sets_affinity(launcher: Launcher, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     sets = [r["affinity"] for r in load(out, 2)]
     assert all(sets) and not set(sets[0]) & set(sets[1])
-    assert b"MCW rank 0 bound to CPUs" in proc.stderr and b"MCW rank 1 bound to CPUs" in proc.stderr
+    assert b"MCW rank 0 bound to socket 0[core " in proc.stderr and b"MCW rank 1 bound to socket 0[core " in proc.stderr
     proc = launcher.run("-n", "2", "-bind-to", "none", PY, str(RANKS / "dump_env.py"), str(out))
     assert [r["affinity"] for r in load(out, 2)] == [sorted(os.sched_getaffinity(0))] * 2
 

@@ -227,3 +227,28 @@ def test_calls_not_served_over_pmix_are_refused_naming_the_rank(
     ], err
     if call == "spawn":  # an error the program can catch; a failed lookup is fatal in Open MPI 4.1
         assert proc.returncode == 0 and proc.stdout == b"MPI error\n", err
+
+
+OPEN_MPI_RUN = shutil.which("mpirun.openmpi")
+
+
+def _reports(err: bytes) -> list[str]:
+    """The --report-bindings lines, less the launcher's pid."""
+    return sorted(line.split("] ", 1)[1] for line in err.decode().splitlines() if " MCW rank " in line)
+
+
+@pytest.mark.skipif(OPEN_MPI_RUN is None, reason="needs Debian's openmpi-bin")
+@pytest.mark.parametrize("binding", [[], ["--bind-to", "core"], ["--bind-to", "none"], ["--bind-to", "hwthread"]])
+def test_bindings_are_mpiruns_and_reported_in_its_words(launcher: Launcher, program: str, binding: list) -> None:
+    """Open MPI ranks are bound as mpirun binds them (a core each at 2 ranks when nothing is
+    asked), and --report-bindings says it as mpirun does, line for line."""
+    ours = launcher.run(*binding, "--report-bindings", "-n", "2", program, timeout=120)
+    assert ours.returncode == 0, ours.stderr.decode()[-3000:]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    theirs = subprocess.run(
+        [OPEN_MPI_RUN, *binding, "--report-bindings", "-n", "2", program], capture_output=True, env=env, timeout=120
+    )
+    assert theirs.returncode == 0, theirs.stderr.decode()[-3000:]
+    assert _reports(ours.stderr) == _reports(theirs.stderr) and len(_reports(ours.stderr)) == 2
+    said = "mpilaunch: Open MPI ranks are bound to a core each, as mpirun binds them"
+    assert (said in ours.stderr.decode()) == (not binding)
