@@ -177,9 +177,10 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "ssh_client",
         ("--ssh-client", "-ssh-client"),
         check=CHOICE,
-        choices=("paramiko", "openssh"),
-        default="paramiko",
-        help="SSH client for the hosts: paramiko (in the launcher) or openssh (an `ssh` process per host).",
+        choices=("auto", "openssh", "paramiko"),
+        default="auto",
+        help="SSH client for the hosts: openssh (an `ssh` process per host, reading your ssh config as ssh does), "
+        "paramiko (in the launcher), or auto: openssh when `ssh` is on PATH, else paramiko.",
     ),
     Opt(
         "ssh_tree_width",

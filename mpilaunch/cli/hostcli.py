@@ -15,7 +15,7 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import Options
 
 _ROWS = {opt.name: opt for opt in RUN_OPTIONS}
-HOST_KEYS = ("hosts", "hostfile", "ssh_config", "ssh_accept_new")
+HOST_KEYS = ("config", "hosts", "hostfile", "ssh_config", "ssh_accept_new", "ssh_client")
 ALLRUN_KEYS = ("exports", "wdir", "timeout", "allow_run_as_root")
 
 
@@ -58,16 +58,20 @@ def run_subcommand(name: str, args: list[str]) -> int:
     check, allrun = _commands()
     command = check if name == "check" else allrun
     try:
-        params = command.make_context(command.name, args).params
+        ctx = command.make_context(command.name, args)
     except click.exceptions.Exit as done:
         return done.exit_code
     except click.ClickException as exc:
         raise LaunchError(exc.format_message()) from None
+    params = ctx.params
+    if params["config"]:
+        _with_job_file(params, ctx)
     options = Options(
         hosts=params["hosts"],
         hostfile=params["hostfile"],
         ssh_config=params["ssh_config"],
         ssh_accept_new=bool(params["ssh_accept_new"]),
+        ssh_client=str(params["ssh_client"]).lower(),
         allow_run_as_root=bool(params.get("allow_run_as_root")),
         output_filename=params.get("output_filename"),
         timeout=params.get("timeout"),
@@ -76,3 +80,26 @@ def run_subcommand(name: str, args: list[str]) -> int:
         return hostcmds.run_check(options, params["program"], params["port"])
     check_root(options, os.environ)
     return hostcmds.run_allrun(options, tuple(params["argv"]), params["wdir"], exports_of(params["exports"]))
+
+
+def _with_job_file(params: dict, ctx) -> None:  # type: ignore[no-untyped-def]
+    """--config JOB.yaml: the job file's hosts, SSH settings (and for allrun its variables,
+    working directory and timeout), under what the command line gives."""
+    from click.core import ParameterSource
+
+    from mpilaunch.cli.command import run_command
+    from mpilaunch.cli.jobfile import read_job_file
+
+    job = read_job_file(str(params["config"]), run_command().params)
+    given = {name for name in params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    for name, value in job.options.items():
+        if name not in params or (name in given and name != "exports"):
+            continue
+        if name == "exports":
+            params[name] = tuple(value) + tuple(params[name])
+        elif name in ("hosts", "hostfile") and given & {"hosts", "hostfile"}:
+            continue
+        else:
+            params[name] = value
+    if "wdir" in params and params["wdir"] is None and job.wdir:
+        params["wdir"] = job.wdir

@@ -87,7 +87,8 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
-    from mpilaunch.transport.ssh import ParamikoTransport
+    from mpilaunch.transport.base import transport_class
+    from mpilaunch.transport.sshcommon import ssh_client
 
     hosts = _hosts(options)
     if port is None:
@@ -98,7 +99,8 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
     carried = carried_environment(dict(os.environ))
     apps = (AppCheck(program=program, wdir=wdir),) if program else ()
     check = encode(Check(apps=apps, carried=carried, mpi=False, port=port))
-    transport = ParamikoTransport(SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new))
+    ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
+    transport = transport_class(ssh_client(options.ssh_client))(ssh)  # type: ignore[call-arg]
     results = transport.start(remote, lambda index: check)
     rows = []
     for index, host in enumerate(hosts):

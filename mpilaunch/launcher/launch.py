@@ -87,10 +87,10 @@ def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> L
 def remote_transport(options: Options, hosts: int) -> Transport:
     """The transport that starts the agents of this many remote hosts: --ssh-client's, behind
     relays with --ssh-tree-width when there are more hosts than that."""
-    from mpilaunch.transport.sshcommon import SshOptions  # a job on this machine alone never needs it
+    from mpilaunch.transport.sshcommon import SshOptions, ssh_client  # a local job never needs them
 
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
-    transport = transport_class(options.ssh_client)(ssh)  # type: ignore[call-arg]
+    transport = transport_class(ssh_client(options.ssh_client))(ssh)  # type: ignore[call-arg]
     width = options.ssh_tree_width
     if width and hosts > width:
         return transport_class("tree")(transport, ssh, width)  # type: ignore[call-arg]

@@ -48,7 +48,7 @@ class Options(Record):
     report_json: str | None = None  # where the run's JSON report goes
     ssh_config: str | None = None  # instead of ~/.ssh/config
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
-    ssh_client: str = "paramiko"  # paramiko (in the launcher) or openssh (an `ssh` process per host)
+    ssh_client: str = "auto"  # openssh (an `ssh` process per host), paramiko (in the launcher), auto: openssh if found
     ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
     launcher: str = "auto"  # auto, ssh, or local/fork (every host's agent on this machine)
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from types import ModuleType
 
-from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host, HostSyntaxError, check_host_name, check_user_name
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import UP, Checked, Hello, decode
@@ -29,6 +28,7 @@ from mpilaunch.protocol.wire import MARKER, MAX_NOISE
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
+from mpilaunch.transport.sshconfig import not_honoured
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:
@@ -118,28 +118,30 @@ class SshTarget(Record):
         return f"{self.user}@{self.hostname}:{self.port}"
 
 
-def load_config(path: str | None) -> paramiko.SSHConfig:
-    paramiko = import_paramiko()
-    named = path is not None
-    if path is None:
-        path = os.path.expanduser("~/.ssh/config")
-        if not os.path.isfile(path):
-            return paramiko.SSHConfig()
-    where = f"--ssh-config {path}" if named else f"SSH config {path}"
-    try:
-        return paramiko.SSHConfig.from_path(path)
-    except OSError as exc:
-        raise LaunchError(f"{where}: cannot read: {exc.strerror or exc}") from None
-    except Exception as exc:  # paramiko's parser raises plain exceptions for bad lines
-        raise LaunchError(f"{where}: {exc}") from None
+def load_config(path: str | None) -> Callable[[str], dict]:
+    """Each host's settings as OpenSSH reads the config: `ssh -G` where ssh is on PATH, else
+    paramiko's parser with Include expanded (transport/sshconfig.py)."""
+    from mpilaunch.transport.sshconfig import resolver
+
+    return resolver(path, _ssh_binary())
 
 
-def ssh_target(name: str, user: str | None, port: int | None, config) -> SshTarget:
-    """Apply the ssh config to one host; the hostfile's user@ and port= win over it."""
+def _ssh_binary() -> str | None:
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or ".", "ssh")
+        if folder and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def ssh_target(name: str, user: str | None, port: int | None, config: Callable[[str], dict]) -> SshTarget:
+    """Apply the ssh config (load_config's lookup) to one host; the hostfile's user@ and port= win."""
+    from mpilaunch.transport.sshconfig import ConfigError
+
     try:
-        entry = config.lookup(name)
-    except ImportError:
-        raise TransportError("resolve", "the ssh config uses `Match exec`, which mpilaunch does not support") from None
+        entry = config(name)
+    except ConfigError as exc:
+        raise TransportError("resolve", str(exc)) from None
     user = user or entry.get("user") or getpass.getuser()
     try:
         check_user_name(user)
@@ -391,7 +393,7 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
 
 
 def open_connection(
-    target: SshTarget, options: SshOptions, config: paramiko.SSHConfig
+    target: SshTarget, options: SshOptions, config: Callable[[str], dict]
 ) -> tuple[paramiko.SSHClient, list[paramiko.SSHClient]]:
     """The client for target, through its ProxyJump hops if any: (client, [jump clients])."""
     jumps: list = []
@@ -579,6 +581,8 @@ class ParamikoTransport(Transport):
             host = hosts[index]
             try:
                 target = ssh_target(host.name, host.user, host.port, config)
+                for directive in not_honoured(config(host.name)):
+                    ignored.setdefault(directive, []).append(host.name)
                 result.address = target.where()
                 result.link, result.reply = start_agent(target, self.options, config, first(index))
             except TransportError as exc:
@@ -587,6 +591,7 @@ class ParamikoTransport(Transport):
                 result.error = TransportError("connect", f"{type(exc).__name__}: {exc}")
             return result
 
+        ignored: dict[str, list[str]] = {}  # directive -> the hosts whose settings have it
         agent_payload()  # built once here: the threads below would each build it on a cold cache
         # Daemon threads, not a pool: on Ctrl-C the launcher leaves at once instead of waiting for
         # connections to hung hosts to time out; the links opened so far are closed.
@@ -610,4 +615,9 @@ class ParamikoTransport(Transport):
                 if result.link is not None:
                     result.link.close()
             raise
+        if ignored:
+            said = "; ".join(f"{d} ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})"
+                             for d, names in sorted(ignored.items()))  # fmt: skip
+            print(f"mpilaunch: --ssh-client paramiko does not honour, from the ssh config: {said}; "
+                  "--ssh-client openssh does", file=sys.stderr, flush=True)  # fmt: skip
         return dict(sorted(results.items()))

@@ -23,6 +23,19 @@ class SshOptions(Record):
     python: str | None = None  # interpreter for the agent where that path exists (default: ours)
 
 
+def ssh_client(requested: str, path: str | None = None) -> str:
+    """--ssh-client's transport: auto is OpenSSH's `ssh` when it is on PATH (as mpirun and hydra
+    use it: the user's whole ssh config applies), else paramiko (a machine with no ssh client)."""
+    if requested != "auto":
+        return requested
+    import os
+
+    for folder in (path if path is not None else os.environ.get("PATH", os.defpath)).split(os.pathsep):
+        if folder and os.access(os.path.join(folder, "ssh"), os.X_OK):
+            return "openssh"
+    return "paramiko"
+
+
 def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
     """A remote agent's own messages (not its ranks'), shown line by line with the host's name;
     an unfinished line waits in pending (data b"\n" flushes it)."""

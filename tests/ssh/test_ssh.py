@@ -26,6 +26,7 @@ from tests.conftest import (
     is_remote_agent,
     kill_launcher_expecting_clean_hosts,
     parent_pid,
+    process_name,
     session_sshd,
     sshbed_fixtures,
     sshd_of_sessions,
@@ -47,7 +48,8 @@ bed, clean_hosts = sshbed_fixtures("sshbed", 4)
 
 
 def ssh(launcher: Launcher, bed: SshBed, *args: str, config: Path | None = None, **kw) -> subprocess.CompletedProcess:
-    return launcher.run("--ssh-config", str(config or bed.config), *args, **kw)
+    """A job with the paramiko client (the tests that start jobs directly use the default, OpenSSH)."""
+    return launcher.run("--ssh-client", "paramiko", "--ssh-config", str(config or bed.config), *args, **kw)
 
 
 def test_four_hosts_allreduce_and_logs(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -341,9 +343,11 @@ def test_check_table(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     busy.bind(("0.0.0.0", 0))
     port = busy.getsockname()[1]
     try:
-        proc = launcher.run("check", "--ssh-config", str(config), "--port", str(port), "-H", "node1,node2,nope-x", PY)
+        paramiko = ("--ssh-client", "paramiko")
+        hosts = ("-H", "node1,node2,nope-x")
+        proc = launcher.run("check", *paramiko, "--ssh-config", str(config), "--port", str(port), *hosts, PY)
         bad = proc.stdout.decode()
-        proc_ok = launcher.run("check", "--ssh-config", str(bed.config), "-H", "localhost,node1,node3", PY)
+        proc_ok = launcher.run("check", *paramiko, "--ssh-config", str(bed.config), "-H", "localhost,node1,node3", PY)
     finally:
         busy.close()
     assert proc.returncode == 1
@@ -393,13 +397,21 @@ def test_concurrent_jobs_share_the_bed(launcher: Launcher, bed: SshBed, tmp_path
         assert sorted(proc.stdout.decode().split("\n")[:4]) == ["0 4", "1 4", "2 4", "3 4"]
 
 
-def test_match_exec_is_refused_clearly(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+def test_match_exec_is_applied_through_ssh_and_refused_clearly_without_it(
+    launcher: Launcher, bed: SshBed, tmp_path: Path
+) -> None:
+    """paramiko asks `ssh -G`, which runs the `Match exec` command as ssh would (here it makes the
+    user nobody, whom the bed refuses); with no ssh on PATH it is one clear line."""
     config = tmp_path / "ssh_config"
     config.write_text(f'Match exec "true"\n    User nobody\n\n{bed.config.read_text()}')
     proc = ssh(launcher, bed, "-H", "node1:1", "-n", "1", "true", config=config)
     err = proc.stderr.decode()
+    assert proc.returncode == 2 and "node1: authentication as nobody failed" in err, err
+    bare = {**os.environ, "PATH": str(tmp_path)}
+    proc = ssh(launcher, bed, "-H", "node1:1", "-n", "1", "true", config=config, env=bare)
+    err = proc.stderr.decode()
     assert proc.returncode == 2, err
-    assert "node1: the ssh config uses `Match exec`, which mpilaunch does not support" in err
+    assert "node1: the ssh config uses `Match exec`, which paramiko runs only with invoke" in err
 
 
 def test_connections_dropped_before_the_banner_are_retried(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -585,7 +597,7 @@ def test_a_remote_only_job_keeps_no_local_agent(launcher: Launcher, bed: SshBed,
     for _ in range(2):
         assert proc.stdout.readline().strip() == b"up"  # type: ignore[union-attr]
     children = [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_pid(int(e)) == proc.pid]
-    assert children == []  # paramiko runs in threads; no forked agent waits here
+    assert [process_name(pid) for pid in children] == ["ssh", "ssh"]  # its hosts' clients; no forked agent
     proc.communicate(timeout=60)
     assert proc.returncode == 0
 

@@ -4,6 +4,7 @@ read as OpenSSH reads them, and a bad `Port` or `ConnectTimeout` is one line, st
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,19 +50,25 @@ def test_a_revoked_host_key_is_refused_even_with_accept_new(launcher: Launcher, 
     assert proc.returncode == 0, proc.stderr.decode()
 
 
+@pytest.mark.parametrize("reader", ["ssh -G", "paramiko"])
 @pytest.mark.parametrize(
-    ("line", "words"),
-    [("Port abc", "Port 'abc': not a port"), ("Port 70000", "Port '70000': not a port"),
-     ("ConnectTimeout soon", "ConnectTimeout 'soon': not seconds")],
+    ("line", "words", "ssh_words"),
+    [("Port abc", "Port 'abc': not a port", "Bad port 'abc'"),
+     ("Port 70000", "Port '70000': not a port", "Bad port '70000'"),
+     ("ConnectTimeout soon", "ConnectTimeout 'soon': not seconds", "invalid time value")],
 )  # fmt: skip
 def test_a_bad_number_in_the_ssh_config_is_one_line(
-    launcher: Launcher, bed, tmp_path: Path, line: str, words: str
+    launcher: Launcher, bed, tmp_path: Path, line: str, words: str, ssh_words: str, reader: str
 ) -> None:  # type: ignore[no-untyped-def]
+    """With ssh on PATH, OpenSSH's own words (file and line); without, paramiko's reading."""
     known = bed.write_known_hosts(tmp_path / "known_hosts")
     config = bed.write_ssh_config(known, tmp_path / "ssh_config")
     config.write_text(f"Host node1\n    {line}\n\n" + config.read_text())
-    proc = run(launcher, config, "-H", "node1:1", "-n", "1", "true")
+    env = None if reader == "ssh -G" else {**os.environ, "PATH": str(tmp_path)}
+    proc = launcher.run("--ssh-client", "paramiko", "--ssh-config", str(config), "-H", "node1:1", "-n", "1", "true",
+                        timeout=60, env=env)  # fmt: skip
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
-    assert words in err and "node1" in err and "Traceback" not in err and "ValueError" not in err
+    expected = f"{config} line 2: {ssh_words}" if reader == "ssh -G" else words
+    assert expected in err and "node1" in err and "Traceback" not in err and "ValueError" not in err
     assert len(err.strip().splitlines()) == 1, err

@@ -78,7 +78,8 @@ def wait_for(proc: subprocess.Popen, word: bytes, count: int, timeout: float = 6
 def test_allreduce_over_a_tree_with_two_connections_from_the_launcher(
     launcher: Launcher, bed: SshBed, tmp_path: Path
 ) -> None:
-    """Every host's rank joins one COMM_WORLD; the launcher holds two SSH connections; the
+    """Every host's rank joins one COMM_WORLD; the launcher holds two SSH connections (through its
+    ssh clients with the default client); the
     relays (node1, node2, node3) each run one `ssh` per child."""
     go = tmp_path / "go"
     script = write_script(
@@ -93,9 +94,11 @@ def test_allreduce_over_a_tree_with_two_connections_from_the_launcher(
     assert proc.stdout is not None
     try:
         said = wait_for(proc, b"rank", 7)
+        me = psutil.Process(proc.pid)  # the connections are its own (paramiko) or its ssh clients' (OpenSSH)
         conns = [
             c
-            for c in psutil.Process(proc.pid).net_connections("tcp")
+            for p in (me, *me.children())
+            for c in p.net_connections("tcp")
             if c.raddr and c.raddr.port == bed.port and c.status == psutil.CONN_ESTABLISHED
         ]
         assert sorted(c.raddr.ip for c in conns) == [bed.address("node1"), bed.address("node2")]

@@ -250,20 +250,31 @@ def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -
     assert merged["CONDA_PREFIX"] == here and "VIRTUAL_ENV" not in merged and merged["HOME"] == "/root"
 
 
-def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path) -> None:
-    from mpilaunch.transport.base import TransportError
-    from mpilaunch.transport.ssh import load_config, parse_jump, ssh_target
+@pytest.mark.parametrize("reader", ["ssh -G", "paramiko"])
+def test_ssh_target_applies_the_config_and_the_hostfile_wins(tmp_path: Path, reader: str) -> None:
+    """The same settings whether OpenSSH reads the config (`ssh -G`, where ssh exists) or
+    paramiko's parser does (a machine without ssh)."""
+    import shutil
 
+    from mpilaunch.transport.base import TransportError
+    from mpilaunch.transport.ssh import parse_jump, ssh_target
+    from mpilaunch.transport.sshconfig import resolver
+
+    ssh = shutil.which("ssh") if reader == "ssh -G" else None
+    if reader == "ssh -G" and ssh is None:
+        pytest.skip("no ssh client")
+    key = tmp_path / "k1"
+    key.write_text("not read here")
     config_file = tmp_path / "config"
     config_file.write_text(
-        "Host n1\n  HostName 10.0.0.1\n  Port 2200\n  User alice\n  IdentityFile ~/k1\n  IdentitiesOnly yes\n"
+        f"Host n1\n  HostName 10.0.0.1\n  Port 2200\n  User alice\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
         "  ProxyJump bob@gate:2022\n  StrictHostKeyChecking accept-new\n  UserKnownHostsFile /tmp/kh1 /tmp/kh2\n"
         "  ConnectTimeout 3\n"
     )
-    config = load_config(str(config_file))
+    config = resolver(str(config_file), ssh)
     target = ssh_target("n1", None, None, config)
     assert (target.hostname, target.port, target.user, target.timeout) == ("10.0.0.1", 2200, "alice", 3.0)
-    assert target.identity_files == (os.path.expanduser("~/k1"),) and target.identities_only
+    assert target.identity_files == (str(key),) and target.identities_only
     assert target.proxy_jump == "bob@gate:2022" and target.strict == "accept-new"
     assert target.known_hosts == ("/tmp/kh1", "/tmp/kh2") and target.key_name == "[10.0.0.1]:2200"
     override = ssh_target("n1", "carol", 22, config)
