@@ -38,6 +38,13 @@ HINTS = {
     "Host key verification failed.": "(its key is unknown: --ssh-accept-new records it; or it CHANGED: always refused)",
 }
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
+RETRIES = 3  # tries more for a connection dropped before the SSH banner
+# ssh's words for a connection closed before the key exchange began (sshd's MaxStartups)
+DROPPED = ("kex_exchange_identification", "Connection reset by", "Connection closed by")
+
+
+def _dropped(why: str) -> bool:
+    return any(words in why for words in DROPPED)
 
 
 class OpensshLink(Link):
@@ -227,6 +234,20 @@ class OpensshTransport(Transport):
         self.options = options
 
     def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+        """Every host's agent; a connection an sshd dropped before its banner (MaxStartups under a
+        burst of logins) is tried again, up to RETRIES times, after a short random wait."""
+        results = self._start_once(hosts, first)
+        for attempt in range(1, RETRIES + 1):
+            again = {i: hosts[i] for i, r in results.items() if r.error is not None and _dropped(str(r.error))}
+            if not again:
+                break
+            import random
+
+            time.sleep(random.uniform(0.05, 0.25) * attempt)
+            results.update(self._start_once(again, first))
+        return results
+
+    def _start_once(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
         if not hosts:
             return {}
         options = self.options

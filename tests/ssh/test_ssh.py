@@ -414,7 +414,10 @@ def test_match_exec_is_applied_through_ssh_and_refused_clearly_without_it(
     assert "node1: the ssh config uses `Match exec`, which paramiko runs only with invoke" in err
 
 
-def test_connections_dropped_before_the_banner_are_retried(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["openssh", "paramiko"])
+def test_connections_dropped_before_the_banner_are_retried(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, client: str
+) -> None:
     """What sshd's MaxStartups does to a burst: accept, then close before the banner. A proxy in
     front of node1 drops the first two connections, then forwards; the launch must succeed."""
     listener = socket.socket()
@@ -459,7 +462,8 @@ def test_connections_dropped_before_the_banner_are_retried(launcher: Launcher, b
         f"    IdentitiesOnly yes\n    UserKnownHostsFile {known}\n"
     )
     try:
-        proc = ssh(launcher, bed, "-H", "flaky:1", "-n", "1", "echo", "through", config=config)
+        proc = launcher.run("--ssh-client", client, "--ssh-config", str(config), "-H", "flaky:1", "-n", "1", "echo",
+                            "through")  # fmt: skip
     finally:
         listener.close()
     assert proc.returncode == 0, proc.stderr.decode()
