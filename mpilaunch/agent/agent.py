@@ -24,7 +24,7 @@ from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.host import hostinfo, spawn
-from mpilaunch.host.binding import cpu_groups, cpus_for
+from mpilaunch.host.binding import cpu_groups, cpus_for, domains
 from mpilaunch.host.binding import report as binding_report
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
 from mpilaunch.protocol import wire
@@ -181,12 +181,13 @@ class Agent(ServiceHost, LinkOwner, Timer):
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)
         base = {k: v for k, v in self.host_env.items() if k not in drop_names and not k.startswith(drop_prefixes)}
         services = self.services.start_job(message)
-        groups = cpu_groups(message.bind_to) if message.bind_to != "none" else []
+        level = message.bind_to
+        groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
         gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
         started = 0
         try:
             for spec in message.ranks:
-                cpus = cpus_for(message.bind_to, spec.local_rank, groups)
+                cpus = cpus_for(level, spec.local_rank, groups)
                 if message.report_bindings:  # in Open MPI's words
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **spec.env}

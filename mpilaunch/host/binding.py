@@ -26,6 +26,14 @@ def cpu_groups(level: str, cpus: list[int] | None = None) -> list[list[int]]:
     return sorted(groups.values())
 
 
+def domains(count: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """Intel MPI's default pinning (I_MPI_PIN_DOMAIN=auto:compact): the host's usable CPUs cut
+    into `count` equal runs in CPU order; with more ranks than CPUs, one CPU each, round-robin."""
+    usable = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    size = max(1, len(usable) // max(count, 1))
+    return [usable[i * size : (i + 1) * size] for i in range(min(count, len(usable)))]
+
+
 def cpus_for(level: str, local_rank: int, groups: list[list[int]]) -> list[int] | None:
     """Local rank i gets group i (wrapping around when ranks outnumber groups)."""
     if level == "none" or not groups:

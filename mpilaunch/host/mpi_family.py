@@ -18,7 +18,7 @@ import struct
 OPEN_MPI_LIBRARIES = ("libmpi.so.40", "libopen-rte.so", "libopen-pal.so", "libmpi_mpifh.so.40", "libmpi_cxx.so.40")
 MPICH_LIBRARIES = ("libmpi.so.12", "libmpich.so", "libmpicxx.so.12", "libmpifort.so.12")  # MPICH's ABI: Intel MPI too
 PT_LOAD, PT_DYNAMIC = 1, 2
-DT_NULL, DT_NEEDED, DT_STRTAB, DT_RPATH, DT_RUNPATH = 0, 1, 5, 15, 29
+DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 15, 29
 MAX_HEADERS = 4096
 
 
@@ -31,7 +31,7 @@ def dynamic_strings(path: str) -> tuple[list[str], list[str]]:
     """An ELF file's DT_NEEDED names and its RUNPATH (else RPATH) folders, $ORIGIN expanded."""
     try:
         with open(path, "rb") as handle:
-            needed, runpath, rpath = _dynamic(handle)
+            needed, runpath, rpath, _ = _dynamic(handle)
     except (OSError, struct.error, ValueError):
         return [], []
     origin = os.path.dirname(os.path.abspath(path))
@@ -39,10 +39,11 @@ def dynamic_strings(path: str) -> tuple[list[str], list[str]]:
     return needed, folders
 
 
-def _dynamic(handle) -> tuple[list[str], str, str]:  # type: ignore[no-untyped-def]
+def _dynamic(handle) -> tuple[list[str], str, str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """DT_NEEDED names, RUNPATH, RPATH, and where the dynamic string table is (offset, size)."""
     ident = handle.read(64)
     if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
-        return [], "", ""
+        return [], "", "", (0, 0)
     wide = ident[4] == 2
     order = "<" if ident[5] == 1 else ">"
     if wide:
@@ -54,7 +55,7 @@ def _dynamic(handle) -> tuple[list[str], str, str]:  # type: ignore[no-untyped-d
         phentsize, phnum = struct.unpack_from(order + "HH", ident, 0x2A)
         phdr, dyn = struct.Struct(order + "IIIIIIII"), struct.Struct(order + "iI")
     if phnum > MAX_HEADERS or phentsize < phdr.size:
-        return [], "", ""
+        return [], "", "", (0, 0)
     loads, dynamic = [], None
     for index in range(phnum):
         handle.seek(phoff + index * phentsize)
@@ -68,10 +69,10 @@ def _dynamic(handle) -> tuple[list[str], str, str]:  # type: ignore[no-untyped-d
         elif p_type == PT_DYNAMIC:
             dynamic = (offset, filesz)
     if dynamic is None:
-        return [], "", ""
+        return [], "", "", (0, 0)
     handle.seek(dynamic[0])
     raw = handle.read(min(dynamic[1], MAX_HEADERS * dyn.size))
-    needed, strtab, paths = [], None, {}
+    needed, strtab, paths, strsz = [], None, {}, 0
     for position in range(0, len(raw) - dyn.size + 1, dyn.size):
         tag, value = dyn.unpack_from(raw, position)
         if tag == DT_NULL:
@@ -80,18 +81,20 @@ def _dynamic(handle) -> tuple[list[str], str, str]:  # type: ignore[no-untyped-d
             needed.append(value)
         elif tag == DT_STRTAB:
             strtab = value
+        elif tag == DT_STRSZ:
+            strsz = value
         elif tag in (DT_RPATH, DT_RUNPATH):
             paths[tag] = value
     base = next((off + strtab - va for va, size, off in loads if strtab is not None and va <= strtab < va + size), None)
     if base is None:
-        return [], "", ""
+        return [], "", "", (0, 0)
 
     def text(offset: int) -> str:
         handle.seek(base + offset)
         return handle.read(4096).split(b"\0", 1)[0].decode("utf-8", "replace")
 
     found = {tag: text(offset) for tag, offset in paths.items()}
-    return [text(offset) for offset in needed], found.get(DT_RUNPATH, ""), found.get(DT_RPATH, "")
+    return [text(offset) for offset in needed], found.get(DT_RUNPATH, ""), found.get(DT_RPATH, ""), (base, strsz)
 
 
 def open_mpi_library(path: str) -> str | None:
@@ -202,3 +205,62 @@ def own_open_mpi(program: str, library_path: str) -> tuple[str | None, str | Non
 
 def _first(name: str, folders: list[str]) -> str | None:
     return next((os.path.join(f, name) for f in folders if os.path.isfile(os.path.join(f, name))), None)
+
+
+INTEL_MARK = b"\0I_MPI_Check_image_status\0"  # a symbol only Intel MPI's libmpi.so.12 exports
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+def is_intel_mpi(library: str) -> bool:
+    """Intel MPI's libmpi.so.12 rather than MPICH's (same name, same ABI): its dynamic string
+    table names I_MPI_Check_image_status (tens of KB read, not the 60 MB library)."""
+    try:
+        with open(library, "rb") as handle:
+            base, size = _dynamic(handle)[3]
+            if not size:
+                return False
+            handle.seek(base)
+            return INTEL_MARK in handle.read(min(size, 1 << 22))
+    except (OSError, struct.error, ValueError):
+        return False
+
+
+def mpich_library(program: str, library_path: str) -> str | None:
+    """The libmpi.so.12 this program would load: RPATH (without RUNPATH), LD_LIBRARY_PATH,
+    RUNPATH, then the usual folders (not the loader's cache)."""
+    needed, folders = dynamic_strings(program)
+    wanted = next((n for n in needed if n.startswith("libmpi.so.12") or n.startswith("libmpich.so")), None)
+    if wanted is None:
+        return None
+    with open(program, "rb") as handle:
+        runpath = _dynamic(handle)[1]
+    search = ([] if runpath else folders) + [f for f in library_path.split(":") if f] + (folders if runpath else [])
+    return _first(wanted, search + list(LIBRARY_DIRS))
+
+
+def python_mpi_library(interpreter: str) -> str | None:
+    """The libmpi an mpi4py 4 in this interpreter loads first: its prefix's lib (a venv's, then
+    the installation's) holds libmpi.so or libmpi.so.12 as an ELF file (the mpich wheel's
+    libmpi.so is a linker script, skipped)."""
+    prefixes = [os.path.dirname(os.path.dirname(os.path.abspath(interpreter)))]
+    prefixes.append(os.path.dirname(os.path.dirname(os.path.realpath(interpreter))))
+    for prefix in prefixes:
+        for name in ("libmpi.so", "libmpi.so.12"):
+            path = os.path.join(prefix, "lib", name)
+            try:
+                with open(path, "rb") as handle:
+                    if handle.read(4) == b"\x7fELF":
+                        return path
+            except OSError:
+                continue
+    return None
+
+
+def refined_family(program: str, found: tuple[str, str] | None, library_path: str) -> tuple[str, str] | None:
+    """("impi", ...) for an MPICH-family program or Python whose libmpi.so.12 is Intel MPI's:
+    Intel's ranks want its launcher's pinning and yield, which mpilaunch then gives them."""
+    if found is None or found[0] != "mpich":
+        return found
+    hinted = found[1].startswith(MPI4PY_HINT)
+    library = python_mpi_library(program) if hinted else mpich_library(program, library_path)
+    return ("impi", found[1]) if library and is_intel_mpi(library) else found

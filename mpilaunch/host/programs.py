@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.host.mpi_family import mpi_family, open_mpi_library, python_family
+from mpilaunch.host.mpi_family import mpi_family, open_mpi_library, python_family, refined_family
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
@@ -43,7 +43,7 @@ def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None
     target = _target(program, wdir, path) if os.path.isdir(wdir) else None
     if not target or not os.path.isfile(target):
         return None
-    return mpi_family(target) or python_family(target)
+    return refined_family(target, mpi_family(target) or python_family(target), os.environ.get("LD_LIBRARY_PATH", ""))
 
 
 def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None:

@@ -16,6 +16,7 @@ from mpilaunch.plan.build import (
     LaunchPlan,
     build_plan,
     host_checks,
+    intel_note,
     launch_messages,
     open_mpi_binding,
     remote_hosts,
@@ -67,8 +68,10 @@ def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> L
     found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
     linked = [(program, family, lib) for program, family, lib in found if not lib.startswith(MPI4PY_HINT)]
     open_mpi = [(program, lib) for program, family, lib in linked if family == "openmpi"]
-    mpich = [(program, lib) for program, family, lib in linked if family == "mpich"]
-    hinted = {family for _, family, lib in found if lib.startswith(MPI4PY_HINT)}
+    mpich = [(program, lib) for program, family, lib in linked if family in ("mpich", "impi")]
+    if any(family == "impi" for _, family, _ in found) and not open_mpi:
+        plan = plan._replace(intel_mpi=True)  # Intel's launcher's pinning and yield (plan/build.intel_defaults)
+    hinted = {"mpich" if f == "impi" else f for _, f, lib in found if lib.startswith(MPI4PY_HINT)}
     if open_mpi and mpich:
         raise LaunchError(
             f"program {open_mpi[0][0]!r} is linked with Open MPI ({open_mpi[0][1]}) and {mpich[0][0]!r} with an "
@@ -308,6 +311,9 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             file=sys.stderr,
             flush=True,
         )
+    said = intel_note(plan, launch_messages(plan, job, range(len(job.ranks)), ())) if plan.intel_mpi else ""
+    if said:
+        print(f"mpilaunch: {said}", file=sys.stderr, flush=True)
     note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
     if note:
         print(f"mpilaunch: {note}", file=sys.stderr, flush=True)

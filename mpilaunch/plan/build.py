@@ -50,6 +50,7 @@ class LaunchPlan(Record):
     master: tuple[str, int] = ("127.0.0.1", 0)
     exports: tuple[tuple[str, str | None], ...] = ()
     app_exports: tuple[tuple[tuple[str, str | None], ...], ...] = ()  # by app, when hydra's -env makes them differ
+    intel_mpi: bool = False  # a program (or a Python's mpi4py) loads Intel MPI: its launcher's defaults apply
     launcher_env: Mapping[str, str] = MappingProxyType({})
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
     host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
@@ -163,6 +164,42 @@ def open_mpi_binding(size: int, oversubscribed: bool) -> str:
     return "none" if oversubscribed else "core" if size <= 2 else "socket"
 
 
+YIELD_NAMES = ("I_MPI_WAIT_MODE", "I_MPI_THREAD_YIELD", "I_MPI_SPIN_COUNT")  # a user's own choice of spinning
+
+
+def _mpich_defaults(plan: LaunchPlan, index: int, ranks: tuple[RankSpec, ...], bind_to: str) -> tuple:
+    """What Intel's mpiexec gives its ranks that changes their speed (MPICH ignores both): on a
+    host with more ranks than usable CPUs, I_MPI_WAIT_MODE=1 (the ranks yield instead of
+    spinning); and Intel MPI's ranks, unless --bind-to or an I_MPI_PIN variable says otherwise,
+    pinned to their share of the host's CPUs ("auto", Intel's I_MPI_PIN_DOMAIN=auto)."""
+    user = _user_names(plan)
+    cpus = (plan.host_info.get(index) or {}).get("cpus") or 0
+    if cpus and len(ranks) > cpus and not any(name in user for name in YIELD_NAMES):
+        ranks = tuple(r._replace(env={**r.env, "I_MPI_WAIT_MODE": "1"}) for r in ranks)
+    pinned = any(name.startswith("I_MPI_PIN") for name in user)
+    if plan.intel_mpi and not plan.options.bind_to and not pinned and len(ranks) > 1:
+        bind_to = "auto"
+    return ranks, bind_to
+
+
+def _user_names(plan: LaunchPlan) -> set[str]:
+    """The variables the user set: in the launcher's environment, or exported with a value."""
+    return {*plan.launcher_env, *(name for name, value in plan.exports if value is not None)}
+
+
+def intel_note(plan: LaunchPlan, launches: Mapping[int, Launch]) -> str:
+    """One line for what was set for Intel MPI's ranks, and how to turn it off."""
+    pinned = any(launch.bind_to == "auto" for launch in launches.values())
+    ours = not any(name in _user_names(plan) for name in YIELD_NAMES)
+    yielding = ours and any("I_MPI_WAIT_MODE" in r.env for launch in launches.values() for r in launch.ranks)
+    parts = []
+    if pinned:
+        parts.append("pinned as Intel's mpiexec pins them (each its share of its host's CPUs; --bind-to none: not)")
+    if yielding:
+        parts.append("told to yield on hosts with more ranks than CPUs (I_MPI_WAIT_MODE=1; -x I_MPI_WAIT_MODE=0: spin)")
+    return "Intel MPI ranks are " + " and ".join(parts) if parts else ""
+
+
 def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin: Collection[int]) -> dict[int, Launch]:
     """Each host's Launch of a job, by host index. procs: the job's process ids in rank order
     (job 1's are its ranks); stdin: the process ids that get the launcher's stdin. A host's
@@ -190,6 +227,9 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
         over = len(ranks) > (plan.hosts[index].slots or 0)
         if job.pmix is not None:
             pmix = job.pmix._replace(node=node, oversubscribed=over)
+        bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if job.pmix else "none")
+        if job.pmi is not None:
+            ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
         launches[index] = Launch(
             job=job.job,
             ranks=ranks,
@@ -197,7 +237,7 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
             pmi=job.pmi,
             pmix=pmix,
             merge=options.merge_stderr_to_stdout,
-            bind_to=options.bind_to or (open_mpi_binding(len(job.ranks), over) if job.pmix else "none"),
+            bind_to=bind_to,
             report_bindings=options.report_bindings,
             drop_prefixes=LEAK_PREFIXES,
             drop_names=tuple(sorted(LEAK_NAMES)),
