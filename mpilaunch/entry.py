@@ -64,10 +64,11 @@ def main(quick_exit: bool = True) -> None:
 
 
 def _stopped_by(signum: int, frame: object) -> None:
-    """SIGTERM or SIGHUP before the run's own handling starts (or after it ends): what is open
-    (agents, SSH connections, ranks already launched) is closed on the way out, and the status is
-    the shell's 128 + signal, as after it."""
-    raise SystemExit(128 + signum)
+    """SIGTERM or SIGHUP before the run's own handling starts (or after it ends): leave at once
+    with the shell's 128 + signal, as after it. Not by raising: an exception raised in the
+    middle of an import is printed, not caught. Leaving closes every descriptor, so each agent
+    (the early one, those behind SSH clients) sees its link end and stops its ranks."""
+    leave(128 + signum)
 
 
 def reopen_closed_std_streams() -> None:

@@ -123,7 +123,8 @@ def load_config(path: str | None) -> Callable[[str], dict]:
     paramiko's parser with Include expanded (transport/sshconfig.py)."""
     from mpilaunch.transport.sshconfig import resolver
 
-    return resolver(path, _ssh_binary())
+    ssh = _ssh_binary()
+    return resolver(path, ssh, None if ssh else import_paramiko())
 
 
 def _ssh_binary() -> str | None:

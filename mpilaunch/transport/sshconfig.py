@@ -46,14 +46,15 @@ SPELLED = {
 }
 
 
-def resolver(path: str | None, ssh: str | None) -> Callable[[str], dict]:
+def resolver(path: str | None, ssh: str | None, paramiko: object = None) -> Callable[[str], dict]:
     """name -> the host's settings (lower-case keys as paramiko's lookup gives them, identityfile
-    a list), from `ssh -G` when ssh is the path of an ssh binary, else from paramiko's parser."""
+    a list), from `ssh -G` when ssh is the path of an ssh binary, else from paramiko's parser
+    (the paramiko module, as transport/ssh.py imports it)."""
     if ssh is not None:
         if path is not None and not os.path.isfile(path):
             raise LaunchError(f"--ssh-config {path}: cannot read: no such file")
         return lambda name: openssh_settings(ssh, path, name)
-    return paramiko_settings(path)
+    return paramiko_settings(path, paramiko)
 
 
 def openssh_settings(ssh: str, path: str | None, name: str) -> dict:
@@ -108,11 +109,10 @@ class ConfigError(Exception):
     """A host's ssh config settings cannot be read (said for that host)."""
 
 
-def paramiko_settings(path: str | None) -> Callable[[str], dict]:
+def paramiko_settings(path: str | None, paramiko: object = None) -> Callable[[str], dict]:
     """paramiko's parser over the config with its Includes expanded; lookup per host."""
-    from mpilaunch.transport.ssh import import_paramiko
-
-    paramiko = import_paramiko()
+    if paramiko is None:
+        import paramiko  # type: ignore[no-redef]
     named = path is not None
     if path is None:
         path = os.path.expanduser("~/.ssh/config")
@@ -121,7 +121,7 @@ def paramiko_settings(path: str | None) -> Callable[[str], dict]:
     where = f"--ssh-config {path}" if named else f"SSH config {path}"
     try:
         text = expand_includes(path, os.path.expanduser("~/.ssh"))
-        config = paramiko.SSHConfig.from_text(text)
+        config = paramiko.SSHConfig.from_text(text)  # type: ignore[attr-defined]
     except LaunchError as exc:
         raise LaunchError(f"{where}: {exc}") from None
     except OSError as exc:

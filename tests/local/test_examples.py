@@ -147,5 +147,5 @@ def test_the_sample_hostfile_where_nobody_answers(launcher: Launcher, sample: Pa
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()
-    assert lines[-2] == "mpilaunch: DEVICE1.invalid: cannot resolve 'DEVICE1.invalid'", proc.stderr
-    assert lines[-1].startswith(f"mpilaunch: 127.0.0.1: 127.0.0.1:{port}: "), proc.stderr
+    assert lines[-2].startswith("mpilaunch: DEVICE1.invalid: ssh: Could not resolve hostname devic"), proc.stderr
+    assert lines[-1].startswith("mpilaunch: 127.0.0.1: "), proc.stderr  # ssh's words for a closed connection

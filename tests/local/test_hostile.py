@@ -174,11 +174,17 @@ def test_hostile_names_in_the_ssh_config_are_refused_before_connecting(
 ) -> None:
     listener, config = mute
     config.write_text(config.read_text() + f"    {line}\n")
-    proc = launcher.run("--ssh-config", str(config), "-H", "mute:1", "-n", "1", "true")
+    proc = launcher.run("--ssh-client", "paramiko", "--ssh-config", str(config), "-H", "mute:1", "-n", "1", "true")
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert words in err and "Traceback" not in err
     assert listener.accepted == 0
+    # OpenSSH's client reads the config itself: the value never reaches a command line, so
+    # nothing is run; the host just fails (the mute listener speaks no SSH)
+    proc = launcher.run("--ssh-client", "openssh", "--ssh-config", str(config), "-H", "mute:1", "-n", "1", "touch",
+                        str(tmp_path / "ran"))  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr.decode()
+    assert not (tmp_path / "ran").exists() and not list(tmp_path.glob("*pwned*"))
 
 
 # -- secrets ---------------------------------------------------------------------------------------

@@ -325,7 +325,7 @@ def test_display_map_then_runs(launcher: Launcher) -> None:
         (["-n", "1", "true", ":", "-n", "1"], "no program given in app context 2"),
         (["--hostfile", "/nonexistent/hosts", "true"], "/nonexistent/hosts"),
         (["--output-filename", "/proc/forbidden", "-n", "1", "true"], "--output-filename"),
-        (["-H", "remote-host:2", "-n", "1", "true"], "cannot resolve"),
+        (["-H", "remote-host:2", "-n", "1", "true"], "remote-host: ssh: Could not resolve hostname remote-host"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(launcher: Launcher, args: list[str], words: str) -> None:
