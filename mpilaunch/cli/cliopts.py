@@ -194,10 +194,11 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "launcher",
         ("--launcher", "-launcher"),
         check=CHOICE,
-        choices=("auto", "ssh", "local", "fork"),
+        choices=("auto", "ssh", "slurm", "local", "fork"),
         default="auto",
-        help="How agents start: auto (this machine's hosts locally, the others over SSH), ssh, or local (alias "
-        "fork: every host's agent on this machine, as hydra's fork launcher).",
+        help="How agents start: ssh (this machine's hosts locally, the others over SSH), slurm (one srun step of "
+        "agents), local (alias fork: every host's agent on this machine, as hydra's fork launcher), or auto: "
+        "slurm inside a Slurm allocation whose hosts the job uses, else ssh.",
     ),
     Opt(
         "configfile",

@@ -93,6 +93,8 @@ def remote_transport(options: Options, hosts: int) -> Transport:
     from mpilaunch.transport.sshcommon import SshOptions, ssh_client  # a local job never needs them
 
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
+    if options.launcher == "slurm":
+        return transport_class("slurm")(ssh)  # type: ignore[call-arg]
     transport = transport_class(ssh_client(options.ssh_client))(ssh)  # type: ignore[call-arg]
     width = options.ssh_tree_width
     if width and hosts > width:

@@ -89,9 +89,17 @@ LOCAL_LAUNCHERS = ("local", "fork")  # --launcher values that start every host's
 
 
 def over_ssh(options: Options, host: Host) -> bool:
-    """Reached over SSH: a host that is not this machine, unless --launcher local starts every
-    host's agent here (hydra's fork launcher: several agents on one machine, each a "host")."""
+    """Started by a transport (SSH, or Slurm's srun for every host, this one too, so that all
+    ranks run in the job step): a host that is not this machine, unless --launcher local
+    starts every host's agent here (hydra's fork launcher: several agents on one machine)."""
+    if options.launcher == "slurm":
+        return True
     return options.launcher not in LOCAL_LAUNCHERS and hostlib.needs_ssh(host)
+
+
+def in_slurm_allocation(env: Mapping[str, str], source: str) -> bool:
+    """--launcher auto picks Slurm inside an allocation whose hosts the job uses."""
+    return bool(env.get("SLURM_JOB_ID")) and source.startswith("Slurm allocation")
 
 
 def with_slots(hosts: list[Host], source: str, options: Options) -> list[Host]:
@@ -325,6 +333,8 @@ def build_plan(
     options = spec.options
     if hosts is None:
         hosts, source = resolve_hosts(options, env)
+        if options.launcher == "auto" and in_slurm_allocation(env, source):
+            options = options._replace(launcher="slurm")
         hosts = with_slots(hosts, source, options)
     else:
         source = "the host list"

@@ -96,6 +96,7 @@ REGISTRY = {
     "paramiko": "mpilaunch.transport.ssh:ParamikoTransport",
     "openssh": "mpilaunch.transport.openssh:OpensshTransport",
     "tree": "mpilaunch.transport.tree:TreeTransport",
+    "slurm": "mpilaunch.transport.slurm:SlurmTransport",
 }
 
 

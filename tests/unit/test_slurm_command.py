@@ -1,0 +1,34 @@
+"""The Slurm engine's pure parts (transport/slurm.py, plan/build.py): the srun step for N nodes,
+the agent's command line (no secret on it), and when --launcher auto picks Slurm. More nodes
+than one cannot run here (Debian's Slurm has no multiple-slurmd): these are what is run there."""
+
+from __future__ import annotations
+
+import shlex
+
+from mpilaunch.plan.build import in_slurm_allocation
+from mpilaunch.transport.slurm import SECRET_VAR, agent_shell, srun_command
+
+
+def test_one_agent_per_node_with_every_cpu_and_no_binding() -> None:
+    argv = srun_command(["n1", "n2", "n3"], "AGENT", srun="/usr/bin/srun")
+    assert argv[0] == "/usr/bin/srun" and argv[-3:] == ["sh", "-c", "AGENT"]
+    flags = set(argv[1:-3])
+    assert {"--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"} <= flags
+    assert {"--cpu-bind=none", "--whole", "--kill-on-bad-exit=1", "--overlap", "--input=none"} <= flags
+
+
+def test_the_agent_line_carries_no_secret_and_connects_back() -> None:
+    line = agent_shell("head-node", 40123, "/opt/py/bin/python3")
+    assert line.startswith("p=/opt/py/bin/python3; [ -x \"$p\" ] || p=python3; exec \"$p\" -S -c ")
+    code = shlex.split(line.split(" -S -c ", 1)[1])[0]  # the Python program, as the shell passes it
+    compile(code, "agent", "exec")
+    assert "create_connection(('head-node', 40123))" in code and f'os.environ.pop("{SECRET_VAR}"' in code
+    assert "SLURMD_NODENAME" in code and "mpilaunch-agent" in code
+
+
+def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:
+    inside = {"SLURM_JOB_ID": "12"}
+    assert in_slurm_allocation(inside, "Slurm allocation (SLURM_JOB_NODELIST)")
+    assert not in_slurm_allocation(inside, "-H")  # hosts given by hand: SSH, as before
+    assert not in_slurm_allocation({}, "Slurm allocation (SLURM_JOB_NODELIST)")
