@@ -4,8 +4,6 @@ else locally (agent/services/)."""
 
 from __future__ import annotations
 
-import base64
-
 from mpilaunch.launcher.links import HostLink, Links
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
@@ -58,6 +56,8 @@ class PmixFences:
         hosts = {hosts_of[rank] for rank in message.ranks} if message.ranks else set(hosts_of)
         if host not in hosts:
             raise MessageError(f"host {host} has no participant in PMIx fence {message.key!r}")
+        import base64  # PMIx jobs only: a plain run does not pay for it
+
         try:
             data = base64.b64decode(message.blob, validate=True)
         except ValueError:
@@ -114,6 +114,8 @@ class JobWidePmi:
         done = self.fences.enter(link.index, message)
         if done is not None:
             hosts, data = done
+            import base64
+
             reply = PmixFenceDone(job=message.job, key=message.key, blob=base64.b64encode(data).decode())
             for host in sorted(hosts):
                 target = self.links.get(host)
