@@ -67,7 +67,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.decoder = wire.Decoder()
         self.link_open = True
         self.finishing = False
-        self.stop_requested = False
+        self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
         self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
@@ -240,13 +240,19 @@ class Agent(ServiceHost, LinkOwner, Timer):
         return self.ranks.all_done()
 
     def tick(self, now: float) -> None:
-        """A SIGTERM or SIGHUP to the agent: act as if the link were lost."""
+        """A SIGTERM or SIGHUP to the agent: say so while the link still works, then act as if
+        it were lost."""
         if self.stop_requested:
-            self.stop_requested = False
+            sig, self.stop_requested = self.stop_requested, 0
+            who = " by Slurm (scancel, or the job's time limit)" if os.environ.get("SLURM_STEP_ID") else ""
+            try:
+                self.send(Note(text=f"mpilaunch: the agent on {self.host} was sent {signal.Signals(sig).name}{who}"))
+            except OSError:
+                pass
             self.link_lost()
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
-        self.stop_requested = True
+        self.stop_requested = signum
 
     def run(self) -> int:
         become_subreaper()

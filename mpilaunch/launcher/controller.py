@@ -258,6 +258,7 @@ class Controller:
     def link_closed(self, link: HostLink, why: str = "", tell_relay: bool = True) -> None:
         """The agent's link ended (or was given up): its ranks are lost, and so is every host
         it relayed to. A host behind relays is cut off by its relay when tell_relay."""
+        why = why or link.link.lost_because()
         below = self.links.close(link, tell_relay)
         host = self.plan.hosts[link.index].name
         self.policy.take(HostLost(link.index, host, why))

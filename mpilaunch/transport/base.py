@@ -68,6 +68,10 @@ class Link:
     def wait(self) -> None:
         """After close: wait for whatever process carried the link."""
 
+    def lost_because(self) -> str:
+        """Why the link ended, when the transport knows (a Slurm step that ended); else ""."""
+        return ""
+
 
 class HostResult:
     """What starting one host's agent gave: a link and its reply, or the error."""

@@ -133,6 +133,10 @@ class SlurmLink(Link):
     def reap(self, within: float | None) -> int | None:
         return self.step.poll()
 
+    def lost_because(self) -> str:
+        status = self.step.poll()
+        return f"its Slurm job step ended (srun exited with status {status})" if status is not None else ""
+
     def fileno(self) -> int:
         return self._out
 
@@ -218,11 +222,11 @@ class SlurmTransport(Transport):
         for name, index in by_name.items():
             if name not in joined:
                 results[index].error = TransportError("agent", _missing(step))
-        links = {by_name[name]: SlurmLink(name, sock, step) for name, sock in joined.items()}
+        links = {by_name[name]: SlurmLink(name, sock, step) for name, (sock, _) in joined.items()}
         for index, link in links.items():
             results[index].address = f"slurm:{link.name}"
             results[index].link = link
-        _handshake(links, first, results)
+        _handshake(links, {by_name[name]: rest for name, (_, rest) in joined.items()}, first, results)
         return results
 
 
@@ -247,10 +251,13 @@ def _spawn(argv: list[str], env: dict[str, str]) -> int:
     return proc.pid
 
 
-def _accept(listener: socket.socket, by_name: Mapping[str, int], secret: str, step: Step) -> dict[str, socket.socket]:
-    """One authenticated connection per expected node: a wrong secret, an unknown or repeated
-    node is closed unanswered; srun leaving early, or the deadline, ends the wait."""
-    joined: dict[str, socket.socket] = {}
+def _accept(
+    listener: socket.socket, by_name: Mapping[str, int], secret: str, step: Step
+) -> dict[str, tuple[socket.socket, bytes]]:
+    """One authenticated connection per expected node (with what it sent after its first line:
+    the agent's marker may come in the same read); a wrong secret, an unknown or repeated node
+    is closed unanswered; srun leaving early, or the deadline, ends the wait."""
+    joined: dict[str, tuple[socket.socket, bytes]] = {}
     pending: dict[socket.socket, bytearray] = {}
     deadline = time.monotonic() + ACCEPT_TIMEOUT
     listener.setblocking(False)
@@ -281,19 +288,23 @@ def _accept(listener: socket.socket, by_name: Mapping[str, int], secret: str, st
             if b"\n" not in line:
                 continue
             del pending[sock]
-            given, _, name = line.split(b"\n", 1)[0].decode(errors="replace").partition(" ")
+            first, _, rest = bytes(line).partition(b"\n")
+            given, _, name = first.decode(errors="replace").partition(" ")
             if given != secret or name not in by_name or name in joined:
                 sock.close()
                 continue
             sock.setblocking(True)
-            joined[name] = sock
+            joined[name] = (sock, rest)
     for sock in pending:
         sock.close()
     return joined
 
 
-def _handshake(links: Mapping[int, SlurmLink], first: Callable[[int], bytes | None], results: dict) -> None:
-    """The agent's code, the check and the hello over each connection (openssh's loop)."""
+def _handshake(
+    links: Mapping[int, SlurmLink], early: Mapping[int, bytes], first: Callable[[int], bytes | None], results: dict
+) -> None:
+    """The agent's code, the check and the hello over each connection (openssh's loop); early:
+    what each agent sent behind its first line."""
     from mpilaunch.transport.openssh import _run, _Start
 
     sel = selectors.DefaultSelector()
@@ -301,6 +312,9 @@ def _handshake(links: Mapping[int, SlurmLink], first: Callable[[int], bytes | No
     for index, link in links.items():
         link.sock.setblocking(False)
         start = starting[index] = _Start(index, link, first(index) or b"")  # type: ignore[arg-type]
+        problem = start.take(early.get(index, b""))
+        if problem:
+            results[index].error = TransportError("agent", problem)
         sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
         sel.register(link._out, selectors.EVENT_READ, (start, "out"))
     try:

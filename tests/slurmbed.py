@@ -1,0 +1,690 @@
+"""A throw-away one-node Slurm cluster on this machine, for tests of the Slurm launch engine.
+
+    with SlurmBed(tmp_dir) as bed:
+        bed.run(["srun", "-n2", "hostname"], check=True)
+
+Real daemons, run in the foreground so the pids we hold are theirs: `munged -F` with its own
+key and socket, `slurmctld -D` and `slurmd -D`, all reading one generated slurm.conf. Every file
+(munge key, socket, slurm.conf, state, spool, logs, pid files) lives in the bed directory; nothing
+reads or writes /etc/slurm, /etc/munge, /run/munge or the machine's services. Clients find the
+bed through `SLURM_CONF` (in `bed.env`); slurm.conf's `AuthInfo=socket=...` tells every Slurm
+program, client or daemon, where the bed's munged listens.
+
+Finding leftovers: the daemons and every client started through `run`/`popen` carry
+`SLURMBED_TAG=<bed id>` in their environment. slurmstepd inherits it from slurmd, and tasks get
+it from the srun/salloc/sbatch that started them (Slurm exports the caller's environment), so a
+job's processes are the tagged ones plus every descendant of a tagged slurmstepd.
+
+Needs root (slurmd starts jobs as their user) and Debian's `slurmctld slurmd slurm-client munge`.
+Run `python -m tests.slurmbed` to time a start-up by hand. Stdlib only, no pytest in the class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+TAG_VAR = "SLURMBED_TAG"
+SBIN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("srun", "salloc", "sbatch", "scancel", "scontrol", "sinfo", "squeue", "munge")
+# Inherited from an allocation around the test run, these would make srun join that job instead.
+CLIENT_PREFIXES = ("SLURM_", "SRUN_", "SALLOC_", "SBATCH_", "SQUEUE_", "SINFO_", "SCANCEL_", "SCONTROL_")
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
+_PR_SET_PDEATHSIG = 1
+_BIND_ERRORS = ("Address already in use",)
+
+
+def _find(tool: str) -> str | None:
+    """Absolute path of a Slurm/munge program; the daemons live in /usr/sbin, often not on PATH."""
+    found = shutil.which(tool) or shutil.which(tool, path=SBIN_PATH)
+    return os.path.abspath(found) if found else None
+
+
+def slurm_available() -> tuple[bool, str]:
+    """Whether a SlurmBed can run here, and why not: tests skip with this reason."""
+    missing = [tool for tool in (*DAEMONS, *CLIENTS, "slurmstepd") if _find(tool) is None]
+    if missing:
+        return False, (
+            f"not installed: {', '.join(missing)} "
+            "(Debian: apt-get install --no-install-recommends slurmctld slurmd slurm-client munge)"
+        )
+    if os.geteuid() != 0:
+        return False, "slurmd must run as root to start jobs (SlurmdUser=root)"
+    return True, "ok"
+
+
+def _can_bind(port: int) -> bool:
+    """Whether the TCP port is free on every address, the way slurmctld/slurmd bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat after the command name (state, ppid, ...); [] when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def pid_alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != b"Z"
+
+
+def parent_pid(pid: int) -> int:
+    """A process's parent, 0 when it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
+
+
+def process_name(pid: int) -> str:
+    """The kernel's comm of a process (slurmstepd shows as `slurmstepd`), '' when gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def ancestors(pid: int, limit: int = 64) -> list[tuple[int, str]]:
+    """(pid, comm) of a process's parents up to PID 1: how a task shows it runs under slurmstepd."""
+    chain = []
+    parent = parent_pid(pid)
+    while parent > 0 and len(chain) < limit:
+        chain.append((parent, process_name(parent)))
+        if parent == 1:
+            break
+        parent = parent_pid(parent)
+    return chain
+
+
+def system_slurm_pids() -> list[int]:
+    """Every live slurmctld/slurmd/slurmstepd/munged on the machine, by executable: a check only."""
+    names = {"munged", "slurmctld", "slurmd", "slurmstepd"}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{entry}/exe"))
+        except OSError:
+            continue
+        # Debian installs the binaries as slurmd-wlm etc. behind update-alternatives links.
+        if exe.removesuffix("-wlm") in names and pid_alive(int(entry)):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def parse_keyvalues(text: str) -> dict[str, str]:
+    """`scontrol show -o` output (Key=Value Key=Value with spaces inside values) as a dict."""
+    pairs = re.findall(r"(?:^|\s)([A-Za-z][\w:/.]*)=(.*?)(?=\s+[A-Za-z][\w:/.]*=|\s*$)", text.strip())
+    return dict(pairs)
+
+
+class _PortClash(RuntimeError):
+    """slurmctld or slurmd could not bind its port: someone took it between our check and its bind."""
+
+
+class SlurmBed:
+    """munged + slurmctld + slurmd for one node (this host), a `debug` partition, and client env.
+
+    `start()` (or `with`) writes the key and slurm.conf, starts the daemons in order and returns
+    once `sinfo` shows the node idle. `close()` cancels the bed's jobs, kills by pid whatever job
+    process is left, then stops slurmd, slurmctld and munged by pid (SIGTERM, SIGKILL after
+    `grace` s).
+
+    `cpus`: CPUs the node claims (default: this machine's; slurmd accepts any number with
+    `SlurmdParameters=config_overrides`). `task_plugin`: `task/affinity` binds tasks the way a
+    real cluster does; `task/none` never binds. `select_parameters`: `CR_Core_Memory` makes
+    memory a consumable too, as on many clusters. `kill_wait`: slurm.conf KillWait, seconds from
+    SIGTERM to SIGKILL (slurmd waits at least 5). `debug`: the daemons' log level (`debug2` logs
+    every signal sent to a task). `extra_conf`: more slurm.conf lines.
+
+    Every daemon gets SIGTERM when the thread that started it exits: start the bed from a thread
+    that lives as long as it (the main thread in pytest).
+    """
+
+    def __init__(
+        self,
+        base: str | os.PathLike[str],
+        cpus: int | None = None,
+        real_memory: int = 1000,
+        task_plugin: str = "task/affinity",
+        select_parameters: str = "CR_Core",
+        kill_wait: int = 2,
+        debug: str = "info",
+        extra_conf: str = "",
+    ) -> None:
+        self.base = Path(base).resolve()
+        self.tag = uuid.uuid4().hex
+        self.node = socket.gethostname().split(".")[0]
+        self.cpus = cpus or os.cpu_count() or 1
+        self.real_memory = real_memory
+        self.task_plugin = task_plugin
+        self.select_parameters = select_parameters
+        self.kill_wait = kill_wait
+        self.debug = debug
+        self.extra_conf = extra_conf
+        self.user = pwd.getpwuid(os.geteuid()).pw_name
+        self.conf = self.base / "slurm.conf"
+        self.munge_key = self.base / "munge" / "munge.key"
+        self.munge_socket = self.base / "munge" / "munge.socket"
+        self.ctld_port = 0
+        self.slurmd_port = 0
+        self.env: dict[str, str] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._helpers: dict[str, int] = {}  # slurmscriptd: forked by slurmctld, not by us
+        self._every_pid: set[int] = set()  # daemons of earlier tries (a port clash) too
+        self._topology = ""
+        self._started = False
+        self.start_seconds = 0.0
+        self.close_seconds = 0.0
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> SlurmBed:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def start(self, timeout: float = 60.0) -> SlurmBed:
+        """Key, config, then munged, slurmctld (until it answers) and slurmd (until the node is idle)."""
+        ok, reason = slurm_available()
+        if not ok:
+            raise RuntimeError(f"SlurmBed cannot run here: {reason}")
+        began = time.monotonic()
+        for sub in ("munge", "state", "spool", "log", "run", "jobs"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        (self.base / "munge").chmod(0o700)
+        self._kill_stale()
+        self._write_munge_key()
+        (self.base / "plugstack.conf").write_text("")  # not /etc/slurm/plugstack.conf's SPANK plugins
+        self.env = {"SLURM_CONF": str(self.conf), TAG_VAR: self.tag}
+        self._topology = self._hardware_topology()
+        self._started = True
+        try:
+            self._start_munged(timeout)
+            for attempt in range(6):
+                self.ctld_port, self.slurmd_port = self._free_ports()
+                self.conf.write_text(self.slurm_conf())
+                try:
+                    self._start_slurm(timeout)
+                    break
+                except _PortClash:
+                    self._stop(["slurmd", "slurmctld"])
+                    if attempt == 5:
+                        raise RuntimeError("no free SlurmctldPort/SlurmdPort after 6 tries") from None
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def close(self, grace: float = 5.0) -> None:
+        """Cancel the bed's jobs, kill what they left by pid, stop the daemons by pid, check they are gone."""
+        if not self._started:
+            return
+        began = time.monotonic()
+        try:
+            if self.is_running("slurmctld"):
+                self.cancel_all()
+                left = self.wait_clean(self.kill_wait + 3.0)
+            else:
+                left = self.leftover_pids()
+            self._kill(left)
+        finally:
+            self._stop(["slurmd", "slurmctld", "munged"], grace)
+            self._kill(self.leftover_pids())
+            self._started = False
+            self.close_seconds = time.monotonic() - began
+        alive = [pid for pid in self.recorded_pids() if pid_alive(pid)]
+        if alive:
+            raise RuntimeError(f"SlurmBed processes still alive after close: {alive}")
+
+    # -- what tests use ---------------------------------------------------------------------
+
+    def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """This process's environment without any Slurm job variables, plus the bed's."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(CLIENT_PREFIXES)}
+        env["PATH"] = env.get("PATH", "/usr/bin:/bin") + ":" + SBIN_PATH
+        env.update(self.env)
+        env.update(extra or {})
+        return env
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float = 60.0, env: dict[str, str] | None = None, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a client command (srun, sbatch, sinfo...) against the bed; text output captured."""
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("capture_output", "stdout" not in kw and "stderr" not in kw)
+        kw.setdefault("text", True)
+        kw.setdefault("cwd", self.base / "jobs")
+        return subprocess.run(list(argv), timeout=timeout, env=self.client_env(env), **kw)
+
+    def popen(self, argv: Sequence[str], *, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
+        """Start a client command against the bed without waiting (an srun to scancel later)."""
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        kw.setdefault("cwd", self.base / "jobs")
+        return subprocess.Popen(list(argv), env=self.client_env(env), **kw)
+
+    def node_state(self) -> str:
+        """The node's state as `sinfo %t` prints it: idle, alloc, mix, down*, unk*..."""
+        out = self.run(["sinfo", "-h", "-N", "-n", self.node, "-o", "%t"], timeout=15)
+        return out.stdout.strip()
+
+    def job_ids(self) -> list[str]:
+        """Ids of the jobs slurmctld still lists as pending or running."""
+        out = self.run(["squeue", "-h", "-o", "%i"], timeout=15)
+        return [line.strip() for line in out.stdout.split() if line.strip()]
+
+    def job(self, job_id: str | int) -> dict[str, str]:
+        """`scontrol show job -o ID` as a dict (JobState, ExitCode, NodeList, NumCPUs...); {} if unknown."""
+        out = self.run(["scontrol", "show", "job", "-o", str(job_id)], timeout=15)
+        return parse_keyvalues(out.stdout) if out.returncode == 0 else {}
+
+    def steps(self, job_id: str | int) -> list[dict[str, str]]:
+        """`scontrol show step -o ID` as dicts, one per running step."""
+        out = self.run(["scontrol", "show", "step", "-o", str(job_id)], timeout=15)
+        return [parse_keyvalues(line) for line in out.stdout.splitlines() if "StepId=" in line]
+
+    def wait_job(
+        self, job_id: str | int, states: Iterable[str] = FINAL_STATES, timeout: float = 30.0
+    ) -> dict[str, str]:
+        """Poll until the job is in one of `states` (default: finished); its record, or TimeoutError."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        info = self.job(job_id)
+        while info.get("JobState") not in wanted:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} not in {sorted(wanted)} within {timeout}s: {info}")
+            time.sleep(0.1)
+            info = self.job(job_id)
+        return info
+
+    def wait_no_jobs(self, timeout: float = 10.0) -> list[str]:
+        """Poll until squeue lists no job (a finished one is COMPLETING for a moment); those left."""
+        deadline = time.monotonic() + timeout
+        ids = self.job_ids()
+        while ids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            ids = self.job_ids()
+        return ids
+
+    def cancel_all(self) -> None:
+        """scancel every job of the bed (all are this user's)."""
+        ids = self.job_ids()
+        if ids:
+            self.run(["scancel", *ids], timeout=15)
+
+    def daemon_pids(self) -> dict[str, int]:
+        """Running daemons by name: munged, slurmctld, slurmd, and slurmctld's helper slurmscriptd."""
+        pids = {name: proc.pid for name, proc in self._procs.items() if proc.poll() is None}
+        pids.update((name, pid) for name, pid in self._helpers.items() if pid_alive(pid))
+        return pids
+
+    def recorded_pids(self) -> list[int]:
+        """Every daemon pid this bed ever started (alive or not), to check after close()."""
+        return sorted(self._every_pid | set(self._helpers.values()))
+
+    def is_running(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def stepd_pids(self) -> list[int]:
+        """Live slurmstepd processes of this bed (tagged through slurmd's environment)."""
+        return [pid for pid in self.leftover_pids() if process_name(pid) == "slurmstepd"]
+
+    def leftover_pids(self) -> list[int]:
+        """Live processes of the bed other than its daemons: slurmstepd, tasks, their children,
+        clients started with the bed's env; a tagged process or a descendant of a tagged slurmstepd."""
+        daemons = set(self.daemon_pids().values())
+        parents: dict[int, int] = {}
+        tagged: set[int] = set()
+        needle = f"{TAG_VAR}={self.tag}".encode()
+        me = os.getpid()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == me:
+                continue
+            pid = int(entry)
+            fields = _stat_fields(pid)
+            if len(fields) < 2 or fields[0] == b"Z":
+                continue
+            parents[pid] = int(fields[1])
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as handle:
+                    if needle in handle.read().split(b"\0"):
+                        tagged.add(pid)
+            except OSError:
+                continue
+        roots = tagged - daemons
+        found = set(roots)
+        stepds = {pid for pid in roots if process_name(pid) == "slurmstepd"}
+        for pid in parents:
+            parent, seen = parents.get(pid, 0), 0
+            while parent > 1 and seen < 256:
+                if parent in stepds:
+                    found.add(pid)
+                    break
+                parent, seen = parents.get(parent, 0), seen + 1
+        return sorted(found - daemons)
+
+    def wait_clean(self, timeout: float = 5.0) -> list[int]:
+        """Poll until no leftover process remains; return those still there at the deadline."""
+        deadline = time.monotonic() + timeout
+        left = self.leftover_pids()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = self.leftover_pids()
+        return left
+
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL every leftover process by pid; return the pids that were killed."""
+        left = self.leftover_pids()
+        self._kill(left)
+        return left
+
+    def log(self, name: str) -> str:
+        """A daemon's log (munged, slurmctld, slurmd), for a failing test's message."""
+        try:
+            return (self.base / "log" / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def slurm_conf(self) -> str:
+        """The slurm.conf of this bed: every path in the bed directory, ports chosen free."""
+        b = self.base
+        return (
+            "# slurmbed: generated, do not edit\n"
+            "ClusterName=slurmbed\n"
+            f"SlurmctldHost={self.node}(127.0.0.1)\n"
+            f"SlurmctldPort={self.ctld_port}\n"
+            f"SlurmdPort={self.slurmd_port}\n"
+            "SlurmUser=root\n"
+            "SlurmdUser=root\n"
+            "AuthType=auth/munge\n"
+            "CredType=cred/munge\n"
+            f"AuthInfo=socket={self.munge_socket}\n"
+            f"StateSaveLocation={b / 'state'}\n"
+            f"SlurmdSpoolDir={b / 'spool'}\n"
+            f"SlurmctldPidFile={b / 'run' / 'slurmctld.pid'}\n"
+            f"SlurmdPidFile={b / 'run' / 'slurmd.pid'}\n"
+            f"SlurmctldLogFile={b / 'log' / 'slurmctld.log'}\n"
+            f"SlurmdLogFile={b / 'log' / 'slurmd.log'}\n"
+            f"SlurmctldDebug={self.debug}\n"
+            f"SlurmdDebug={self.debug}\n"
+            f"PlugStackConfig={b / 'plugstack.conf'}\n"
+            "ProctrackType=proctrack/linuxproc\n"
+            f"TaskPlugin={self.task_plugin}\n"
+            "SelectType=select/cons_tres\n"
+            f"SelectTypeParameters={self.select_parameters}\n"
+            "SchedulerType=sched/builtin\n"
+            "MpiDefault=none\n"
+            "SwitchType=switch/none\n"
+            "JobCompType=jobcomp/none\n"
+            "JobAcctGatherType=jobacct_gather/none\n"
+            "AccountingStorageType=accounting_storage/none\n"
+            "JobContainerType=job_container/none\n"
+            "SlurmdParameters=config_overrides\n"
+            "ReturnToService=2\n"
+            "SlurmctldTimeout=30\n"
+            "SlurmdTimeout=30\n"
+            "MessageTimeout=10\n"
+            "InactiveLimit=0\n"
+            f"KillWait={self.kill_wait}\n"
+            "MinJobAge=300\n"
+            f"NodeName={self.node} NodeHostname={self.node} NodeAddr=127.0.0.1 "
+            f"CPUs={self.cpus} {self._topology}RealMemory={self.real_memory} State=UNKNOWN\n"
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+            f"{self.extra_conf}"
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _hardware_topology(self) -> str:
+        """`Boards=.. SocketsPerBoard=.. CoresPerSocket=.. ThreadsPerCore=.. ` from `slurmd -C` when the
+        node claims this machine's CPU count; without them Slurm takes every CPU for a socket."""
+        try:
+            out = subprocess.run(
+                [_find("slurmd") or "slurmd", "-C"], capture_output=True, text=True, timeout=30, env={"PATH": SBIN_PATH}
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        found = parse_keyvalues(out.splitlines()[0] if out else "")
+        keys = ("Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
+        if found.get("CPUs") != str(self.cpus) or not all(found.get(k, "").isdigit() for k in keys):
+            return ""
+        return "".join(f"{k}={found[k]} " for k in keys)
+
+    def _daemon_env(self) -> dict[str, str]:
+        return {"PATH": SBIN_PATH, "SLURM_CONF": str(self.conf), TAG_VAR: self.tag, "LANG": "C"}
+
+    def _write_munge_key(self) -> None:
+        """1024 random bytes, mode 0400, root's: what munged insists on."""
+        self.munge_key.unlink(missing_ok=True)
+        fd = os.open(self.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        try:
+            os.write(fd, os.urandom(1024))
+        finally:
+            os.close(fd)
+        os.chown(self.munge_key, 0, 0)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start a daemon in the foreground; its stdout/stderr go to log/NAME.out."""
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+        sigterm = int(signal.SIGTERM)
+
+        def child_setup() -> None:  # between fork and exec: no daemon outlives its starter
+            prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+
+        with open(self.base / "log" / f"{name}.out", "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=self._daemon_env(),
+                cwd=self.base,
+                preexec_fn=child_setup,
+                close_fds=True,
+            )
+        self._procs[name] = proc
+        self._every_pid.add(proc.pid)
+        return proc
+
+    def _output(self, name: str) -> str:
+        try:
+            out = (self.base / "log" / f"{name}.out").read_text(errors="replace")
+        except OSError:
+            out = ""
+        return (out + self.log(name))[-3000:]
+
+    def _start_munged(self, timeout: float) -> None:
+        """munged -F (foreground, logs to its stdout), --force: the bed dir is not world-searchable."""
+        argv = [
+            _find("munged") or "munged",
+            "--foreground",
+            "--force",
+            f"--socket={self.munge_socket}",
+            f"--key-file={self.munge_key}",
+            f"--pid-file={self.base / 'run' / 'munged.pid'}",
+            f"--log-file={self.base / 'log' / 'munged.log'}",
+            f"--seed-file={self.base / 'munge' / 'munged.seed'}",
+            "--num-threads=4",
+        ]
+        proc = self._spawn("munged", argv)
+        munge = _find("munge") or "munge"
+        self._wait(
+            "munged",
+            proc,
+            timeout,
+            lambda: (
+                self.munge_socket.exists()
+                and subprocess.run([munge, "-n", "-S", str(self.munge_socket)], capture_output=True).returncode == 0
+            ),
+        )
+
+    def _start_slurm(self, timeout: float) -> None:
+        """slurmctld first (until `scontrol ping` says UP), then slurmd: it registers at once."""
+        ctld = self._spawn("slurmctld", [_find("slurmctld") or "slurmctld", "-D", "-c", "-f", str(self.conf)])
+        self._wait("slurmctld", ctld, timeout, lambda: "is UP" in self.run(["scontrol", "ping"], timeout=15).stdout)
+        for entry in os.listdir("/proc"):  # slurmctld forks slurmscriptd before it answers; it ends with slurmctld
+            if entry.isdigit() and parent_pid(int(entry)) == ctld.pid and process_name(int(entry)) == "slurmscriptd":
+                self._helpers["slurmscriptd"] = int(entry)
+        slurmd = self._spawn("slurmd", [_find("slurmd") or "slurmd", "-D", "-f", str(self.conf), "-N", self.node])
+        self._wait("slurmd", slurmd, timeout, lambda: self.node_state() == "idle")
+
+    def _wait(self, name: str, proc: subprocess.Popen[bytes], timeout: float, ready: Any) -> None:
+        """Poll `ready()` until true; a daemon that exits first fails the start (a port clash: retry)."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if proc.poll() is not None:
+                text = self._output(name)
+                if name != "munged" and any(err in text for err in _BIND_ERRORS):
+                    raise _PortClash(text)
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{text}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready within {timeout}s:\n{self._output(name)}")
+            time.sleep(0.05)
+
+    def _stop(self, names: Sequence[str], grace: float = 5.0) -> None:
+        """SIGTERM the daemons by pid in this order, SIGKILL what is left at the deadline, reap."""
+        for name in names:
+            proc = self._procs.get(name)
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                _signal(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                _signal(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    @staticmethod
+    def _kill(pids: Iterable[int], timeout: float = 5.0) -> None:
+        """SIGKILL these pids and wait (bounded) until they are gone or zombies."""
+        pids = list(pids)
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _kill_stale(self) -> None:
+        """Kill daemons left from an earlier bed in this directory (a run killed with -9), by pid file."""
+        for name in DAEMONS:
+            pidfile = self.base / "run" / f"{name}.pid"
+            try:
+                pid = int(pidfile.read_text().split()[0])
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    cmdline = handle.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if str(self.base).encode() in cmdline:
+                _signal(pid, signal.SIGKILL)
+            pidfile.unlink(missing_ok=True)
+
+    @staticmethod
+    def _free_ports() -> tuple[int, int]:
+        """Two distinct free ports below the kernel's ephemeral range (srun's own ports come from there)."""
+        ports: list[int] = []
+        for _ in range(400):
+            port = random.randint(20000, 32000)
+            if port not in ports and _can_bind(port):
+                ports.append(port)
+                if len(ports) == 2:
+                    return ports[0], ports[1]
+        raise RuntimeError("no two free ports in 20000..32000")
+
+
+def slurmbed_fixtures(name: str = "slurmbed", settle: float = 5.0, **options: Any):  # type: ignore[no-untyped-def]
+    """A test module's `slurm` (a SlurmBed started once for the module) and its autouse
+    `clean_slurm`: a test fails if a job process or a job is still there `settle` seconds after
+    it, and what was left is cancelled and killed by pid. The module is skipped where Slurm
+    cannot run. Use: `slurm, clean_slurm = slurmbed_fixtures()`."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmBed]:
+        ok, reason = slurm_available()
+        if not ok:
+            pytest.skip(reason)
+        with SlurmBed(tmp_path_factory.mktemp(name), **options) as bed:
+            yield bed
+
+    @pytest.fixture(autouse=True)
+    def clean_slurm(slurm: SlurmBed) -> Iterator[None]:
+        yield
+        left = slurm.wait_clean(settle)
+        jobs = slurm.wait_no_jobs(settle)
+        if jobs:
+            slurm.cancel_all()
+            left = sorted(set(left) | set(slurm.wait_clean(slurm.kill_wait + 3.0)))
+        slurm.kill_leftovers()
+        assert not left and not jobs, f"left by the test: processes {left}, jobs {jobs}"
+
+    return slurm, clean_slurm
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Time a bed's start-up and shutdown, and run one srun through it."""
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--dir", help="bed directory (kept); default: a temporary one")
+    parser.add_argument("--keep", action="store_true", help="print the env and wait for Enter before closing")
+    args = parser.parse_args(argv)
+    ok, reason = slurm_available()
+    if not ok:
+        print(f"unavailable: {reason}")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="slurmbed-") as tmp:
+        bed = SlurmBed(args.dir or tmp).start()
+        try:
+            out = bed.run(["srun", "-n", str(bed.cpus), "hostname"], timeout=30)
+            print(out.stdout.strip(), out.stderr.strip())
+            if args.keep:
+                print(" ".join(f"{k}={v}" for k, v in bed.env.items()))
+                input("Enter to close ")
+        finally:
+            bed.close()
+    print(f"node {bed.node}, {bed.cpus} CPUs: start {bed.start_seconds:.2f}s, close {bed.close_seconds:.2f}s")
+    print("slurm processes left on the machine:", system_slurm_pids())
+    return out.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
