@@ -86,6 +86,13 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="Every variable of the launcher's environment to every rank, remote ones too (hydra's default).",
     ),
     Opt("genvnone", ("-genvnone", "--genvnone"), FLAG, help="Only -x/-genv variables to remote ranks (the default)."),
+    Opt(
+        "iface",
+        ("-iface", "--iface"),
+        metavar="IF",
+        help="hydra's network interface: the ranks' MPI, NCCL and Gloo use IF (FI_TCP_IFACE, "
+        "OMPI_MCA_btl_tcp_if_include, NCCL_SOCKET_IFNAME, ...; yours win).",
+    ),
     Opt("app_env", ("-env", "--env"), PAIRS, metavar="VAR VALUE", help="VAR=VALUE for this app context's ranks."),
     Opt("app_envlist", ("-envlist", "--envlist"), MULTI, metavar="A,B", help="These variables for this app context."),
     Opt("wdir", ("--wdir", "-wdir", "--wd", "-wd"), metavar="DIR", help="Working directory of the ranks."),

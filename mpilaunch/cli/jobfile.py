@@ -26,7 +26,7 @@ from mpilaunch.plan.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
 NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's spellings of its own keys are not keys
-    {"config", "configfile", "genv", "genvlist", "genvnone", "app_env", "app_envlist"}
+    {"config", "configfile", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
 )
 APP_KEYS = ("np", "wdir", "command")  # what an entry of `apps:` may set
 EXTRA_KEYS = ("env", "command", "apps")

@@ -119,6 +119,29 @@ def hydra_exports(globals_: dict[str, object], env: Mapping[str, str]) -> tuple[
     return _checked(pairs)
 
 
+IFACE_NAMES = (  # what each library reads to pick the network interface of its traffic
+    "FI_TCP_IFACE",  # libfabric's tcp provider: MPICH (ch4:ofi) and Intel MPI
+    "FI_SOCKETS_IFACE",
+    "OMPI_MCA_btl_tcp_if_include",  # Open MPI's byte transfer and out-of-band TCP
+    "OMPI_MCA_oob_tcp_if_include",
+    "NCCL_SOCKET_IFNAME",  # PyTorch's NCCL and Gloo
+    "GLOO_SOCKET_IFNAME",
+)
+
+
+def iface_exports(
+    iface: str, env: Mapping[str, str], exports: tuple[tuple[str, str | None], ...]
+) -> tuple[tuple[str, str | None], ...]:
+    """hydra's -iface IF, as it can mean something here: the ranks' libraries use IF for their
+    traffic. A name the user sets (in the environment or with -x) is left to them."""
+    from mpilaunch.plan.hosts import shown
+
+    if not iface or not all(c.isalnum() or c in "._-:" for c in iface) or len(iface) > 64:
+        raise LaunchError(f"-iface {shown(iface)}: not a network interface name")
+    given = {name for name, _ in exports} | set(env)
+    return tuple((name, iface) for name in IFACE_NAMES if name not in given)
+
+
 CONFIGFILE_FLAGS = next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "configfile")
 
 
@@ -199,6 +222,9 @@ def parse_args(argv: list[str]) -> JobSpec:
 
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
     exports = hydra_exports(globals_, os.environ) + exports_of(globals_.pop("exports"))  # type: ignore[arg-type]
+    iface = globals_.pop("iface")
+    if iface is not None:
+        exports = iface_exports(str(iface), os.environ, exports) + exports
     apps = [AppContext(a.argv, a.np, exports + _checked(a.exports), a.wdir) for a in apps]
     env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")
     if env_abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
@@ -219,7 +245,9 @@ def parse_args(argv: list[str]) -> JobSpec:
         bind_to = ""  # not asked for: each MPI family's launcher default (plan/build.launch_messages)
     if bind_to not in ("", "none", "core", "socket", "hwthread"):
         raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket or hwthread")
+    hydra_words = {"-hosts", "--hosts", "-ppn", "--ppn"}
     options = Options(
+        hydra_spelled=any(word.split("=", 1)[0] in hydra_words for word in argv),
         timeout=timeout,  # type: ignore[arg-type]
         map_by=map_by,
         oversubscribe=oversubscribe,

@@ -344,13 +344,21 @@ def build_plan(
 
         nps[0] = mlp_np(env)
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
-    ranks = place(
-        hosts,
-        [(np, app.argv[0]) for np, app in zip(nps, spec.apps)],
-        options.map_by,
-        options.npernode,
-        options.oversubscribe,
-    )
+    try:
+        ranks = place(
+            hosts,
+            [(np, app.argv[0]) for np, app in zip(nps, spec.apps)],
+            options.map_by,
+            options.npernode,
+            options.oversubscribe,
+        )
+    except LaunchError as exc:
+        if options.hydra_spelled and "not enough slots" in str(exc):  # the one word that differs
+            raise LaunchError(
+                f"{exc} (with -hosts or -ppn, hydra would place the extra ranks round-robin; mpilaunch "
+                "does as Open MPI does)"
+            ) from None
+        raise
     job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
     port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
     master = (master_address(options, hosts, {r.host for r in ranks}, ranks[0].host), port)

@@ -50,6 +50,7 @@ class Options(Record):
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
     ssh_client: str = "auto"  # openssh (an `ssh` process per host), paramiko (in the launcher), auto: openssh if found
     ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
+    hydra_spelled: bool = False  # -hosts or -ppn was given: where hydra and Open MPI differ, say so
     launcher: str = "auto"  # auto, ssh, or local/fork (every host's agent on this machine)
 
     @property

@@ -102,3 +102,23 @@ def test_launcher_local_starts_an_agent_per_host_here(launcher: Launcher) -> Non
     assert [row[:2] for row in rows] == [["0", "0"], ["1", "1"], ["2", "0"], ["3", "1"]]
     agents = {row[0]: row[3] for row in rows}
     assert agents["0"] == agents["1"] != agents["2"] == agents["3"]  # two agents, one per host name
+
+
+def test_iface_names_the_interface_to_every_library_and_yours_win(launcher: Launcher) -> None:
+    proc = launcher.run("--dry-run", "-iface", "eth1", "-x", "NCCL_SOCKET_IFNAME=ib0", "-n", "1", "true")
+    assert proc.returncode == 0, proc.stderr.decode()
+    shown = proc.stdout.decode()
+    for name in ("FI_TCP_IFACE", "FI_SOCKETS_IFACE", "OMPI_MCA_btl_tcp_if_include", "GLOO_SOCKET_IFNAME"):
+        assert f"  {name}=eth1\n" in shown
+    assert "  NCCL_SOCKET_IFNAME=ib0\n" in shown
+    bad = launcher.run("-iface", "eth0;reboot", "-n", "1", "true")
+    assert bad.returncode == 2
+    assert bad.stderr.decode() == "mpilaunch: -iface 'eth0;reboot': not a network interface name\n"
+
+
+def test_where_hydra_and_open_mpi_differ_the_refusal_says_so(launcher: Launcher) -> None:
+    hydra = launcher.run("-hosts", "localhost:1", "-n", "2", "true")
+    assert hydra.returncode == 2
+    assert "hydra would place the extra ranks round-robin; mpilaunch does as Open MPI does" in hydra.stderr.decode()
+    ompi = launcher.run("-H", "localhost:1", "-n", "2", "true")
+    assert ompi.returncode == 2 and b"hydra" not in ompi.stderr
