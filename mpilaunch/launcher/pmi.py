@@ -12,6 +12,10 @@ from mpilaunch.protocol.messages import (
     PmiFenceDone,
     PmiName,
     PmiNameReply,
+    PmixDmodex,
+    PmixDmodexAsk,
+    PmixDmodexData,
+    PmixDmodexDone,
     PmixFence,
     PmixFenceDone,
 )
@@ -104,7 +108,34 @@ class JobWidePmi:
         self.names = NameService()
 
     def rows(self) -> dict[type, object]:
-        return {PmiFence: self.fence, PmiName: self.name, PmixFence: self.pmix_fence}
+        return {
+            PmiFence: self.fence,
+            PmiName: self.name,
+            PmixFence: self.pmix_fence,
+            PmixDmodex: self.dmodex,
+            PmixDmodexData: self.dmodex_data,
+        }
+
+    def dmodex(self, link: HostLink, message: PmixDmodex) -> None:
+        """PMIx's direct modex: the request goes to the host of the rank whose data is wanted."""
+        hosts_of = self.fences.hosts_of.get(message.job)
+        if hosts_of is None or not 0 <= message.rank < len(hosts_of):
+            raise MessageError(f"a PMIx direct modex names rank {message.rank} of job {message.job}, which it has not")
+        target = self.links.get(hosts_of[message.rank])
+        ask = PmixDmodexAsk(job=message.job, rank=message.rank, host=link.index, req=message.req)
+        if target is not None and target.open:
+            self.links.send(target, ask)
+        else:  # its host is gone: PMIx's "not found" (the job is ending anyway)
+            gone = PmixDmodexDone(job=message.job, rank=message.rank, req=message.req, blob="", status=-46)
+            self.links.send(link, gone)
+
+    def dmodex_data(self, link: HostLink, message: PmixDmodexData) -> None:
+        asking = self.links.get(message.host)
+        if asking is not None and asking.open:
+            done = PmixDmodexDone(
+                job=message.job, rank=message.rank, req=message.req, blob=message.blob, status=message.status
+            )
+            self.links.send(asking, done)
 
     def add_job(self, job: JobPlan) -> None:
         self.kvs[job.job] = JobKvs(len({r.host for r in job.ranks}))

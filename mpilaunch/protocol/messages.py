@@ -188,6 +188,25 @@ class PmixFenceDone(Record):
     status: int = 0
 
 
+class PmixDmodexAsk(Record):
+    """To the host of `rank`: a PMIx server on host `host` asks for its data (direct modex)."""
+
+    job: int
+    rank: int
+    host: int
+    req: int
+
+
+class PmixDmodexDone(Record):
+    """To the asking host: `rank`'s data (direct modex), or PMIx's status of why not."""
+
+    job: int
+    rank: int
+    req: int
+    blob: str  # base64
+    status: int = 0
+
+
 class PmiNameReply(Record):
     """The answer to a PmiName request, matched by req."""
 
@@ -304,6 +323,26 @@ class PmixFence(Record):
     blob: str  # base64: the data has NUL bytes
 
 
+class PmixDmodex(Record):
+    """A local rank needs the data of `rank`, on another host (PMIx's direct modex): req is
+    this agent's number for the request, given back in PmixDmodexDone."""
+
+    job: int
+    rank: int
+    req: int
+
+
+class PmixDmodexData(Record):
+    """The answer of `rank`'s host to PmixDmodexAsk, for host `host`'s request req."""
+
+    job: int
+    rank: int
+    host: int
+    req: int
+    blob: str  # base64
+    status: int = 0
+
+
 class PmiAbort(Record):
     """The rank called MPI_Abort."""
 
@@ -360,6 +399,8 @@ DOWN_MESSAGES = (
     Finish,
     PmiFenceDone,
     PmixFenceDone,
+    PmixDmodexAsk,
+    PmixDmodexDone,
     PmiNameReply,
     PmiSpawnReply,
     RelayHosts,
@@ -377,6 +418,8 @@ UP_MESSAGES = (
     Note,
     PmiFence,
     PmixFence,
+    PmixDmodex,
+    PmixDmodexData,
     PmiAbort,
     PmiError,
     PmiName,

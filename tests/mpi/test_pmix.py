@@ -252,3 +252,23 @@ def test_bindings_are_mpiruns_and_reported_in_its_words(launcher: Launcher, prog
     assert _reports(ours.stderr) == _reports(theirs.stderr) and len(_reports(ours.stderr)) == 2
     said = "mpilaunch: Open MPI ranks are bound to a core each, as mpirun binds them"
     assert (said in ours.stderr.decode()) == (not binding)
+
+
+ASYNC_MODEX = ("-x", "OMPI_MCA_pmix_base_async_modex=1", "-x", "OMPI_MCA_pmix_base_collect_data=0")
+
+
+@pytest.mark.parametrize("rank", ["c", "python"])
+def test_direct_modex_across_agents(launcher: Launcher, program: str, tmp_path: Path, rank: str) -> None:
+    """Open MPI's asynchronous modex: a fence without data, then each rank's data fetched from
+    its host when first needed (the direct-modex upcall, routed through the controller to the
+    rank's agent). Before 2026-11-25 the allreduce failed with MPI_ERR_INTERN."""
+    if rank == "python" and subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode:
+        pytest.skip("needs Debian's python3-mpi4py")
+    script = tmp_path / "coll.py"
+    script.write_text(COLLECTIVES)
+    argv = [program] if rank == "c" else [SYSTEM_PYTHON, str(script)]
+    hosts = ("--launcher", "local", "-H", "node1:2,node2:2", "-x", "OMPI_MCA_btl_tcp_if_include=lo")
+    proc = launcher.run(*hosts, *ASYNC_MODEX, "-n", "4", *argv, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    expected = sorted(f"rank {r} of 4 sum 4 app 0" for r in range(4)) if rank == "c" else ["collectives ok 4"]
+    assert _lines(proc.stdout) == expected

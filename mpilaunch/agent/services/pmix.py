@@ -21,7 +21,16 @@ from collections import deque
 
 from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
-from mpilaunch.protocol.messages import Note, PmiAbort, PmixFence, PmixFenceDone
+from mpilaunch.protocol.messages import (
+    Note,
+    PmiAbort,
+    PmixDmodex,
+    PmixDmodexAsk,
+    PmixDmodexData,
+    PmixDmodexDone,
+    PmixFence,
+    PmixFenceDone,
+)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
@@ -172,7 +181,7 @@ class _Job:
 
 class PmixService(Service):
     name = "pmix"
-    takes = (PmixFenceDone,)
+    takes = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone)
 
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(host)
@@ -186,6 +195,7 @@ class PmixService(Service):
         self.upcalls: deque[tuple] = deque()  # from PMIx's thread, for the loop
         self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
         self.held: dict[int, tuple[object, object]] = {}  # buffers PMIx has not released yet
+        self.dmodex_waiting: dict[int, tuple[object, int]] = {}  # our request -> (modex callback, cbdata)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -201,6 +211,7 @@ class PmixService(Service):
             lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("finalized", who)),
             lib.ABORT: lib.ABORT_FN(self._abort),
             lib.FENCE_NB: lib.FENCE_FN(self._fence),
+            lib.DIRECT_MODEX: lib.DMODEX_FN(self._dmodex),
             lib.JOB_CONTROL: lib.JOB_CONTROL_FN(lambda *args: lib.ERR_NOT_SUPPORTED),
         }
         for slot, call in NOT_SERVED.items():
@@ -314,6 +325,11 @@ class PmixService(Service):
             pass
         return lib.SUCCESS  # answered through cb when every host's data is in
 
+    def _dmodex(self, who, info, ninfo, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
+        """A local rank wants a rank's data that is on another host (direct modex)."""
+        self._up("dmodex", who, cb, cbdata)
+        return lib.SUCCESS  # answered through cb when the rank's host has answered
+
     # -- the loop's side ----------------------------------------------------------------------
     def woken(self, fd: int) -> None:
         try:
@@ -330,6 +346,17 @@ class PmixService(Service):
                 continue
             if kind == "fence":
                 self.fence(served, *rest)
+                continue
+            if kind == "dmodex":
+                rank, cb, cbdata = rest
+                req = len(self.dmodex_waiting) + 1
+                while req in self.dmodex_waiting:
+                    req += 1
+                self.dmodex_waiting[req] = (cb, cbdata)
+                self.host.send(PmixDmodex(job=served.number, rank=rank, req=req))
+                continue
+            if kind == "dmodex_data":
+                self.host.send(rest[0])
                 continue
             ident = served.idents.get(rest[0])
             if ident is None:
@@ -361,14 +388,42 @@ class PmixService(Service):
         self.host.send(PmixFence(job=served.number, key=key, ranks=() if everyone else ranks, blob=text))
 
     def take(self, message: Record) -> None:
-        """PmixFenceDone: every host's data; PMIx keeps the buffer until it calls release."""
+        if isinstance(message, PmixDmodexAsk):
+            self.dmodex_ask(message)
+            return
+        if isinstance(message, PmixDmodexDone):
+            entry = self.dmodex_waiting.pop(message.req, None)
+            if entry is not None:
+                self._answer(entry, message.status, base64.b64decode(message.blob))
+            return
         done: PmixFenceDone = message  # type: ignore[assignment]
         entry = self.waiting.pop((done.job, done.key), None)
         if entry is None:
             self.host.send(Note(text=f"mpilaunch agent: a PMIx fence {done.key!r} that nobody waits for"))
             return
+        self._answer(entry, done.status, base64.b64decode(done.blob))
+
+    def dmodex_ask(self, ask: PmixDmodexAsk) -> None:
+        """Another host's rank wants the data of one of ours: PMIx gives it once committed."""
+        served = self.jobs.get(ask.job)
+        if served is None or self.server is None:
+            self.host.send(PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob="", status=-46))
+            return
+
+        def answer(status: int, data: bytes) -> None:  # on PMIx's thread: to the loop
+            blob = base64.b64encode(data).decode()
+            reply = PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob=blob, status=status)
+            self.upcalls.append(("dmodex_data", served.spec.nspace, reply))
+            try:
+                os.write(self.wake_w, b"!")
+            except BlockingIOError:
+                pass
+
+        self.server.dmodex_request(lib.proc(served.spec.nspace, ask.rank), answer)
+
+    def _answer(self, entry: tuple[object, int], status: int, data: bytes) -> None:
+        """Give data to a PMIx callback that waits for it; PMIx keeps the buffer until release."""
         callback, cbdata = entry
-        data = base64.b64decode(done.blob)
         buffer = ctypes.create_string_buffer(data, max(1, len(data)))
         token = id(buffer)
 
@@ -377,4 +432,4 @@ class PmixService(Service):
 
         released = lib.RELEASE_CB(release)
         self.held[token] = (buffer, released)
-        callback(done.status, ctypes.cast(buffer, ctypes.c_void_p), len(data), cbdata, released, None)  # type: ignore[operator]
+        callback(status, ctypes.cast(buffer, ctypes.c_void_p), len(data), cbdata, released, None)  # type: ignore[operator]

@@ -192,6 +192,19 @@ class Server:
             index += 1
         return found
 
+    def dmodex_request(self, who: Proc, answer: Callable[[int, bytes], None]) -> None:
+        """Ask this server for a local rank's data (it answers once the rank has committed it),
+        on PMIx's thread: answer(status, data)."""
+
+        def done(status: int, data: int, size: int, cbdata: object) -> None:
+            answer(status, ctypes.string_at(data, size) if data and size else b"")
+
+        callback = DMODEX_RESPONSE(done)
+        self.keep.append(callback)  # lives as long as the server: a late answer never calls freed code
+        status = self.lib.PMIx_server_dmodex_request(ctypes.byref(who), callback, None)
+        if status != SUCCESS:
+            answer(status, b"")
+
     def finalize(self) -> None:
         self.lib.PMIx_server_finalize()
 

@@ -6,13 +6,20 @@ tests/unit/test_messages.py checks them against the class)."""
 
 from __future__ import annotations
 
-from mpilaunch.protocol.messages import PmiFenceDone, PmiNameReply, PmiSpawnReply, PmixFenceDone
+from mpilaunch.protocol.messages import (
+    PmiFenceDone,
+    PmiNameReply,
+    PmiSpawnReply,
+    PmixDmodexAsk,
+    PmixDmodexDone,
+    PmixFenceDone,
+)
 
 REGISTRY: dict[str, tuple[str, tuple[type, ...]]] = {
     "pmi": ("mpilaunch.agent.services.pmi:PmiFd", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
     "pmi-tcp": ("mpilaunch.agent.services.pmi:PmiTcp", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
     "openmpi-guard": ("mpilaunch.agent.services.openmpi_guard:OpenMpiGuard", ()),
-    "pmix": ("mpilaunch.agent.services.pmix:PmixService", (PmixFenceDone,)),
+    "pmix": ("mpilaunch.agent.services.pmix:PmixService", (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone)),
 }
 
 
