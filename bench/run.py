@@ -153,12 +153,15 @@ def scenario_ompi_barrier(size: int):
     return run
 
 
-def scenario_sleep256(name: str, prefix: list[str], work: Path) -> dict:
+def scenario_sleep256(name: str, prefix: list[str], work: Path, served: tuple[str, ...] = ()) -> dict:
     """256 ranks of `echo; sleep 1`: the launcher side's peak memory (sum of PSS over its
-    processes: launcher, agent or proxies, not ranks) and CPU seconds, sampled with psutil."""
+    processes: launcher, agent or proxies, not ranks) and CPU seconds, sampled with psutil.
+    served: mpilaunch's --mpi (pmix256: its agent's PMIx server registers all 256, as
+    mpirun's does)."""
     import psutil
 
-    argv = [*prefix, *oversub(name), "-n", "256", "sh", "-c", "echo rank up; sleep 1"]
+    argv = [*prefix, *oversub(name), *(served if name == "mpilaunch" else ()), "-n", "256"]
+    argv += ["sh", "-c", "echo rank up; sleep 1"]
     start = time.perf_counter()
     proc = psutil.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     cpu: dict[int, float] = {}
@@ -233,6 +236,20 @@ class SshHosts:
             cls.bed = None
 
 
+def scenario_ssh_ompi(name: str, prefix: list[str], work: Path) -> dict:
+    """4 bed hosts x 2 ranks of mpi4py over Debian's Open MPI: wire-up and one barrier, fences
+    across hosts (mpilaunch's agents serve PMIx; mpirun starts orted through the same ssh)."""
+    bed = SshHosts.get(4, work)
+    spec = ",".join(f"{n}:2" for n in bed.names[:4])
+    tcp = ["-x", "OMPI_MCA_btl_tcp_if_include=lo"] if name == "mpilaunch" else ["--mca", "btl_tcp_if_include", "lo"]
+    argv = [*SshHosts.argv(name, prefix, spec), *tcp, "-n", "8", "/usr/bin/python3", "-c", BARRIER]
+    elapsed, proc = timed(argv, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    left = bed.wait_clean(5.0)
+    assert not left, f"{name} left processes on the hosts: {left}"
+    return {"seconds": elapsed}
+
+
 def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None = None, client: str | None = None):
     """tree: mpilaunch runs with --ssh-tree-width tree (the peers' fan-out is flat); client:
     mpilaunch runs with --ssh-client client (the peers run `ssh` anyway)."""
@@ -277,6 +294,10 @@ SCENARIOS = {
         for n in (2, 4, 8, 16, 32)
     },
     "sleep256": ("256 ranks of `echo; sleep 1` (launcher side: peak memory (PSS), CPU seconds)", scenario_sleep256),
+    "pmix256": (
+        "256 ranks of `echo; sleep 1` served PMIx (mpilaunch --mpi pmix; launcher side: peak PSS, CPU seconds)",
+        lambda name, prefix, work: scenario_sleep256(name, prefix, work, ("--mpi", "pmix")),
+    ),
     "ssh_true": ("ssh, 4 hosts x 2 ranks of `true`", scenario_ssh(4, 2, ["true"])),
     "ssh_barrier": (
         "ssh, 4 hosts x 2 ranks, mpi4py wire-up + barrier (hydra only)",
@@ -299,15 +320,21 @@ SCENARIOS = {
         "ssh tree spawn, 32 hosts x 1 rank of `true` (mpilaunch --ssh-tree-width 8; peers flat)",
         scenario_ssh(32, 1, ["true"], tree=8),
     ),
+    "ssh_ompi_barrier": ("ssh, 4 hosts x 2 ranks, mpi4py over Open MPI 4.1.4, wire-up + barrier", scenario_ssh_ompi),
+    "ssh_true_paramiko": (
+        "ssh, 4 hosts x 2 ranks of `true` (mpilaunch --ssh-client paramiko)",
+        scenario_ssh(4, 2, ["true"], client="paramiko"),
+    ),
     "ssh_chain8": (
         "ssh tree spawn as a chain, 8 hosts x 1 rank of `true` (mpilaunch --ssh-tree-width 1; peers flat)",
         scenario_ssh(8, 1, ["true"], tree=1),
     ),
 }
 MPICH_ONLY = {key for key in SCENARIOS if key.startswith(("barrier", "ssh_barrier"))}
-OPEN_MPI_ONLY = {key for key in SCENARIOS if key.startswith("ompi_barrier")}  # hydra cannot start Open MPI ranks
+OPEN_MPI_ONLY = {key for key in SCENARIOS if "ompi_barrier" in key}  # hydra cannot start Open MPI ranks
 # Open MPI's mpirun over 32 bed hosts took 38 s once, then failed (orte_session_dir errors).
 NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32", "ssh_fanout32_openssh", "ssh_tree32", "ssh_chain8"}
+NO_HYDRA = {"pmix256"}  # hydra serves no PMIx
 
 
 def main() -> None:
@@ -331,7 +358,8 @@ def main() -> None:
             runners = {
                 n: p
                 for n, p in peers.items()
-                if not (key in NO_OPENMPI and n == "openmpi") and not (key in OPEN_MPI_ONLY and n == "hydra")
+                if not (key in NO_OPENMPI and n == "openmpi")
+                and not ((key in OPEN_MPI_ONLY or key in NO_HYDRA) and n == "hydra")
             }
             results = {name: [] for name in runners}
             for _ in range(reps):

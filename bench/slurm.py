@@ -1,0 +1,104 @@
+"""Benchmarks inside a Slurm allocation: mpilaunch (its agents started by srun), Open MPI's
+mpirun (plm/slurm: orted through srun) and MPICH's hydra mpiexec (bootstrap slurm), started the
+same way inside one allocation of the one-node Slurm the tests use (tests/slurmbed.py).
+
+Run by hand (as root, with Debian's slurmctld slurmd slurm-client munge):
+    python -m bench.slurm [--reps 7]
+Scenarios: `-n 8 true`, and mpi4py wire-up + one barrier at 8 ranks (MPICH ranks: mpilaunch and
+hydra; Open MPI's mpirun runs Debian's python3-mpi4py, which is the same work over its own MPI).
+The launchers run alternately in one `salloc -N1 -n8 --overcommit` (this 2-CPU node), medians
+of the wall time, ratios against each peer; the target is mpilaunch at most 1.0x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BARRIER = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()"
+ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def commands() -> dict[str, dict[str, list[str]]]:
+    """scenario -> launcher -> argv, for the launchers found here."""
+    scripts = Path(sysconfig.get_path("scripts"))  # the scripts themselves: no pyenv shim in the way
+    script = scripts / "mpilaunch"
+    mpilaunch = [str(script) if script.exists() else "mpilaunch", "--oversubscribe"]
+    out: dict[str, dict[str, list[str]]] = {"true8": {}, "barrier8": {}}
+    out["true8"]["mpilaunch"] = [*mpilaunch, "-n", "8", "true"]
+    out["barrier8"]["mpilaunch"] = [*mpilaunch, "-n", "8", sys.executable, "-c", BARRIER]
+    mpirun = shutil.which("mpirun.openmpi")
+    if mpirun:
+        out["true8"]["mpirun"] = [mpirun, "--oversubscribe", "-n", "8", "true"]
+        out["barrier8"]["mpirun"] = [mpirun, "--oversubscribe", "-n", "8", "/usr/bin/python3", "-c", BARRIER]
+    hydra = str(scripts / "mpiexec.hydra") if (scripts / "mpiexec.hydra").exists() else None
+    if hydra:
+        out["true8"]["hydra"] = [hydra, "-n", "8", "true"]
+        out["barrier8"]["hydra"] = [hydra, "-n", "8", sys.executable, "-c", BARRIER]
+    return out
+
+
+def inside(reps: int) -> None:
+    """In the allocation: every launcher of every scenario, alternately; JSON on stdout."""
+    results: dict[str, dict[str, list[float]]] = {}
+    env = {**os.environ, **ROOT_ENV, "PYTHONPATH": str(ROOT)}
+    for scenario, launchers in commands().items():
+        times = results.setdefault(scenario, {name: [] for name in launchers})
+        for _ in range(reps + 1):  # the first round warms the caches and is dropped
+            for name, argv in launchers.items():
+                start = time.perf_counter()
+                proc = subprocess.run(argv, capture_output=True, env=env, timeout=120)
+                elapsed = time.perf_counter() - start
+                if proc.returncode != 0:
+                    sys.stderr.write(f"{scenario} {name} failed: {proc.stderr.decode()[-500:]}\n")
+                    continue
+                times[name].append(elapsed)
+        for name in times:
+            times[name] = times[name][1:]
+    print(json.dumps(results))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inside:
+        inside(args.reps)
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.slurmbed import SlurmBed, slurm_available
+
+    ok, why = slurm_available()
+    if not ok:
+        raise SystemExit(f"bench.slurm: {why}")
+    with SlurmBed(Path(tempfile.mkdtemp(prefix="bench-slurm-"))) as bed:
+        argv = ["salloc", "-N1", "-n8", "--overcommit", sys.executable, "-m", "bench.slurm", "--inside"]
+        proc = bed.run([*argv, "--reps", str(args.reps)], env=bed.client_env({"PYTHONPATH": str(ROOT)}), timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr[-2000:])
+        results = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("| scenario | launcher | median s | mpilaunch / launcher |")
+    print("|---|---|---|---|")
+    for scenario, times in results.items():
+        ours = statistics.median(times["mpilaunch"])
+        for name, values in times.items():
+            if not values:
+                print(f"| {scenario} | {name} | failed | |")
+                continue
+            median = statistics.median(values)
+            print(f"| {scenario} | {name} | {median:.3f} | {ours / median:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
