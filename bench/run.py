@@ -241,13 +241,23 @@ def scenario_ssh_ompi(name: str, prefix: list[str], work: Path) -> dict:
     across hosts (mpilaunch's agents serve PMIx; mpirun starts orted through the same ssh)."""
     bed = SshHosts.get(4, work)
     spec = ",".join(f"{n}:2" for n in bed.names[:4])
-    tcp = ["-x", "OMPI_MCA_btl_tcp_if_include=lo"] if name == "mpilaunch" else ["--mca", "btl_tcp_if_include", "lo"]
-    argv = [*SshHosts.argv(name, prefix, spec), *tcp, "-n", "8", "/usr/bin/python3", "-c", BARRIER]
+    # TCP on loopback for both, and no shared memory: the bed's "hosts" are one machine, where
+    # mpirun's orteds would share vader's segment names and crash
+    tcp = ("btl", "self,tcp"), ("btl_tcp_if_include", "lo")
+    if name == "mpilaunch":
+        mca = [word for key, value in tcp for word in ("-x", f"OMPI_MCA_{key}={value}")]
+    else:
+        mca = [word for key, value in tcp for word in ("--mca", key, value)]
+    argv = [*SshHosts.argv(name, prefix, spec), *mca, "-n", "8", "/usr/bin/python3", "-c", BARRIER]
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     elapsed, proc = timed(argv, capture_output=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stderr[-2000:]
     left = bed.wait_clean(5.0)
     assert not left, f"{name} left processes on the hosts: {left}"
-    return {"seconds": elapsed}
+    return {"seconds": elapsed, "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime}
 
 
 def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None = None, client: str | None = None):
