@@ -6,7 +6,7 @@ Run by hand (as root, with Debian's slurmctld slurmd slurm-client munge):
     python -m bench.slurm [--reps 7]
 Scenarios: `-n 8 true`, and mpi4py wire-up + one barrier at 8 ranks (MPICH ranks: mpilaunch and
 hydra; Open MPI's mpirun runs Debian's python3-mpi4py, which is the same work over its own MPI).
-The launchers run alternately in one `salloc -N1 -n8 --overcommit` (this 2-CPU node), medians
+The launchers run alternately in one `salloc -N1 -n8 --overcommit --exclusive` (this 2-CPU node, whole), medians
 of the wall time, ratios against each peer; the target is mpilaunch at most 1.0x.
 """
 
@@ -83,7 +83,7 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"bench.slurm: {why}")
     with SlurmBed(Path(tempfile.mkdtemp(prefix="bench-slurm-"))) as bed:
-        argv = ["salloc", "-N1", "-n8", "--overcommit", sys.executable, "-m", "bench.slurm", "--inside"]
+        argv = ["salloc", "-N1", "-n8", "--overcommit", "--exclusive", sys.executable, "-m", "bench.slurm", "--inside"]
         proc = bed.run([*argv, "--reps", str(args.reps)], env=bed.client_env({"PYTHONPATH": str(ROOT)}), timeout=3600)
         if proc.returncode != 0:
             raise SystemExit(proc.stderr[-2000:])

@@ -112,7 +112,53 @@ def _blob(data: bytes) -> bytes:
 def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
     """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
     magic is the bytecode version the precompiled modules are for (tests give another one to
-    exercise the path of a host whose Python differs)."""
+    exercise the path of a host whose Python differs). Built once per version of the code and
+    kept in the user's cache (30 ms to build here, 0.3 ms to read): every remote start pays it."""
+    key, cache = _cache_file(magic)
+    if cache is not None:
+        try:
+            with open(cache, "rb") as handle:
+                data = handle.read()
+            if data[:40] == key:
+                return data[40:]
+        except OSError:
+            pass
+    payload = _build_payload(magic)
+    if cache is not None:
+        try:
+            os.makedirs(os.path.dirname(cache), exist_ok=True)
+            partial = f"{cache}.{os.getpid()}"
+            with open(partial, "wb") as handle:
+                handle.write(key + payload)
+            os.replace(partial, cache)  # whole or not at all, for a run that reads it at once
+        except OSError:
+            pass  # a read-only or full home: build it each time
+    return payload
+
+
+def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
+    """(the key of this code's payload, where it is kept): the key covers every shipped file's
+    path, size and change time, the bytecode magic and this format."""
+    import hashlib
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha1(b"payload 1" + magic)
+    for name in shipped_modules():
+        path = os.path.join(package, *name.split(".")[1:])
+        path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+        try:
+            info = os.stat(path)
+        except OSError:
+            return b"", None
+        digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    key = digest.hexdigest().encode()  # 40 bytes
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(home):
+        return key, None
+    return key, os.path.join(home, "mpilaunch", f"agent-{key[:16].decode()}.bin")
+
+
+def _build_payload(magic: bytes) -> bytes:
     stage2 = f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}"
     # Level 1: 8 ms less on every remote job's start than level 6 (14 ms against 6 here), for
     # 13% more bytes (130 KB against 115 KB), which cost a host microseconds to decrypt.
