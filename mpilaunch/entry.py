@@ -12,17 +12,23 @@ from __future__ import annotations
 import sys
 
 
-def starts_a_job_here(args: list[str]) -> bool:
-    """False for words that start no job here (help, version, a dry run, `check`, `allrun`): the
-    early fork is skipped for them."""
+def starts_a_job_here(args: list[str], env: dict[str, str] | None = None) -> bool:
+    """False for words that start no job here (help, version, a dry run, `check`, `allrun`), and
+    inside a Slurm allocation whose hosts the job will take (srun starts every agent there):
+    the early fork is skipped for them."""
+    import os
+
     from mpilaunch.cli import cliopts
 
-    no_job = {
-        *cliopts.HELP_FLAGS,
-        *cliopts.VERSION_FLAGS,
-        *next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "dry_run"),
-    }
-    return bool(args) and args[0] not in cliopts.SUBCOMMANDS and no_job.isdisjoint(args)
+    flags = {o.name: o.flags for o in cliopts.RUN_OPTIONS}
+    no_job = {*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS, *flags["dry_run"]}
+    if not args or args[0] in cliopts.SUBCOMMANDS or not no_job.isdisjoint(args):
+        return False
+    if (os.environ if env is None else env).get("SLURM_JOB_ID"):
+        named = {*flags["hosts"], *flags["hostfile"], *flags["launcher"], *flags["config"], *flags["configfile"]}
+        if not any(word.split("=", 1)[0] in named for word in args):
+            return False  # hosts from Slurm: --launcher auto is slurm, and no agent is forked here
+    return True
 
 
 def main(quick_exit: bool = True) -> None:

@@ -32,3 +32,14 @@ def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:
     assert in_slurm_allocation(inside, "Slurm allocation (SLURM_JOB_NODELIST)")
     assert not in_slurm_allocation(inside, "-H")  # hosts given by hand: SSH, as before
     assert not in_slurm_allocation({}, "Slurm allocation (SLURM_JOB_NODELIST)")
+
+
+def test_no_agent_is_forked_early_where_srun_starts_them() -> None:
+    from mpilaunch.entry import starts_a_job_here
+
+    inside = {"SLURM_JOB_ID": "7"}
+    assert starts_a_job_here(["-n", "2", "true"], {})
+    assert not starts_a_job_here(["-n", "2", "true"], inside)  # hosts from Slurm: srun starts the agents
+    assert starts_a_job_here(["-H", "localhost:2", "-n", "2", "true"], inside)  # hosts by hand: as before
+    assert starts_a_job_here(["--launcher=ssh", "-n", "2", "true"], inside)
+    assert not starts_a_job_here(["--dry-run", "true"], {})
