@@ -9,10 +9,11 @@ under the library's mpiexec (hydra: MPICH's from the `mpich` wheel in this Pytho
 impi-rt venv that tests/mpi/test_impi.py builds) and under mpilaunch, given nothing beyond
 --allow-run-as-root --oversubscribe; the two launchers alternate, module by module. Both get the same
 interpreter, working directory (a fresh temporary one per job) and environment, without the caller's
-I_MPI_/PMI_/MPI4PY_/HYDRA_/MPIEXEC_ variables. A job passes when it exits 0 and every rank printed
-unittest's "OK"; a job that runs past --timeout is killed (its process group, then any process left
-with its tag) and counts as a timeout. Per MPI, a table: each launcher's result (ran N tests, f=failures,
-e=errors, s=skipped, as every rank reported them), wall times and their ratio, then whether the same
+I_MPI_/PMI_/MPI4PY_/HYDRA_/MPIEXEC_ variables. A job passes when it exits 0 (main.py exits 1 on a rank
+where a test fails) and no rank printed unittest's "FAILED"; a job that runs past --timeout is killed
+(its process group, then any process left with its tag) and counts as a timeout. Per MPI, a table:
+each launcher's result (ran N tests, f=failures, e=errors, s=skipped, as the ranks reported them; a
+`*` where the two launchers' summaries differ), wall times and their ratio, then whether the same
 modules pass. Every job's raw output is kept in --out (a new /tmp folder by default).
 """
 
@@ -36,10 +37,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # What the caller's shell may carry that would tune one launcher's ranks and not the other's.
 DROPPED = ("I_MPI_", "PMI_", "MPI4PY_", "HYDRA_", "MPIEXEC_")
 TAG = "MPILAUNCH_BENCH_TAG"
+# unittest's summary, per rank: "Ran N tests in Xs", then "OK" or "FAILED", then " (failures=1, skipped=2)"
+# or nothing, in three writes. Hydra forwards chunks, not lines, so another rank's bytes may sit anywhere
+# between or around them ("OKRan 52 tests", "OKOK", "OK---- (skipped=8)"): each part is found on its own,
+# unanchored (but not inside a word), once the lines indented by 4 spaces are dropped (tracebacks, and
+# the copy of a rank's last lines in mpilaunch's failure report). Only the table's counts come from
+# these; pass/fail is the exit status.
+INDENTED = re.compile(r"(?m)^    .*\n?")
 RAN = re.compile(r"Ran (\d+) tests? in [0-9.]+s")
-# unittest writes "OK"/"FAILED" and " (failures=1, skipped=2)" separately: a launcher that forwards
-# chunks rather than lines may put another rank's bytes in between, hence no end-of-line anchor.
-RESULT = re.compile(r"(?m)^(OK|FAILED)(?: \(((?:\w+=\d+(?:, )?)+)\))?")
+RESULT = re.compile(r"(?:(?<![a-z_])|(?<=[0-9]s))(OK|FAILED)(?![a-z_])")
+COUNTS = re.compile(r" \(((?:(?:failures|errors|skipped|expected failures|unexpected successes)=\d+(?:, )?)+)\)")
 SHORT = {"failures": "f", "errors": "e", "skipped": "s", "expected failures": "xf", "unexpected successes": "us"}
 
 
@@ -52,12 +59,13 @@ class Job:
     seconds: float = 0.0
     output: str = ""
     ran: list[int] = field(default_factory=list)  # per rank that printed a summary
-    results: list[str] = field(default_factory=list)  # "OK" or "FAILED", with counts: "FAILED f=1 s=2"
+    results: list[str] = field(default_factory=list)  # "OK" or "FAILED", per rank that printed one
+    counts: list[str] = field(default_factory=list)  # "f=1 s=2", per rank that printed some
     left: int = 0  # processes of the job still there after the launcher exited
 
     @property
     def passed(self) -> bool:
-        return self.returncode == 0 and bool(self.results) and all(r.startswith("OK") for r in self.results)
+        return self.returncode == 0 and not any(r.startswith("FAILED") for r in self.results)
 
     def cell(self, size: int) -> str:
         if self.returncode is None:
@@ -70,7 +78,7 @@ class Job:
         parts = [head]
         if ran:
             parts.append("ran " + "/".join(map(str, ran)))
-        counts = sorted({r.partition(" ")[2] for r in self.results} - {""})
+        counts = sorted(set(self.counts))
         if counts:
             parts.append(" | ".join(counts))
         if len(self.results) != size:
@@ -81,18 +89,17 @@ class Job:
 
     def summary(self) -> tuple:
         """What must be equal for two launchers to count as giving the same result."""
-        return self.passed, sorted(self.ran), sorted(self.results)
+        return self.passed, sorted(self.ran), sorted(self.results), sorted(self.counts)
 
 
 def parse(job: Job, text: str) -> None:
     job.output = text
+    text = INDENTED.sub("", text)
     job.ran = [int(m.group(1)) for m in RAN.finditer(text)]
-    for m in RESULT.finditer(text):
-        counts = []
-        for item in filter(None, (m.group(2) or "").split(", ")):
-            key, _, value = item.partition("=")
-            counts.append(f"{SHORT.get(key, key)}={value}")
-        job.results.append(" ".join([m.group(1), *counts]))
+    job.results = RESULT.findall(text)
+    for found in COUNTS.findall(text):
+        items = (item.partition("=") for item in found.split(", "))
+        job.counts.append(" ".join(f"{SHORT.get(key, key)}={value}" for key, _, value in items))
 
 
 def clean_env() -> dict[str, str]:
