@@ -443,7 +443,7 @@ def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
             )
         if key == "abort":
             extra = f", all ranks gone {median(res, 'all_gone'):.3f} s, status {ok(res)[0]['status']}"
-        if key == "sleep256":
+        if key in ("sleep256", "pmix256"):
             extra = f", peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
         if key.startswith("ssh"):
             extra = f", launcher CPU {median(res, 'cpu'):.2f} s"
