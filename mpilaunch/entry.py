@@ -27,7 +27,9 @@ def starts_a_job_here(args: list[str], env: dict[str, str] | None = None) -> boo
     if (os.environ if env is None else env).get("SLURM_JOB_ID"):
         named = {*flags["hosts"], *flags["hostfile"], *flags["launcher"], *flags["config"], *flags["configfile"]}
         if not any(word.split("=", 1)[0] in named for word in args):
-            return False  # hosts from Slurm: --launcher auto is slurm, and no agent is forked here
+            from mpilaunch.host.procfs import has_ancestor
+
+            return has_ancestor("slurmstepd")  # hosts from Slurm: srun starts the agents, unless in a step already
     return True
 
 

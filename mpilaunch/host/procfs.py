@@ -48,3 +48,21 @@ def start_time(pid: int) -> bytes | None:
         return None
     fields = stat[stat.rfind(b")") + 2 :].split()
     return fields[19] if len(fields) > 19 else None
+
+
+def has_ancestor(name: str, pid: int | None = None, limit: int = 64) -> bool:
+    """Whether a process named `name` (its comm) is above pid (default: this process), e.g.
+    slurmstepd above a batch script: this process then runs inside a Slurm job step."""
+    pid = os.getppid() if pid is None else pid
+    for _ in range(limit):
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            return False
+        if stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace") == name:
+            return True
+        pid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+    return False

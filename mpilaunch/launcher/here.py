@@ -18,3 +18,8 @@ class ThisMachine(Here):
         if request.get("hccn"):
             info["address"] = this_machine_address()
         return info
+
+    def in_job_step(self) -> bool:
+        from mpilaunch.host.procfs import has_ancestor
+
+        return has_ancestor("slurmstepd")

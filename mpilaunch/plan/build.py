@@ -92,8 +92,8 @@ def over_ssh(options: Options, host: Host) -> bool:
     """Started by a transport (SSH, or Slurm's srun for every host, this one too, so that all
     ranks run in the job step): a host that is not this machine, unless --launcher local
     starts every host's agent here (hydra's fork launcher: several agents on one machine)."""
-    if options.launcher == "slurm":
-        return True
+    if options.launcher == "slurm":  # in a step already (a batch script): this node's agent is forked here
+        return not (options.in_slurm_step and not hostlib.needs_ssh(host))
     return options.launcher not in LOCAL_LAUNCHERS and hostlib.needs_ssh(host)
 
 
@@ -121,6 +121,10 @@ class Here:
     def facts(self, request: Mapping[str, object], path: str) -> dict:
         """This machine's answer to a probe request (devices.probe_request): see hostinfo.probe."""
         raise NotImplementedError
+
+    def in_job_step(self) -> bool:
+        """Whether this process runs inside a Slurm job step (a batch script's)."""
+        return False
 
 
 def master_address(options: Options, hosts: list[Host], used: set[int], rank0_host: int) -> str:
@@ -335,6 +339,8 @@ def build_plan(
         hosts, source = resolve_hosts(options, env)
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
+    if options.launcher == "slurm" and here.in_job_step():
+        options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
         hosts = with_slots(hosts, source, options)
     else:
         source = "the host list"

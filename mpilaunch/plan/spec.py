@@ -51,7 +51,8 @@ class Options(Record):
     ssh_client: str = "auto"  # openssh (an `ssh` process per host), paramiko (in the launcher), auto: openssh if found
     ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
     hydra_spelled: bool = False  # -hosts or -ppn was given: where hydra and Open MPI differ, say so
-    launcher: str = "auto"  # auto, ssh, or local/fork (every host's agent on this machine)
+    launcher: str = "auto"  # auto, ssh, slurm, or local/fork (every host's agent on this machine)
+    in_slurm_step: bool = False  # with slurm: the launcher runs in a job step (sbatch), its node's agent is forked
 
     @property
     def abort_on_failure(self) -> bool:

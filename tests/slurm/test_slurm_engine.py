@@ -81,16 +81,24 @@ def test_mpi4py_over_mpich_wires_up_in_the_step(slurm: SlurmBed, tmp_path: Path)
 
 
 def test_an_sbatch_script(slurm: SlurmBed, tmp_path: Path) -> None:
+    """In a batch script the launcher already runs in a step (the batch step): its own node's
+    agent is forked, as mpirun's daemon is, and the ranks run in that step (no step 0)."""
     out = tmp_path / "job.out"
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/sh\n{PY} -m mpilaunch sh -c 'echo rank $RANK of $WORLD_SIZE'\necho status $?\n")
+    show = tmp_path / "show.py"
+    show.write_text(SHOW)
+    script.write_text(
+        f"#!/bin/sh\n{PY} -m mpilaunch sh -c 'echo rank $RANK of $WORLD_SIZE'\necho status $?\n"
+        f"{PY} -m mpilaunch {PY} {show}\n"
+    )
     submitted = slurm.run(["sbatch", "-N1", "-n2", "-o", str(out), "--parsable", str(script)], env=_env(slurm))
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     record = slurm.wait_job(job, timeout=60)
     assert record["JobState"] == "COMPLETED", record
-    lines = [line for line in out.read_text().splitlines() if not line.startswith("mpilaunch: ")]
-    assert sorted(lines[:2]) == ["rank 0 of 2", "rank 1 of 2"] and lines[-1] == "status 0", lines
+    lines = [line for line in out.read_text().splitlines() if not line.startswith(("mpilaunch: ", "err "))]
+    assert sorted(lines[:2]) == ["rank 0 of 2", "rank 1 of 2"] and lines[2] == "status 0", lines
+    assert sorted(lines[3:]) == ["0 2 0 0 2 - True False", "1 2 1 1 2 - True False"], lines  # in the batch step
 
 
 def test_scancel_ends_every_rank_and_says_so(slurm: SlurmBed, tmp_path: Path) -> None:

@@ -43,3 +43,15 @@ def test_no_agent_is_forked_early_where_srun_starts_them() -> None:
     assert starts_a_job_here(["-H", "localhost:2", "-n", "2", "true"], inside)  # hosts by hand: as before
     assert starts_a_job_here(["--launcher=ssh", "-n", "2", "true"], inside)
     assert not starts_a_job_here(["--dry-run", "true"], {})
+
+
+def test_in_a_batch_step_this_nodes_agent_is_forked() -> None:
+    from mpilaunch.plan.build import over_ssh
+    from mpilaunch.plan.hosts import Host
+    from mpilaunch.plan.spec import Options
+
+    here, there = Host(name="localhost", slots=2), Host(name="node7", slots=2)
+    salloc = Options(launcher="slurm")
+    sbatch = Options(launcher="slurm", in_slurm_step=True)
+    assert over_ssh(salloc, here) and over_ssh(salloc, there)  # srun starts every agent
+    assert not over_ssh(sbatch, here) and over_ssh(sbatch, there)  # this node's: forked, in the batch step
