@@ -6,8 +6,9 @@ Run by hand (as root, with Debian's slurmctld slurmd slurm-client munge):
     python -m bench.slurm [--reps 7]
 Scenarios: `-n 8 true`, and mpi4py wire-up + one barrier at 8 ranks (MPICH ranks: mpilaunch and
 hydra; Open MPI's mpirun runs Debian's python3-mpi4py, which is the same work over its own MPI).
-The launchers run alternately in one `salloc -N1 -n8 --overcommit --exclusive` (this 2-CPU node, whole), medians
-of the wall time, ratios against each peer; the target is mpilaunch at most 1.0x.
+The launchers run alternately in one `salloc -N1 -n8 --overcommit --exclusive` (this 2-CPU node,
+whole; the launchers in no step), then the same in an `sbatch` job (the launchers in its batch
+step); medians of the wall time, ratios against each peer; the target is mpilaunch at most 1.0x.
 """
 
 from __future__ import annotations
@@ -82,22 +83,35 @@ def main() -> None:
     ok, why = slurm_available()
     if not ok:
         raise SystemExit(f"bench.slurm: {why}")
-    with SlurmBed(Path(tempfile.mkdtemp(prefix="bench-slurm-"))) as bed:
-        argv = ["salloc", "-N1", "-n8", "--overcommit", "--exclusive", sys.executable, "-m", "bench.slurm", "--inside"]
-        proc = bed.run([*argv, "--reps", str(args.reps)], env=bed.client_env({"PYTHONPATH": str(ROOT)}), timeout=3600)
+    work = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
+    inner = [sys.executable, "-m", "bench.slurm", "--inside", "--reps", str(args.reps)]
+    size = ["-N1", "-n8", "--overcommit", "--exclusive"]
+    runs = {}
+    with SlurmBed(work) as bed:
+        env = bed.client_env({"PYTHONPATH": str(ROOT)})
+        # salloc: the launchers run in no step (mpilaunch's agents: one srun step)
+        proc = bed.run(["salloc", *size, *inner], env=env, timeout=3600)
         if proc.returncode != 0:
             raise SystemExit(proc.stderr[-2000:])
-        results = json.loads(proc.stdout.strip().splitlines()[-1])
-    print("| scenario | launcher | median s | mpilaunch / launcher |")
-    print("|---|---|---|---|")
-    for scenario, times in results.items():
-        ours = statistics.median(times["mpilaunch"])
-        for name, values in times.items():
-            if not values:
-                print(f"| {scenario} | {name} | failed | |")
-                continue
-            median = statistics.median(values)
-            print(f"| {scenario} | {name} | {median:.3f} | {ours / median:.2f}x |")
+        runs["salloc"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        # sbatch: the launchers run in the batch step (mpilaunch forks this node's agent there)
+        out = work / "batch.out"
+        command = " ".join(inner)
+        proc = bed.run(["sbatch", "--wait", *size, "-o", str(out), "--wrap", command], env=env, timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr[-2000:] + out.read_text()[-2000:])
+        runs["sbatch"] = json.loads(out.read_text().strip().splitlines()[-1])
+    print("| how | scenario | launcher | median s | mpilaunch / launcher |")
+    print("|---|---|---|---|---|")
+    for how, results in runs.items():
+        for scenario, times in results.items():
+            ours = statistics.median(times["mpilaunch"])
+            for name, values in times.items():
+                if not values:
+                    print(f"| {how} | {scenario} | {name} | failed | |")
+                    continue
+                median = statistics.median(values)
+                print(f"| {how} | {scenario} | {name} | {median:.3f} | {ours / median:.2f}x |")
 
 
 if __name__ == "__main__":
