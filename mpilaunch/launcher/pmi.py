@@ -122,7 +122,7 @@ class JobWidePmi:
         if hosts_of is None or not 0 <= message.rank < len(hosts_of):
             raise MessageError(f"a PMIx direct modex names rank {message.rank} of job {message.job}, which it has not")
         target = self.links.get(hosts_of[message.rank])
-        ask = PmixDmodexAsk(job=message.job, rank=message.rank, host=link.index, req=message.req)
+        ask = PmixDmodexAsk(job=message.job, rank=message.rank, host=link.index, req=message.req, key=message.key)
         if target is not None and target.open:
             self.links.send(target, ask)
         else:  # its host is gone: PMIx's "not found" (the job is ending anyway)

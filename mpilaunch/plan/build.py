@@ -339,11 +339,11 @@ def build_plan(
         hosts, source = resolve_hosts(options, env)
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
-    if options.launcher == "slurm" and here.in_job_step():
-        options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
         hosts = with_slots(hosts, source, options)
     else:
         source = "the host list"
+    if options.launcher == "slurm" and here.in_job_step():
+        options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
     if source.startswith("MLP_MPI_") and nps == [None]:  # the platform's MLP_MPI_NP is the default -n
         from mpilaunch.plan.hostsources import mlp_np

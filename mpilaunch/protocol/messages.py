@@ -189,12 +189,14 @@ class PmixFenceDone(Record):
 
 
 class PmixDmodexAsk(Record):
-    """To the host of `rank`: a PMIx server on host `host` asks for its data (direct modex)."""
+    """To the host of `rank`: a PMIx server on host `host` asks for its data (direct modex);
+    key: the one the asking rank needs, if it said (the data is given once it has it)."""
 
     job: int
     rank: int
     host: int
     req: int
+    key: str = ""
 
 
 class PmixDmodexDone(Record):
@@ -330,6 +332,7 @@ class PmixDmodex(Record):
     job: int
     rank: int
     req: int
+    key: str = ""  # PMIx's required key: the data is wanted once it holds this key
 
 
 class PmixDmodexData(Record):

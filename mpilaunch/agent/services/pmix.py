@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections import deque
 
 from mpilaunch.agent.services import pmix_lib as lib
@@ -82,6 +83,10 @@ def find_library(requested: str | None, own: str | None = None) -> str:
         "(Debian and Ubuntu: apt install libpmix2) or name it with --pmix-lib PATH"
     )
 
+
+REQUIRED_KEY = b"pmix.req.key"  # PMIX_REQUIRED_KEY in a direct modex's info
+DMODEX_RETRY = 0.01  # seconds between asks for data that lacks the required key
+DMODEX_PATIENCE = 10.0  # ... for at most this long
 
 NOT_SERVED = {  # PMIx upcalls refused, with what a rank calls to reach each
     lib.PUBLISH: "MPI_Publish_name",
@@ -196,6 +201,9 @@ class PmixService(Service):
         self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
         self.held: dict[int, tuple[object, object]] = {}  # buffers PMIx has not released yet
         self.dmodex_waiting: dict[int, tuple[object, int]] = {}  # our request -> (modex callback, cbdata)
+        self.early_asks: dict[int, list[PmixDmodexAsk]] = {}  # job -> asks that came before its launch
+        self.asks_later: list[tuple[float, PmixDmodexAsk]] = []  # asked again at that time (see tries)
+        self.asked_since: dict[tuple[int, int, int], float] = {}  # (job, asking host, req) -> first asked
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -244,9 +252,13 @@ class PmixService(Service):
             self.server.register_nspace(spec.nspace, len(local), job_rows(spec, local))
         except lib.LibraryError as exc:  # its ranks are not started (prepare says why)
             self.refused[launch.job] = f"needs PMIx, which host {socket.gethostname()} cannot serve: {exc}"
+            for ask in self.early_asks.pop(launch.job, []):
+                self.dmodex_ask(ask)
             return
         job = self.jobs[launch.job] = _Job(launch.job, spec)
         self.by_nspace[spec.nspace] = job
+        for ask in self.early_asks.pop(launch.job, []):  # asked for before this host had the job
+            self.dmodex_ask(ask)
 
     def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
         if job in self.refused:
@@ -326,8 +338,15 @@ class PmixService(Service):
         return lib.SUCCESS  # answered through cb when every host's data is in
 
     def _dmodex(self, who, info, ninfo, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
-        """A local rank wants a rank's data that is on another host (direct modex)."""
-        self._up("dmodex", who, cb, cbdata)
+        """A local rank wants a rank's data that is on another host (direct modex), and may say
+        which key it needs (PMIX_REQUIRED_KEY)."""
+        key = ""
+        if info and ninfo:
+            rows = ctypes.cast(info, ctypes.POINTER(lib.Info))
+            for index in range(ninfo):
+                if rows[index].key == REQUIRED_KEY and rows[index].value.type == lib.STRING:
+                    key = (rows[index].value.data.string or b"").decode(errors="replace")
+        self._up("dmodex", who, cb, cbdata, key)
         return lib.SUCCESS  # answered through cb when the rank's host has answered
 
     # -- the loop's side ----------------------------------------------------------------------
@@ -348,15 +367,23 @@ class PmixService(Service):
                 self.fence(served, *rest)
                 continue
             if kind == "dmodex":
-                rank, cb, cbdata = rest
+                rank, cb, cbdata, key = rest
                 req = len(self.dmodex_waiting) + 1
                 while req in self.dmodex_waiting:
                     req += 1
                 self.dmodex_waiting[req] = (cb, cbdata)
-                self.host.send(PmixDmodex(job=served.number, rank=rank, req=req))
+                self.host.send(PmixDmodex(job=served.number, rank=rank, req=req, key=key))
                 continue
             if kind == "dmodex_data":
-                self.host.send(rest[0])
+                ask, status, data = rest
+                if status == lib.SUCCESS and ask.key and ask.key.encode() not in data and self.tries(ask):
+                    self.asks_later.append((time.monotonic() + DMODEX_RETRY, ask))  # committed, not yet that key
+                    continue
+                self.asked_since.pop((ask.job, ask.host, ask.req), None)
+                blob = base64.b64encode(data).decode()
+                self.host.send(
+                    PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob=blob, status=status)
+                )
                 continue
             ident = served.idents.get(rest[0])
             if ident is None:
@@ -404,22 +431,39 @@ class PmixService(Service):
         self._answer(entry, done.status, base64.b64decode(done.blob))
 
     def dmodex_ask(self, ask: PmixDmodexAsk) -> None:
-        """Another host's rank wants the data of one of ours: PMIx gives it once committed."""
+        """Another host's rank wants the data of one of ours: PMIx gives it once committed. A job
+        this agent has not registered yet (its launch is on the way) keeps the ask until then."""
+        if ask.job in self.refused:
+            self.host.send(PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob="", status=-46))
+            return
         served = self.jobs.get(ask.job)
         if served is None or self.server is None:
-            self.host.send(PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob="", status=-46))
+            self.early_asks.setdefault(ask.job, []).append(ask)
             return
 
         def answer(status: int, data: bytes) -> None:  # on PMIx's thread: to the loop
-            blob = base64.b64encode(data).decode()
-            reply = PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob=blob, status=status)
-            self.upcalls.append(("dmodex_data", served.spec.nspace, reply))
+            self.upcalls.append(("dmodex_data", served.spec.nspace, ask, status, data))
             try:
                 os.write(self.wake_w, b"!")
             except BlockingIOError:
                 pass
 
         self.server.dmodex_request(lib.proc(served.spec.nspace, ask.rank), answer)
+
+    def tries(self, ask: PmixDmodexAsk) -> bool:
+        """Whether to ask PMIx again for data that lacks the key wanted (a rank commits its data
+        in parts): for DMODEX_PATIENCE seconds, after which what there is goes back."""
+        first = self.asked_since.setdefault((ask.job, ask.host, ask.req), time.monotonic())
+        return time.monotonic() - first < DMODEX_PATIENCE
+
+    def next_deadline(self) -> float | None:
+        return min((when for when, _ in self.asks_later), default=None)
+
+    def tick(self, now: float) -> None:
+        due = [ask for when, ask in self.asks_later if when <= now]
+        self.asks_later = [(when, ask) for when, ask in self.asks_later if when > now]
+        for ask in due:
+            self.dmodex_ask(ask)
 
     def _answer(self, entry: tuple[object, int], status: int, data: bytes) -> None:
         """Give data to a PMIx callback that waits for it; PMIx keeps the buffer until release."""
