@@ -39,9 +39,8 @@ def main(quick_exit: bool = True) -> None:
     if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
         import _signal
 
-        _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # KeyboardInterrupt, caught below: 130
-        for sig in (_signal.SIGTERM, _signal.SIGHUP):
-            if _signal.getsignal(sig) == _signal.SIG_DFL:  # one ignored (nohup) stays ignored
+        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+            if _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):  # ignored stays so (nohup)
                 _signal.signal(sig, _stopped_by)
     reopen_closed_std_streams()
     args = sys.argv[1:]
@@ -72,10 +71,11 @@ def main(quick_exit: bool = True) -> None:
 
 
 def _stopped_by(signum: int, frame: object) -> None:
-    """SIGTERM or SIGHUP before the run's own handling starts (or after it ends): leave at once
-    with the shell's 128 + signal, as after it. Not by raising: an exception raised in the
-    middle of an import is printed, not caught. Leaving closes every descriptor, so each agent
-    (the early one, those behind SSH clients) sees its link end and stops its ranks."""
+    """SIGINT, SIGTERM or SIGHUP before the run's own handling starts (or after it ends): leave
+    at once with the shell's 128 + signal, as after it. Not by raising (KeyboardInterrupt): an
+    exception raised in the middle of an import is printed and dropped, and the job then ran to
+    its end with status 0. Leaving closes every descriptor, so each agent (the early one, those
+    behind SSH clients) sees its link end and stops its ranks."""
     leave(128 + signum)
 
 

@@ -25,9 +25,11 @@ class SignalPipe:
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self.write_fd, False)
         self.saved = {sig: signal.getsignal(sig) for sig in FORWARDED}
+        # The wake-up fd first: a signal caught by a do-nothing handler before it is set would be
+        # lost (a SIGTERM at start-up, and the job ran to its end with status 0).
+        self.saved_wakeup_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
         for sig in FORWARDED:
             signal.signal(sig, lambda *_: None)
-        self.saved_wakeup_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
         sel.register(self.read_fd, selectors.EVENT_READ, "signal")
 
     def drain(self) -> bytes:
