@@ -12,10 +12,16 @@ import time
 from tests.conftest import Launcher, tagged_pids
 
 
+def _default_sigint() -> None:
+    """As from a terminal: a test run in the background (`cmd &` in a script) would hand its
+    children SIGINT ignored, and Python keeps it so until mpilaunch's first line runs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher) -> None:
     outcomes: dict[int, int] = {}
     for attempt in range(40):
-        proc = launcher.popen("-n", "2", "sleep", "5")
+        proc = launcher.popen("-n", "2", "sleep", "5", preexec_fn=_default_sigint)
         time.sleep((attempt % 20) * 0.003)  # 0 to 57 ms: the interpreter, imports, plan, launch
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
