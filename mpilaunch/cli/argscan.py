@@ -23,7 +23,7 @@ from mpilaunch.cli.cliopts import (
     stdin_choice,
 )
 
-_BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}
+BY_FLAG = {flag: opt for opt in RUN_OPTIONS for flag in opt.flags}  # every spelling -> its option
 _NO = object()  # a value the scanner leaves to click
 
 
@@ -72,7 +72,7 @@ def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
         if len(word) < 2 or word[0] != "-":
             break
         name, eq, glued = word.partition("=")
-        opt = _BY_FLAG.get(name)
+        opt = BY_FLAG.get(name)
         if opt is None or (eq and len(name) == 2):  # -n=4 is -n with '=4' to click; leave it there
             return None
         if opt.kind == FLAG:

@@ -42,7 +42,7 @@ def split_apps(argv: list[str]) -> list[list[str]]:
 def unknown_word(words: list[str]) -> str | None:
     """The first single-dash word before the program that is no option: click would read
     `-genvx` as -g -e -n -v -x and name a letter of it."""
-    by_flag = {flag: opt for opt in cliopts.RUN_OPTIONS for flag in opt.flags}
+    by_flag = argscan.BY_FLAG
     eager = {*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS}
     i = 0
     while i < len(words):

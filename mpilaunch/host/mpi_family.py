@@ -28,14 +28,23 @@ def needed_libraries(path: str) -> list[str]:
 
 def dynamic_strings(path: str) -> tuple[list[str], list[str]]:
     """An ELF file's DT_NEEDED names and its RUNPATH (else RPATH) folders, $ORIGIN expanded."""
+    needed, runpath, rpath = _search_paths(path)
+    return needed, runpath or rpath
+
+
+def _search_paths(path: str) -> tuple[list[str], list[str], list[str]]:
+    """DT_NEEDED, and the RUNPATH and RPATH folders with $ORIGIN expanded."""
     try:
         with open(path, "rb") as handle:
             needed, runpath, rpath, _ = _dynamic(handle)
     except (OSError, struct.error, ValueError):
-        return [], []
+        return [], [], []
     origin = os.path.dirname(os.path.abspath(path))
-    folders = [f.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for f in (runpath or rpath).split(":") if f]
-    return needed, folders
+
+    def folders(text: str) -> list[str]:
+        return [f.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for f in text.split(":") if f]
+
+    return needed, folders(runpath), folders(rpath)
 
 
 def _dynamic(handle) -> tuple[list[str], str, str, tuple[int, int]]:  # type: ignore[no-untyped-def]
@@ -237,13 +246,11 @@ def is_intel_mpi(library: str) -> bool:
 def mpich_library(program: str, library_path: str) -> str | None:
     """The libmpi.so.12 this program would load: RPATH (without RUNPATH), LD_LIBRARY_PATH,
     RUNPATH, then the usual folders (not the loader's cache)."""
-    needed, folders = dynamic_strings(program)
+    needed, runpath, rpath = _search_paths(program)
     wanted = next((n for n in needed if n.startswith("libmpi.so.12") or n.startswith("libmpich.so")), None)
     if wanted is None:
         return None
-    with open(program, "rb") as handle:
-        runpath = _dynamic(handle)[1]
-    search = ([] if runpath else folders) + [f for f in library_path.split(":") if f] + (folders if runpath else [])
+    search = ([] if runpath else rpath) + [f for f in library_path.split(":") if f] + runpath
     return _first(wanted, search + list(LIBRARY_DIRS))
 
 

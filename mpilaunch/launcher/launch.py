@@ -313,7 +313,8 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             file=sys.stderr,
             flush=True,
         )
-    said = intel_note(plan, launch_messages(plan, job, range(len(job.ranks)), ())) if plan.intel_mpi else ""
+    launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
+    said = intel_note(plan, launches) if plan.intel_mpi else ""
     if said:
         print(f"mpilaunch: {said}", file=sys.stderr, flush=True)
     note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
@@ -322,7 +323,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
     # agents answer waits in their links until the controller reads it.
     try:
-        for index, launch in launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks)).items():
+        for index, launch in launches.items():
             link = links.get(index)
             if link is None:
                 link = links[index] = start_local_agent()

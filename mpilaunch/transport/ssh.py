@@ -128,11 +128,12 @@ def load_config(path: str | None) -> Callable[[str], dict]:
 
 
 def _ssh_binary() -> str | None:
-    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(folder or ".", "ssh")
-        if folder and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    from mpilaunch.host.programs import find_program
+
+    try:
+        return find_program("ssh", {"PATH": os.environ.get("PATH", os.defpath)})
+    except OSError:
+        return None
 
 
 def ssh_target(name: str, user: str | None, port: int | None, config: Callable[[str], dict]) -> SshTarget:

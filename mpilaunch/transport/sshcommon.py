@@ -30,10 +30,13 @@ def ssh_client(requested: str, path: str | None = None) -> str:
         return requested
     import os
 
-    for folder in (path if path is not None else os.environ.get("PATH", os.defpath)).split(os.pathsep):
-        if folder and os.access(os.path.join(folder, "ssh"), os.X_OK):
-            return "openssh"
-    return "paramiko"
+    from mpilaunch.host.programs import find_program
+
+    try:
+        find_program("ssh", {"PATH": path if path is not None else os.environ.get("PATH", os.defpath)})
+    except OSError:
+        return "paramiko"
+    return "openssh"
 
 
 def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
