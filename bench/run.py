@@ -19,6 +19,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,33 +237,26 @@ class SshHosts:
             cls.bed = None
 
 
-def scenario_ssh_ompi(name: str, prefix: list[str], work: Path) -> dict:
-    """4 bed hosts x 2 ranks of mpi4py over Debian's Open MPI: wire-up and one barrier, fences
-    across hosts (mpilaunch's agents serve PMIx; mpirun starts orted through the same ssh)."""
-    bed = SshHosts.get(4, work)
-    spec = ",".join(f"{n}:2" for n in bed.names[:4])
-    # TCP on loopback for both, and no shared memory: the bed's "hosts" are one machine, where
-    # mpirun's orteds would share vader's segment names and crash
+def ompi_tcp(name: str) -> list[str]:
+    """TCP on loopback and no shared memory, for Open MPI ranks on the bed: its "hosts" are one
+    machine, where mpirun's orteds would share vader's segment names and crash."""
     tcp = ("btl", "self,tcp"), ("btl_tcp_if_include", "lo")
     if name == "mpilaunch":
-        mca = [word for key, value in tcp for word in ("-x", f"OMPI_MCA_{key}={value}")]
-    else:
-        mca = [word for key, value in tcp for word in ("--mca", key, value)]
-    argv = [*SshHosts.argv(name, prefix, spec), *mca, "-n", "8", "/usr/bin/python3", "-c", BARRIER]
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    elapsed, proc = timed(argv, capture_output=True, timeout=120)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    left = bed.wait_clean(5.0)
-    assert not left, f"{name} left processes on the hosts: {left}"
-    return {"seconds": elapsed, "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime}
+        return [word for key, value in tcp for word in ("-x", f"OMPI_MCA_{key}={value}")]
+    return [word for key, value in tcp for word in ("--mca", key, value)]
 
 
-def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None = None, client: str | None = None):
+def scenario_ssh(
+    hosts: int,
+    per_host: int,
+    program: list[str],
+    tree: int | None = None,
+    client: str | None = None,
+    options: Callable[[str], list[str]] | None = None,
+):
     """tree: mpilaunch runs with --ssh-tree-width tree (the peers' fan-out is flat); client:
-    mpilaunch runs with --ssh-client client (the peers run `ssh` anyway)."""
+    mpilaunch runs with --ssh-client client (the peers run `ssh` anyway); options(launcher):
+    more words for that launcher."""
 
     def run(name: str, prefix: list[str], work: Path) -> dict:
         import resource
@@ -271,6 +265,7 @@ def scenario_ssh(hosts: int, per_host: int, program: list[str], tree: int | None
         spec = ",".join(f"{n}:{per_host}" for n in bed.names[:hosts])
         width = ["--ssh-tree-width", str(tree)] if tree and name == "mpilaunch" else []
         width += ["--ssh-client", client] if client and name == "mpilaunch" else []
+        width += options(name) if options else []
         argv = [*SshHosts.argv(name, prefix, spec), *width, "-n", str(hosts * per_host), *program]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         elapsed, proc = timed(argv, capture_output=True, timeout=120)
@@ -330,7 +325,10 @@ SCENARIOS = {
         "ssh tree spawn, 32 hosts x 1 rank of `true` (mpilaunch --ssh-tree-width 8; peers flat)",
         scenario_ssh(32, 1, ["true"], tree=8),
     ),
-    "ssh_ompi_barrier": ("ssh, 4 hosts x 2 ranks, mpi4py over Open MPI 4.1.4, wire-up + barrier", scenario_ssh_ompi),
+    "ssh_ompi_barrier": (
+        "ssh, 4 hosts x 2 ranks, mpi4py over Open MPI 4.1.4, wire-up + barrier",
+        scenario_ssh(4, 2, ["/usr/bin/python3", "-c", BARRIER], options=ompi_tcp),
+    ),
     "ssh_true_paramiko": (
         "ssh, 4 hosts x 2 ranks of `true` (mpilaunch --ssh-client paramiko)",
         scenario_ssh(4, 2, ["true"], client="paramiko"),
