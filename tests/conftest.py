@@ -14,20 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import parent_pid, process_name, stat_fields  # tests import them from here too
+
 ROOT = Path(__file__).resolve().parent.parent
 TAG_VAR = "MPILAUNCH_TEST_TAG"
 # An allocation around the test run (Slurm, PBS, LSF, a platform) would pick the hosts of every job.
 HOST_SOURCES = ("MLP_MPI_", "SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default_hostfile")
 
 
-def stat_fields(pid: int | str) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...);
-    [] when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return []
 
 
 def tagged_pids(tag: str) -> list[int]:
@@ -48,18 +42,8 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
-def parent_pid(pid: int) -> int:
-    """A process's parent, 0 when it is gone."""
-    fields = stat_fields(pid)
-    return int(fields[1]) if len(fields) > 1 else 0
 
 
-def process_name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 def environ_text(pid: int) -> str:

@@ -39,6 +39,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.procs import parent_pid, process_name, stat_fields
+
 TAG_VAR = "SLURMBED_TAG"
 SBIN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -80,34 +82,16 @@ def _can_bind(port: int) -> bool:
     return True
 
 
-def _stat_fields(pid: int) -> list[bytes]:
-    """/proc/PID/stat after the command name (state, ppid, ...); [] when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
 
 
 def pid_alive(pid: int) -> bool:
     """True while pid exists and is not a zombie."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return bool(fields) and fields[0] != b"Z"
 
 
-def parent_pid(pid: int) -> int:
-    """A process's parent, 0 when it is gone."""
-    fields = _stat_fields(pid)
-    return int(fields[1]) if len(fields) > 1 else 0
 
 
-def process_name(pid: int) -> str:
-    """The kernel's comm of a process (slurmstepd shows as `slurmstepd`), '' when gone."""
-    try:
-        with open(f"/proc/{pid}/comm") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 def ancestors(pid: int, limit: int = 64) -> list[tuple[int, str]]:
@@ -379,7 +363,7 @@ class SlurmBed:
             if not entry.isdigit() or int(entry) == me:
                 continue
             pid = int(entry)
-            fields = _stat_fields(pid)
+            fields = stat_fields(pid)
             if len(fields) < 2 or fields[0] == b"Z":
                 continue
             parents[pid] = int(fields[1])
