@@ -40,6 +40,7 @@ from mpilaunch.protocol.messages import (
     Launch,
     Note,
     Ping,
+    PmiError,
     Put,
     PutDone,
     RelayHosts,
@@ -232,6 +233,11 @@ class Agent(ServiceHost, LinkOwner, Timer):
 
     def mpi_state(self, job: int, ident: int) -> str:
         return self.services.state_of(job, ident)
+
+    def spoke(self, job: int, ident: int, rank: int, protocol: str) -> None:
+        reason = self.services.spoke(job, rank, protocol)
+        if reason is not None:
+            self.send(PmiError(proc=ident, error=reason))
 
     # -- running ------------------------------------------------------------------------------
     def all_done(self) -> bool:

@@ -136,10 +136,11 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "mpi",
         ("--mpi", "-mpi"),
         check=CHOICE,
-        choices=("pmi1", "pmi2", "pmix", "none"),
-        default="pmi1",
-        help="What the ranks are served: pmi1 (PMI-1 and PMI-2, for MPICH and Intel MPI), pmi2 (also tell MPICH to "
-        "use PMI-2), pmix (PMIx, for Open MPI) or none.",
+        choices=("auto", "pmi1", "pmi2", "pmix", "none"),
+        default="auto",
+        help="What the ranks are served: auto (what their MPI needs, as read off the programs; PMI and PMIx "
+        "together where it cannot be read), pmi1 (PMI-1 and PMI-2, for MPICH and Intel MPI), pmi2 (also tell "
+        "MPICH to use PMI-2), pmix (PMIx, for Open MPI) or none.",
     ),
     Opt(
         "pmix_lib",

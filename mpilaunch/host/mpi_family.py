@@ -4,9 +4,10 @@ Open MPI ranks find their job through PMIx, MPICH-family ones (MPICH, Intel MPI,
 through PMI-1/PMI-2; served the wrong one, a rank runs alone as a singleton of size 1, which
 must never happen silently. The launcher serves a job PMIx when its programs are linked with
 Open MPI (and refuses a job that mixes the families). For a Python interpreter, the MPI its
-mpi4py is built for is a hint (python_family): the rank may never import it. A rank that loads
-Open MPI some other way at run time is caught by the agent's Open MPI guard
-(agent/services/openmpi_guard.py).
+mpi4py is built for is a hint (python_family): the rank may never import it. A shell, a script
+of one, a wrapper or an interpreter that loads libraries by name can start either family
+(opaque_program): such a job is served both. A rank that loads Open MPI some other way at run
+time is caught by the agent's Open MPI guard (agent/services/openmpi_guard.py).
 """
 
 from __future__ import annotations
@@ -117,6 +118,64 @@ def mpi_family(path: str) -> tuple[str, str] | None:
             return "openmpi", lib
         if lib.startswith(MPICH_LIBRARIES):
             return "mpich", lib
+    return None
+
+
+# Programs whose MPI, if any, cannot be read off the file: shells, programs that run the
+# program named in their arguments, and interpreters that load an MPI library by name.
+OPAQUE_PROGRAMS = frozenset(
+    (
+        *("sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"),
+        *("env", "nice", "nohup", "timeout", "stdbuf", "time", "taskset", "numactl", "chrt", "ionice"),
+        *("setsid", "xargs", "flock", "strace", "ltrace", "valgrind", "gdb", "perf", "hwloc-bind"),
+        *("apptainer", "singularity", "podman", "docker", "make", "sudo", "runuser"),
+        *("perl", "ruby", "Rscript", "R", "julia", "java", "node", "lua", "luajit", "tclsh", "octave"),
+    )
+)
+UNKNOWN = "unknown"  # the family of an opaque program: it may use either, or none
+
+
+def mixed_reason(protocol: str, other: str, other_rank: int) -> str:
+    """Why a job served PMI and PMIx ends when its ranks use both: said of the rank that used
+    `protocol` after rank other_rank used `other`."""
+    family = {"PMI": "an MPICH-family MPI", "PMIx": "Open MPI"}
+    return (
+        f"initialized MPI through {protocol} ({family[protocol]}) and rank {other_rank} of its job through "
+        f"{other} ({family[other]}): their ranks cannot share one MPI_COMM_WORLD; run them as two jobs"
+    )
+
+
+def script_interpreter(path: str, search_path: str) -> str | None:
+    """The program a `#!` script runs under (for `#!/usr/bin/env NAME`, NAME on search_path);
+    None for a file that is no script, "" for a script whose interpreter is not found."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    if not words:
+        return ""
+    if os.path.basename(words[0]) != "env":
+        return words[0]
+    named = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), "")
+    if os.sep in named:
+        return named
+    for folder in search_path.split(os.pathsep):
+        candidate = os.path.join(folder or ".", named)
+        if named and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return ""
+
+
+def opaque_program(path: str) -> tuple[str, str] | None:
+    """("unknown", its name) for a program that may start or load either MPI family unseen."""
+    name = os.path.basename(path)
+    bare = name.rstrip("0123456789.-")  # perl5.36, ruby3.1, julia-1.9
+    if name in OPAQUE_PROGRAMS or bare in OPAQUE_PROGRAMS:
+        return UNKNOWN, name
     return None
 
 

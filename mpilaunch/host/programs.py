@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.host.mpi_family import mpi_family, open_mpi_library, python_family, refined_family
+from mpilaunch.host.mpi_family import (
+    UNKNOWN,
+    mpi_family,
+    opaque_program,
+    open_mpi_library,
+    python_family,
+    refined_family,
+    script_interpreter,
+)
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
@@ -39,11 +47,18 @@ def _target(program: str, wdir: str, path: str) -> str | None:
 
 def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None:
     """The MPI family and library the program is linked with, or for a Python interpreter the
-    one its mpi4py is built for (host/mpi_family.py); None for neither."""
+    one its mpi4py is built for, or ("unknown", name) for a program that may start either
+    (host/mpi_family.py); None for none. A `#!` script is its interpreter."""
     target = _target(program, wdir, path) if os.path.isdir(wdir) else None
     if not target or not os.path.isfile(target):
         return None
-    return refined_family(target, mpi_family(target) or python_family(target), os.environ.get("LD_LIBRARY_PATH", ""))
+    interpreter = script_interpreter(target, path)
+    if interpreter == "" or (interpreter and not os.path.isfile(interpreter)):
+        return UNKNOWN, os.path.basename(target)  # a script whose interpreter cannot be looked at
+    if interpreter is not None:
+        target = interpreter
+    found = mpi_family(target) or python_family(target) or opaque_program(target)
+    return refined_family(target, found, os.environ.get("LD_LIBRARY_PATH", ""))
 
 
 def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None:

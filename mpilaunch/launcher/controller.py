@@ -16,6 +16,7 @@ import selectors
 import time
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.host.mpi_family import mixed_reason
 from mpilaunch.launcher.events import (
     Abort,
     AgentLost,
@@ -95,7 +96,7 @@ class Controller:
         self.jobs: dict[int, JobPlan] = {}
         self.sel = selectors.DefaultSelector()
         self.links = Links(self.sel)
-        self.pmi = JobWidePmi(self.links)
+        self.pmi = JobWidePmi(self.links, self.mixed_families)
         self.signals = SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
         self.stdin = StdinFeed(  # job 1's process ids are its ranks
@@ -147,6 +148,14 @@ class Controller:
         self.jobs[job.job] = job
         self.pmi.add_job(job)
         return procs
+
+    def mixed_families(self, job: int, host: int, protocol: str, other_host: int, other: str) -> None:
+        """Ranks of both MPI families in one job, on different hosts: ended as the agent ends
+        them on one host (agent/services/base.Services.spoke)."""
+        ranks = sorted((s for s in self.procs if s.job == job), key=lambda s: s.rank.rank)
+        here = next(s for s in ranks if s.rank.host == host)
+        there = next(s for s in ranks if s.rank.host == other_host)
+        self.policy.take(PmiError(proc=here.proc, error=mixed_reason(protocol, other, there.rank.rank)))
 
     def launch(self, job: JobPlan) -> None:
         """Start an agent where there is none yet, then hand each agent its share of the job."""

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.host.mpi_family import MPI4PY_HINT
+from mpilaunch.host.mpi_family import MPI4PY_HINT, UNKNOWN
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
@@ -20,8 +20,10 @@ from mpilaunch.plan.build import (
     launch_messages,
     open_mpi_binding,
     remote_hosts,
+    serves_open_mpi,
     with_master,
 )
+from mpilaunch.plan.pmi import BOTH
 from mpilaunch.plan.rank_env import inherited
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
@@ -56,16 +58,19 @@ def refuses_open_mpi(options: Options) -> bool:
 
 
 def asks_families(options: Options) -> bool:
-    return options.mpi in ("pmi1", "pmix")
+    return options.mpi in ("auto", "pmi1", "pmix")
 
 
 def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
     """What the job is served, now that each host said which MPI its programs are linked with:
     by default PMI-1/PMI-2, or PMIx when they are linked with Open MPI, or are Python whose
-    mpi4py is (a hint: it only decides when nothing else does). A job that mixes programs linked
-    with either family, or asks PMIx for MPICH-family programs, is refused (they would not share
-    one MPI_COMM_WORLD, or would run alone)."""
+    mpi4py is (a hint: it only decides when nothing else does); with --mpi auto, both when a
+    program may start either family unseen (a shell, a script, an interpreter) and none is
+    linked. A job that mixes programs linked with either family, or asks PMIx for MPICH-family
+    programs, is refused (they would not share one MPI_COMM_WORLD, or would run alone)."""
     found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
+    opaque = [program for program, family, _ in found if family == UNKNOWN]
+    found = [(program, family, lib) for program, family, lib in found if family != UNKNOWN]
     linked = [(program, family, lib) for program, family, lib in found if not lib.startswith(MPI4PY_HINT)]
     open_mpi = [(program, lib) for program, family, lib in linked if family == "openmpi"]
     mpich = [(program, lib) for program, family, lib in linked if family in ("mpich", "impi")]
@@ -82,9 +87,15 @@ def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> L
             f"program {mpich[0][0]!r} is linked with an MPICH-family MPI ({mpich[0][1]}), which is served PMI-1, "
             "not PMIx: drop --mpi pmix"
         )
-    if plan.options.mpi == "pmi1" and (open_mpi or (hinted == {"openmpi"} and not mpich)):
-        return with_master(plan._replace(options=plan.options._replace(mpi="pmix")), plan.master)
-    return plan
+    if plan.options.mpi not in ("auto", "pmi1"):
+        return plan
+    if open_mpi or (hinted == {"openmpi"} and not mpich and not (opaque and plan.options.mpi == "auto")):
+        chosen = "pmix"
+    elif opaque and not mpich and plan.options.mpi == "auto":
+        chosen = BOTH
+    else:
+        return plan
+    return with_master(plan._replace(options=plan.options._replace(mpi=chosen)), plan.master)
 
 
 def remote_transport(options: Options, hosts: int) -> Transport:
@@ -305,7 +316,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             link.wait()
         raise
     job = plan.job
-    if not plan.options.bind_to and job.pmix is not None and open_mpi_binding(len(job.ranks), False) != "none":
+    if not plan.options.bind_to and serves_open_mpi(job) and open_mpi_binding(len(job.ranks), False) != "none":
         level = open_mpi_binding(len(job.ranks), False)
         print(
             f"mpilaunch: Open MPI ranks are bound to a {level} each, as mpirun binds them (not on a host with more "

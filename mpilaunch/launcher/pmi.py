@@ -20,6 +20,10 @@ from mpilaunch.protocol.messages import (
     PmixFenceDone,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class JobKvs:
     """Collects each host's puts at a barrier of one job; once every host is in, all go to all."""
@@ -101,8 +105,11 @@ class NameService:
 class JobWidePmi:
     """The controller's rows for barriers and names (spawning a job is the controller's own)."""
 
-    def __init__(self, links: Links) -> None:
+    def __init__(self, links: Links, on_mixed: Callable[[int, int, str, int, str], None]) -> None:
         self.links = links
+        self.on_mixed = on_mixed  # (job, host, protocol, other host, other protocol)
+        self.protocols: dict[int, dict[str, int]] = {}  # job -> protocol -> the first host to fence with it
+        self.mixed: set[int] = set()
         self.kvs: dict[int, JobKvs] = {}
         self.fences = PmixFences()
         self.names = NameService()
@@ -142,6 +149,7 @@ class JobWidePmi:
         self.fences.add_job(job)
 
     def pmix_fence(self, link: HostLink, message: PmixFence) -> None:
+        self.entered(message.job, link.index, "PMIx")
         done = self.fences.enter(link.index, message)
         if done is not None:
             hosts, data = done
@@ -153,7 +161,17 @@ class JobWidePmi:
                 if target is not None:
                     self.links.send(target, reply)
 
+    def entered(self, job: int, host: int, protocol: str) -> None:
+        """A job served PMI and PMIx whose hosts fence through both holds ranks of both MPI
+        families, which would wait for each other for ever (one host with both is the agent's)."""
+        seen = self.protocols.setdefault(job, {})
+        seen.setdefault(protocol, host)
+        if len(seen) == 2 and job not in self.mixed:
+            self.mixed.add(job)
+            self.on_mixed(job, host, protocol, *next((h, p) for p, h in seen.items() if p != protocol))
+
     def fence(self, link: HostLink, message: PmiFence) -> None:
+        self.entered(message.job, link.index, "PMI")
         kvs = self.kvs.get(message.job)
         if kvs is None:
             raise MessageError(f"job {message.job} is not one of the run's")

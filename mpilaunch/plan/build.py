@@ -16,7 +16,7 @@ from mpilaunch.plan import devices
 from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place
-from mpilaunch.plan.pmi import pmi_job, pmix_job, services
+from mpilaunch.plan.pmi import BOTH, pmi_job, pmix_job, services
 from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES, JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
@@ -176,6 +176,11 @@ def open_mpi_binding(size: int, oversubscribed: bool) -> str:
     return "none" if oversubscribed else "core" if size <= 2 else "socket"
 
 
+def serves_open_mpi(job: JobPlan) -> bool:
+    """A job served PMIx alone: its ranks are Open MPI's, and get what mpirun gives them."""
+    return job.pmix is not None and job.pmi is None
+
+
 YIELD_NAMES = ("I_MPI_WAIT_MODE", "I_MPI_THREAD_YIELD", "I_MPI_SPIN_COUNT")  # a user's own choice of spinning
 
 
@@ -239,7 +244,7 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
         over = len(ranks) > (plan.hosts[index].slots or 0)
         if job.pmix is not None:
             pmix = job.pmix._replace(node=node, oversubscribed=over)
-        bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if job.pmix else "none")
+        bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if serves_open_mpi(job) else "none")
         if job.pmi is not None:
             ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
         launches[index] = Launch(
@@ -298,8 +303,10 @@ def job_plan(
     common = job_variables(layout, env)
     if extra:
         common.update(extra)
-    if options.mpi == "pmi2" and not any(name in env for name in PMI_VERSION_NAMES):
-        common["MPIR_CVAR_PMI_VERSION"] = "2"  # MPICH picks its PMI client at run time; the user's choice wins
+    if options.mpi in ("pmi2", BOTH) and not any(name in env for name in PMI_VERSION_NAMES):
+        # MPICH picks its PMI client at run time (the user's choice wins); offered PMI and PMIx
+        # both, it would refuse to guess
+        common["MPIR_CVAR_PMI_VERSION"] = "2" if options.mpi == "pmi2" else "1"
     envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env) for r in ranks]
     first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
@@ -314,7 +321,7 @@ def job_plan(
         names = [h.name for h in hosts]
         nspace = f"mpilaunch.{layout.job_id}"
         pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib)
-    pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and not pmix else None
+    pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and served[0] != "pmix" else None
     return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi, served, pmix)
 
 

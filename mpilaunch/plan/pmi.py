@@ -31,15 +31,21 @@ def process_mapping(node_of_rank: Sequence[int]) -> str:
     return "(vector," + ",".join(f"({a},{b},{c})" for a, b, c in blocks) + ")"
 
 
+BOTH = "pmi+pmix"  # what --mpi auto becomes for a job whose programs may use either family
+
+
 def services(options: Options) -> tuple[str, ...]:
     """The agent services a job's ranks get (agent/services/registry.py): PMI-1/PMI-2 over an
     inherited socket or loopback TCP, with the guard that stops Open MPI ranks from running as
-    singletons; none with --mpi none."""
+    singletons; PMIx; both PMI and PMIx (no guard is needed); none with --mpi none."""
+    pmi = "pmi-tcp" if options.pmi_tcp else "pmi"
     if options.mpi == "pmix":
         return ("pmix",)
-    if options.mpi not in ("pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
+    if options.mpi == BOTH:
+        return (pmi, "pmix")
+    if options.mpi not in ("auto", "pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
         return ()
-    return ("pmi-tcp" if options.pmi_tcp else "pmi", "openmpi-guard")
+    return (pmi, "openmpi-guard")
 
 
 def pmi_job(

@@ -75,7 +75,8 @@ def test_with_mpi_none_open_mpi_ranks_run_as_singletons(launcher: Launcher, tmp_
 
 
 def test_a_child_of_a_rank_that_loads_open_mpi_is_caught(launcher: Launcher, tmp_path: Path) -> None:
-    proc = launcher.run("-n", "1", "sh", "-c", f"{PY} {_rank(tmp_path)}; echo after", timeout=120)
+    """Served PMI-1 only (--mpi pmi1; by default a shell's job is served PMIx too)."""
+    proc = launcher.run("--mpi", "pmi1", "-n", "1", "sh", "-c", f"{PY} {_rank(tmp_path)}; echo after", timeout=120)
     err = proc.stderr.decode()
     assert proc.returncode == 1, err
     assert "mpilaunch: rank 0 started a process (pid " in err

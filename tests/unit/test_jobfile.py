@@ -140,7 +140,7 @@ def test_mpmd_apps() -> None:
             "hostfile: a\nmachinefile: b\n",
             "job.yaml:2: key 'machinefile' sets the same option as 'hostfile' (first on line 1)",
         ),
-        ("mpi: pmi3\n", "job.yaml:1: key 'mpi': 'pmi3' is not one of 'pmi1', 'pmi2', 'pmix', 'none'."),
+        ("mpi: pmi3\n", "job.yaml:1: key 'mpi': 'pmi3' is not one of 'auto', 'pmi1', 'pmi2', 'pmix', 'none'."),
         ("stdin: first\n", "job.yaml:1: key 'stdin': expected a rank number, all or none, not 'first'"),
         ("host: [a:2, {b: 2}]\n", "job.yaml:1: key 'host': expected a string, got a mapping"),
         ("host:\n  - a:2\n  - -b\n", "job.yaml:3: key 'host': '-b': invalid host name '-b'"),

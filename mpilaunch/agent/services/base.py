@@ -12,6 +12,7 @@ MPI is in for its exit report. So a new flavour (PMIx) is a new module and a reg
 from __future__ import annotations
 
 from mpilaunch.agent.loop import Loop, Timer
+from mpilaunch.host.mpi_family import mixed_reason
 from mpilaunch.protocol.messages import MessageError
 from mpilaunch.protocol.record import Record
 
@@ -38,6 +39,10 @@ class ServiceHost:
 
     def mpi_state(self, job: int, ident: int) -> str:
         """new, init or finalized: what the job's services saw of the rank's MPI."""
+        raise NotImplementedError
+
+    def spoke(self, job: int, ident: int, rank: int, protocol: str) -> None:
+        """A rank initialized through `protocol` ("PMI" or "PMIx")."""
         raise NotImplementedError
 
 
@@ -84,6 +89,7 @@ class Services:
         self.registry = registry
         self.running: dict[str, Service] = {}
         self.of_job: dict[int, list[Service]] = {}
+        self.first_speaker: dict[int, dict[str, int]] = {}  # job -> protocol -> the first rank to use it
 
     def start_job(self, launch: Launch) -> list[Service]:
         """The services of this launch's job, started where needed, each told of the launch."""
@@ -121,9 +127,19 @@ class Services:
         for service in self.running.values():
             service.close()
 
+    def spoke(self, job: int, rank: int, protocol: str) -> str | None:
+        """Record that a rank of a job served PMI and PMIx initialized through `protocol`; the
+        reason to end the job when another rank already used the other one (an MPICH-family
+        rank and an Open MPI rank cannot share one MPI_COMM_WORLD, and each would wait for the
+        other in its first fence)."""
+        first = self.first_speaker.setdefault(job, {}).setdefault(protocol, rank)
+        other = next(((p, r) for p, r in self.first_speaker[job].items() if p != protocol), None)
+        if other is None or first != rank:
+            return None
+        return mixed_reason(protocol, *other)
+
     def state_of(self, job: int, ident: int) -> str:
-        for service in self.of_job.get(job, ()):
-            state = service.state_of(job, ident)
-            if state is not None:
-                return state
-        return "new"
+        """The furthest any of the job's services saw the rank go (a job served PMI and PMIx
+        sees each rank use one of them)."""
+        states = {service.state_of(job, ident) for service in self.of_job.get(job, ())}
+        return next((state for state in ("finalized", "init") if state in states), "new")

@@ -40,7 +40,10 @@ class PmiFd(Service):
 
     def start_job(self, launch: Launch) -> None:
         if launch.pmi is not None and launch.job not in self.jobs:
-            self.jobs[launch.job] = JobServer(launch.pmi, self.host.send, self.hangup)
+            job = launch.job
+            self.jobs[job] = JobServer(
+                launch.pmi, self.host.send, self.hangup, lambda ident, rank: self.host.spoke(job, ident, rank, "PMI")
+            )
 
     def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
         ours, theirs = self.jobs[job].attach(spec.proc, spec.rank, spec.app)

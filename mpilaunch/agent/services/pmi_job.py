@@ -50,10 +50,15 @@ class PmiClient:
 
 class JobState:
     def __init__(
-        self, job: PmiJob, send_up: Callable[[Record], None], on_hangup: Callable[[int], None] | None = None
+        self,
+        job: PmiJob,
+        send_up: Callable[[Record], None],
+        on_hangup: Callable[[int], None] | None = None,
+        on_init: Callable[[int, int], None] | None = None,
     ) -> None:
         self.job = job.job
         self.on_hangup = on_hangup  # told when an initialized rank closes its socket
+        self.on_init = on_init  # told (process id, rank) when a rank has initialized
         self.size = job.size
         self.universe = job.universe
         self.kvsname = job.kvsname

@@ -26,9 +26,13 @@ def serving(version: int) -> ModuleType:
 
 class JobServer(JobState):
     def __init__(
-        self, job: PmiJob, send_up: Callable[[Record], None], on_hangup: Callable[[int], None] | None = None
+        self,
+        job: PmiJob,
+        send_up: Callable[[Record], None],
+        on_hangup: Callable[[int], None] | None = None,
+        on_init: Callable[[int, int], None] | None = None,
     ) -> None:
-        super().__init__(job, send_up, on_hangup)
+        super().__init__(job, send_up, on_hangup, on_init)
         self.answers = {
             PmiFenceDone: self.fence_done,
             PmiNameReply: self.answer_request,
@@ -52,12 +56,15 @@ class JobServer(JobState):
                 self.on_hangup(client.ident)  # its peers would wait for it in the next barrier
             return False
         client.buf += data
+        was = client.state
         try:
             while not client.stalled and self.next_message(client):
                 pass
         except ProtocolError as exc:
             self.send_up(PmiError(proc=client.ident, error=f"PMI protocol error: {exc}"))
             return False
+        if was == NEW and client.state == INITIALIZED and self.on_init is not None:
+            self.on_init(client.ident, client.rank)
         return not client.stalled
 
     def next_message(self, client: PmiClient) -> bool:

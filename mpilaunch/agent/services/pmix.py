@@ -390,6 +390,7 @@ class PmixService(Service):
                 continue
             if kind == "connected":
                 served.states[ident] = "init"
+                self.host.spoke(served.number, ident, rest[0], "PMIx")
             elif kind == "finalized":
                 served.states[ident] = "finalized"
             elif kind == "abort":

