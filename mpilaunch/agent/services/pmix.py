@@ -186,6 +186,7 @@ class _Job:
 
 class PmixService(Service):
     name = "pmix"
+    protocol = "PMIx"
     takes = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone)
 
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
