@@ -51,6 +51,8 @@ from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mpilaunch.agent.relay import Relay
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
@@ -226,6 +228,20 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if self.relay is not None:
             self.relay.drop(message.host)
 
+    pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None
+
+    def warm_pmix(self) -> None:
+        """An agent forked at the launcher's start whose command line will likely be served PMIx
+        starts the server now, on a thread, while the launcher parses and plans."""
+        if self.pmix_guess is None:
+            return
+        try:
+            guess = self.pmix_guess()
+        except Exception:  # only a guess: the launch decides
+            return
+        if guess is not None:
+            self.services.prestart("pmix", guess)
+
     # -- what services ask --------------------------------------------------------------------
     def rank_running(self, ident: int) -> bool:
         return self.ranks.running(ident)
@@ -290,6 +306,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 client=reached[0] if reached else "",  # the launcher's address as this host sees it (over OpenSSH)
             )
         )
+        self.warm_pmix()
         try:
             while not (self.finishing and self.all_done()):
                 self.loop.turn()
@@ -310,9 +327,12 @@ def _drain(fd: int) -> None:
         pass
 
 
-def serve(link: socket.socket) -> int:
-    """Run an agent on an already connected link until the job ends."""
-    return Agent(link).run()
+def serve(link: socket.socket, pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> int:
+    """Run an agent on an already connected link until the job ends; pmix_guess: see
+    Agent.warm_pmix."""
+    agent = Agent(link)
+    agent.pmix_guess = pmix_guess
+    return agent.run()
 
 
 def serve_stdio(payload: bytes | None = None) -> int:

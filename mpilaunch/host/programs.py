@@ -14,6 +14,7 @@ from mpilaunch.host.mpi_family import (
     refined_family,
     script_interpreter,
 )
+from mpilaunch.host.pmix_library import host_library
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
@@ -48,7 +49,8 @@ def _target(program: str, wdir: str, path: str) -> str | None:
 def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None:
     """The MPI family and library the program is linked with, or for a Python interpreter the
     one its mpi4py is built for, or ("unknown", name) for a program that may start either
-    (host/mpi_family.py); None for none. A `#!` script is its interpreter."""
+    (host/mpi_family.py) on a host that has a PMIx library; None for none. A `#!` script is its
+    interpreter."""
     target = _target(program, wdir, path) if os.path.isdir(wdir) else None
     if not target or not os.path.isfile(target):
         return None
@@ -58,6 +60,8 @@ def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None
     if interpreter is not None:
         target = interpreter
     found = mpi_family(target) or python_family(target) or opaque_program(target)
+    if found is not None and found[0] == UNKNOWN and host_library() is None:
+        return None  # whatever it starts can be served PMI only here (no PMIx library)
     return refined_family(target, found, os.environ.get("LD_LIBRARY_PATH", ""))
 
 

@@ -14,6 +14,10 @@ import sys
 
 from mpilaunch.transport.base import Link
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class LocalLink(Link):
     """A connected agent process on this machine, forked by the launcher."""
@@ -73,10 +77,11 @@ def raise_fd_limit() -> None:
 _early: LocalLink | None = None  # forked by prestart_local_agent, not yet taken by a controller
 
 
-def prestart_local_agent() -> None:
+def prestart_local_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> None:
     """Fork the local agent now, before the command line is read: its imports and set-up
     (subreaper, guardian, PMI server) then run on another core while this process imports and
-    plans, instead of after it (about 10 ms of a short job)."""
+    plans, instead of after it (about 10 ms of a short job). pmix_guess, called in the agent,
+    says whether to start a PMIx server already (cli/pmix_guess.py)."""
     global _early
     if _early is None:
         # Both sides need these: imported once, here, the agent gets them with the fork.
@@ -86,7 +91,7 @@ def prestart_local_agent() -> None:
         from mpilaunch.host import programs  # noqa: F401
         from mpilaunch.protocol import messages, wire  # noqa: F401
 
-        _early = _fork_agent()
+        _early = _fork_agent(pmix_guess)
 
 
 _ending: list[LocalLink] = []  # early agents told to stop, reaped before the launcher leaves
@@ -113,7 +118,7 @@ def start_local_agent() -> LocalLink:
     return link if link is not None else _fork_agent()
 
 
-def _fork_agent() -> LocalLink:
+def _fork_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> LocalLink:
     """Fork an agent; it runs in its own session so terminal signals reach only the controller."""
     ours, theirs = _socket.socketpair()
     for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
@@ -136,7 +141,7 @@ def _fork_agent() -> LocalLink:
 
             from mpilaunch.agent.agent import serve
 
-            status = serve(socket.socket(fileno=theirs.detach()))
+            status = serve(socket.socket(fileno=theirs.detach()), pmix_guess)
         except BaseException as exc:
             try:
                 print(f"mpilaunch: local agent failed: {exc!r}", file=sys.stderr)

@@ -9,6 +9,7 @@ each other. Real ranks: Debian's Open MPI 4.1.4 (a C program built with `mpicc.o
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -178,3 +179,57 @@ def test_a_script_rank_that_runs_no_mpi_is_not_held_by_either_server(launcher: L
     proc = launcher.run("-n", "2", "sh", script, timeout=60)
     assert proc.returncode == 3, proc.stderr.decode()
     assert sorted(proc.stdout.decode().splitlines()) == ["rank 0", "rank 1"]
+
+
+# -- the PMIx server started early -----------------------------------------------------------
+
+
+def test_the_early_agent_guesses_pmix_from_the_command_line(hello: str) -> None:
+    from mpilaunch.cli.pmix_guess import pmix_guess
+
+    assert pmix_guess(["-n", "2", hello]) == (None, None)  # Debian's Open MPI: the host's libpmix
+    assert pmix_guess(["-n", "2", "sh", "-c", "x"]) == (None, None)
+    assert pmix_guess(["-n", "1", "true", ":", "-n", "1", "sh"]) == (None, None)
+    assert pmix_guess(["--pmix-lib", "/x/libpmix.so.2", "-n", "2", hello]) == ("/x/libpmix.so.2", None)
+    assert pmix_guess(["--mpi", "pmix", "-n", "2", "true"]) == (None, None)
+    assert pmix_guess(["-n", "2", "true"]) is None
+    assert pmix_guess(["-n", "2", PY]) is None  # the mpich wheel's mpi4py: PMI
+    assert pmix_guess(["--mpi", "pmi1", "-n", "2", "sh"]) is None
+    assert pmix_guess(["-n", "2", "--no-such-option", hello]) is None  # left to click: no guess
+
+
+def test_a_server_started_for_a_job_that_does_not_come_is_stopped(launcher: Launcher, hello: str) -> None:
+    """The early agent starts a PMIx server for `sh`, then has no rank (both hosts get agents of
+    their own): it stops the server and removes its folder (the /dev/shm check after every test)."""
+    proc = launcher.run("--launcher", "local", "-H", "node1:1,node2:1", "-n", "2", "sh", "-c", "echo $RANK")
+    assert _lines(proc) == ["0", "1"]
+
+
+def test_a_server_that_cannot_start_early_is_said_once_by_the_launch(launcher: Launcher, tmp_path: Path) -> None:
+    bogus = tmp_path / "libpmix.so.2"
+    bogus.write_text("not a library")
+    proc = launcher.run("--pmix-lib", str(bogus), "-n", "2", "sh", "-c", "echo ran", timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and b"ran" not in proc.stdout, err
+    assert f"cannot load {bogus}" in err
+
+
+def test_a_host_without_a_pmix_library_serves_a_shells_ranks_pmi_alone(launcher: Launcher) -> None:
+    """Debian's libpmix2 hidden under an empty tmpfs in a mount namespace of the run's own: the
+    shell's MPICH ranks are served PMI as before (no PMIx variables, no refusal)."""
+    from mpilaunch.host.pmix_library import host_library
+
+    library = host_library()
+    unshare = shutil.which("unshare")
+    if library is None or unshare is None:
+        pytest.skip("needs the host's libpmix2 and unshare(1)")
+    folder = os.path.dirname(os.path.dirname(library)) if library.endswith("/lib/libpmix.so.2") else None
+    if folder is None or os.getuid() != 0:
+        pytest.skip("needs root and a libpmix.so.2 in a folder of its own (Debian's pmix2/lib)")
+    line = f"echo x$PMIX_RANK; {shlex.join([PY, '-c', MPI4PY])}"
+    script = f"mount -t tmpfs none {folder} && exec {shlex.join(launcher.argv('-n', '2', 'sh', '-c', line))}"
+    argv = [unshare, "--mount", "sh", "-c", script]
+    proc = subprocess.run(argv, capture_output=True, timeout=120, env=launcher.env, cwd=launcher.tmp_path)
+    if b"mount" in proc.stderr and proc.returncode != 0 and b"rank" not in proc.stdout:
+        pytest.skip(f"no mount namespace here: {proc.stderr.decode()[-200:]}")
+    assert _lines(proc) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2", "x", "x"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.agent.services.pmix import LIBRARY_PLACES
+from mpilaunch.host.pmix_library import LIBRARY_PLACES
 from tests.conftest import Launcher
 from tests.venvs import cached_venv
 

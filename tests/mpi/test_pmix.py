@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.agent.services.pmix import LIBRARY_PLACES
+from mpilaunch.host.pmix_library import LIBRARY_PLACES
 from tests.conftest import Launcher
 from tests.sshbed import SshBed, bed_available
 

@@ -83,6 +83,9 @@ class Service(Timer):
         """The rank's MPI state as this service saw it, or None if it does not know the rank."""
         return None
 
+    def prestart(self, hint: object) -> None:
+        """Begin what the first launch would begin (a guess: the launch may differ)."""
+
 
 MIX_GRACE = 1.0  # seconds ranks of one job may be in MPI through PMI and PMIx at once (see spoke)
 
@@ -104,19 +107,28 @@ class Services(Timer):
         """The services of this launch's job, started where needed, each told of the launch."""
         found = []
         for name in launch.services:
-            service = self.running.get(name)
-            if service is None:
-                if name not in self.registry:
-                    raise MessageError(f"no agent service is called {name!r}")
-                module, _, cls = self.registry[name][0].partition(":")
-                kind = getattr(__import__(module, fromlist=[cls]), cls)  # imported on first use
-                service = self.running[name] = kind(self.host)
-                self.host.loop.add_timer(service)
+            service = self.service(name)
             service.start_job(launch)
             found.append(service)
         self.of_job.setdefault(launch.job, [])
         self.of_job[launch.job] += [s for s in found if s not in self.of_job[launch.job]]
         return found
+
+    def service(self, name: str) -> Service:
+        """The running service of that name, started (and its module imported) on first use."""
+        service = self.running.get(name)
+        if service is None:
+            if name not in self.registry:
+                raise MessageError(f"no agent service is called {name!r}")
+            module, _, cls = self.registry[name][0].partition(":")
+            kind = getattr(__import__(module, fromlist=[cls]), cls)  # imported on first use
+            service = self.running[name] = kind(self.host)
+            self.host.loop.add_timer(service)
+        return service
+
+    def prestart(self, name: str, hint: object) -> None:
+        """Start a service before any launch names it, as the hint says (Service.prestart)."""
+        self.service(name).prestart(hint)
 
     def takes(self) -> dict[type, object]:
         """Rows for the agent's dispatch table: every message a registered service takes goes to

