@@ -94,6 +94,7 @@ def _guard(read_fd: int, cgroup: JobCgroup | None) -> None:
     os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
     os.closerange(read_fd + 1, 1 << 16)
     recorded: dict[int, bytes | None] = {}  # pid -> its start time when we were told of it
+    agent = os.getppid()
     buf = b""
     while True:
         try:
@@ -104,6 +105,7 @@ def _guard(read_fd: int, cgroup: JobCgroup | None) -> None:
             data = b""
         if not data:
             _kill_recorded(recorded, cgroup)
+            _remove_server_folders(agent)
             return
         buf += data
         while len(buf) >= 4:
@@ -144,6 +146,25 @@ def _kill_recorded(recorded: dict[int, bytes | None], cgroup: JobCgroup | None) 
         time.sleep(0.02)
     if cgroup is not None:
         cgroup.remove(tries=200)
+
+
+SERVER_FOLDER = "mpilaunch-pmix-{pid}-"  # agent/services/pmix.py: its PMIx server's files
+
+
+def _remove_server_folders(agent: int) -> None:
+    """The dead agent's PMIx server folders (its ranks are dead too): nobody else removes them."""
+    import shutil
+    import tempfile
+
+    prefix = SERVER_FOLDER.format(pid=agent)
+    for base in {"/dev/shm", tempfile.gettempdir()}:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 class Reaper(Timer):

@@ -1,6 +1,6 @@
 """The /dev/shm files of a host's ranks: seen while they run, removed after the job if left.
 
-A segment can only be seen while a rank maps it, so the agent looks at its ranks' maps soon
+A segment can only be seen while a rank (or a process below it) maps it, so the agent looks at its ranks' maps soon
 after they start and then less and less often (FIRST_LOOK doubling up to LOOK_CAP), as soon as
 one of them ends (its node's peers map the same segment), and before it kills them. At the end
 of the agent's run, host/shm.py removes what they left. Not seen, so not removed: a segment
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mpilaunch.agent.loop import Timer
 from mpilaunch.host import shm
+from mpilaunch.host.procfs import with_descendants
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
@@ -33,9 +34,11 @@ class ShmWatch(Timer):
         return [rp.pid for rp in self.ranks.by_pid.values() if rp.status is None]
 
     def look(self) -> None:
-        """Record what every live rank maps in /dev/shm now."""
+        """Record what every live rank, and each process below it (a script's MPI program), maps
+        in /dev/shm now."""
         for pid in self.live_pids():
-            self.seen.update(shm.mapped_by(pid))
+            for process in with_descendants(pid):
+                self.seen.update(shm.mapped_by(process))
 
     def next_deadline(self) -> float | None:
         return self.next_look

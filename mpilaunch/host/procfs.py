@@ -38,6 +38,18 @@ def _scan_children_of(pid: int) -> list[int]:
     return found
 
 
+def with_descendants(pid: int, limit: int = 4096) -> list[int]:
+    """pid and every process below it (at most limit of them)."""
+    found: dict[int, None] = {}  # in order, each once
+    stack = [pid]
+    while stack and len(found) < limit:
+        current = stack.pop()
+        if current not in found:
+            found[current] = None
+            stack.extend(children_of(current))
+    return list(found)
+
+
 def start_time(pid: int) -> bytes | None:
     """When pid started (field 22 of /proc/PID/stat, in clock ticks since boot); None when it is
     gone. A pid with another start time than before is another process: the pid was reused."""

@@ -233,3 +233,37 @@ def test_a_host_without_a_pmix_library_serves_a_shells_ranks_pmi_alone(launcher:
     if b"mount" in proc.stderr and proc.returncode != 0 and b"rank" not in proc.stdout:
         pytest.skip(f"no mount namespace here: {proc.stderr.decode()[-200:]}")
     assert _lines(proc) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2", "x", "x"]
+
+
+def test_an_agent_killed_by_sigkill_leaves_no_pmix_folder(launcher: Launcher) -> None:
+    """Its guardian kills the ranks and removes the server's folder (agent/reaper.py)."""
+    proc = launcher.popen("--mpi", "pmix", "-n", "2", "sh", "-c", "sleep 60")
+    try:
+        deadline = time.monotonic() + 30
+        folders: list[str] = []
+        while not folders and time.monotonic() < deadline:
+            time.sleep(0.05)
+            folders = [n for n in os.listdir("/dev/shm") if n.startswith("mpilaunch-pmix-") and _agent_of(n, proc.pid)]
+        assert folders, "the agent's PMIx server never started"
+        agent = int(folders[0].split("-")[2])
+        os.kill(agent, 9)
+        proc.wait(timeout=30)
+        assert proc.returncode != 0
+        deadline = time.monotonic() + 10
+        while os.path.exists(os.path.join("/dev/shm", folders[0])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(os.path.join("/dev/shm", folders[0]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _agent_of(folder: str, launcher_pid: int) -> bool:
+    """The folder's agent is a child of this launcher (other runs may share the machine)."""
+    pid = folder.split("-")[2]
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1]) == launcher_pid
+    except (OSError, ValueError, IndexError):
+        return False

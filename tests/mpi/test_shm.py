@@ -49,11 +49,14 @@ def _segments(tmp_path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("how", ["abort", "killed", "launcher killed"])
+@pytest.mark.parametrize("how", ["abort", "killed", "launcher killed", "killed below a shell"])
 def test_an_mpich_segment_left_by_an_abnormal_end_is_removed(launcher: Launcher, tmp_path: Path, how: str) -> None:
+    """Below a shell: the segment is mapped by the rank's child, which the agent looks at too."""
     pytest.importorskip("mpi4py")
     script = write_script(tmp_path, "shm_rank.py", MPI_RANK)
-    args = ("--kill-timeout", "0.5", "-n", "2", PY, script, str(tmp_path / "maps"), how)
+    args: tuple[str, ...] = ("--kill-timeout", "0.5", "-n", "2", PY, script, str(tmp_path / "maps"), how)
+    if how == "killed below a shell":  # `; exit $?`: the shell stays the rank, python its child
+        args = (*args[:4], "sh", "-c", f"{PY} {script} {tmp_path / 'maps'} killed; exit $?")
     if how == "launcher killed":
         proc = launcher.popen(*args)
         deadline = time.monotonic() + 30
@@ -68,6 +71,8 @@ def test_an_mpich_segment_left_by_an_abnormal_end_is_removed(launcher: Launcher,
     else:
         done = launcher.run(*args, timeout=120)
         assert done.returncode == (3 if how == "abort" else 137), done.stderr.decode()[-2000:]
+        if how == "killed below a shell":
+            assert "Command:   sh -c" in done.stderr.decode()
     segments = _segments(tmp_path)
     assert segments, "the ranks mapped no mpich_shm segment: nothing was tested"
     left = [path for path in segments if os.path.exists(path)]

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections import deque
 
+from mpilaunch.agent.reaper import SERVER_FOLDER
 from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
 from mpilaunch.host.pmix_library import host_library
@@ -200,7 +201,8 @@ class PmixService(Service):
     def start_server(self, library: str) -> lib.Server:
         server = lib.Server(library)
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        self.dir = tempfile.mkdtemp(prefix=f"mpilaunch-pmix-{os.getpid()}-", dir=base)
+        self.dir = tempfile.mkdtemp(prefix=SERVER_FOLDER.format(pid=os.getpid()), dir=base)  # the guardian
+        # removes it if this agent is killed (agent/reaper.py)
         upcalls = {
             lib.CLIENT_CONNECTED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("connected", who)),
             lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("finalized", who)),
