@@ -142,11 +142,24 @@ RANK_PROGRAMS = {"sh", "sleep"}  # the ranks of the sleep256 scenario; everythin
 
 def scenario_ompi_barrier(size: int):
     """mpi4py over Debian's Open MPI 4.1.4 (/usr/bin/python3, python3-mpi4py): wire-up and one
-    barrier; mpilaunch serves the ranks PMIx (--mpi pmix), mpirun starts them itself."""
+    barrier; mpilaunch serves the ranks PMIx (its default sees the interpreter's mpi4py), mpirun
+    starts them itself."""
 
     def run(name: str, prefix: list[str], work: Path) -> dict:
-        served = ["--mpi", "pmix"] if name == "mpilaunch" else []
-        argv = [*prefix, *oversub(name), *served, "-n", str(size), "/usr/bin/python3", "-c", BARRIER]
+        argv = [*prefix, *oversub(name), "-n", str(size), "/usr/bin/python3", "-c", BARRIER]
+        elapsed, proc = timed(argv, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {"seconds": elapsed}
+
+    return run
+
+
+def scenario_shell_barrier(python: str, size: int):
+    """mpi4py wire-up + barrier with `sh -c` as the program: mpilaunch (its default, --mpi auto)
+    cannot tell the MPI and serves PMI and PMIx together; mpirun and hydra serve their own."""
+
+    def run(name: str, prefix: list[str], work: Path) -> dict:
+        argv = [*prefix, *oversub(name), "-n", str(size), "sh", "-c", f"{python} -c '{BARRIER}'"]
         elapsed, proc = timed(argv, capture_output=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return {"seconds": elapsed}
@@ -293,11 +306,19 @@ SCENARIOS = {
     },
     **{
         f"ompi_barrier{n}": (
-            f"mpi4py over Open MPI 4.1.4, wire-up + barrier, {n} ranks (mpilaunch --mpi pmix; Open MPI only)",
+            f"mpi4py over Open MPI 4.1.4, wire-up + barrier, {n} ranks (Open MPI only)",
             scenario_ompi_barrier(n),
         )
         for n in (2, 4, 8, 16, 32)
     },
+    "sh_barrier2": (
+        "`sh -c` running mpi4py over MPICH, wire-up + barrier, 2 ranks (mpilaunch serves PMI and PMIx; hydra only)",
+        scenario_shell_barrier(sys.executable, 2),
+    ),
+    "sh_ompi_barrier2": (
+        "`sh -c` running mpi4py over Open MPI 4.1.4, wire-up + barrier, 2 ranks (mpilaunch serves PMI and PMIx)",
+        scenario_shell_barrier("/usr/bin/python3", 2),
+    ),
     "sleep256": ("256 ranks of `echo; sleep 1` (launcher side: peak memory (PSS), CPU seconds)", scenario_sleep256),
     "pmix256": (
         "256 ranks of `echo; sleep 1` served PMIx (mpilaunch --mpi pmix; launcher side: peak PSS, CPU seconds)",
@@ -338,7 +359,7 @@ SCENARIOS = {
         scenario_ssh(8, 1, ["true"], tree=1),
     ),
 }
-MPICH_ONLY = {key for key in SCENARIOS if key.startswith(("barrier", "ssh_barrier"))}
+MPICH_ONLY = {key for key in SCENARIOS if key.startswith(("barrier", "ssh_barrier", "sh_barrier"))}
 OPEN_MPI_ONLY = {key for key in SCENARIOS if "ompi_barrier" in key}  # hydra cannot start Open MPI ranks
 # Open MPI's mpirun over 32 bed hosts took 38 s once, then failed (orte_session_dir errors).
 NO_OPENMPI = MPICH_ONLY | {"ssh_fanout32", "ssh_fanout32_openssh", "ssh_tree32", "ssh_chain8"}
