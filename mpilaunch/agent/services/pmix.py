@@ -70,6 +70,25 @@ def find_library(requested: str | None, own: str | None = None) -> str:
     )
 
 
+# PMIx 4's shared-memory stores ("ds21", "ds12"; setup_fork offers them before "hash") are not
+# offered to the ranks. With them a rank's commit is split: the part for this host goes to
+# shared memory, the part for other hosts to the server's own hash store. A rank that asks the
+# server for a local peer's key without a fence before (direct modex), having missed it in
+# shared memory just before the peer's commit, and reaching the server just after it, is
+# answered at once "not found" (pmix_server_get sees the key in the other scope,
+# PMIX_ERR_EXISTS_OUTSIDE_SCOPE: openpmix 4.2.2, still in 4.2.9), and Open MPI 4.1 fails MPI_Init
+# with "PML add procs failed: Not found" (mpirun.openmpi as well). With "hash" both parts are
+# where the server looks first: the key is found, or the request waits for the commit. PMIx 5
+# has no dstore; its "shmem2" keeps commits in the hash store and is left offered.
+RACY_GDS = ("ds21", "ds12")
+
+
+def rank_gds(offered: str) -> str:
+    """The GDS modules a rank may use: those setup_fork offers, less RACY_GDS."""
+    kept = [name for name in offered.split(",") if name.strip() not in RACY_GDS]
+    return ",".join(kept) or "hash"
+
+
 REQUIRED_KEY = b"pmix.req.key"  # PMIX_REQUIRED_KEY in a direct modex's info
 DMODEX_RETRY = 0.01  # seconds between asks for data that lacks the required key
 DMODEX_PATIENCE = 10.0  # ... for at most this long
@@ -297,8 +316,11 @@ class PmixService(Service):
             return []
         who = lib.proc(served.spec.nspace, spec.rank)
         self.server.register_client(who)
-        users = {name: env[name] for name in self.compat if name in env}
-        env.update(self.server.setup_fork(who))
+        users = {name: env[name] for name in (*self.compat, "PMIX_GDS_MODULE") if name in env}
+        offered = self.server.setup_fork(who)
+        if "PMIX_GDS_MODULE" in offered:
+            offered["PMIX_GDS_MODULE"] = rank_gds(offered["PMIX_GDS_MODULE"])  # see RACY_GDS
+        env.update(offered)
         env.update(self.compat)  # over what setup_fork offers, which another build may lack
         env.update(users)  # but a value the user gave wins
         served.idents[spec.rank] = spec.proc
