@@ -23,6 +23,7 @@ from collections import deque
 from mpilaunch.agent.reaper import SERVER_FOLDER
 from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
+from mpilaunch.agent.services.topology import CachedTopology
 from mpilaunch.host.pmix_library import host_library
 from mpilaunch.protocol.messages import (
     Note,
@@ -210,6 +211,7 @@ class PmixService(Service):
         self.early_asks: dict[int, list[PmixDmodexAsk]] = {}  # job -> asks that came before its launch
         self.asks_later: list[tuple[float, PmixDmodexAsk]] = []  # asked again at that time (see tries)
         self.asked_since: dict[tuple[int, int, int], float] = {}  # (job, asking host, req) -> first asked
+        self.topology: CachedTopology | None = None
         self.warming: tuple[str, threading.Thread, list] | None = None  # (library, thread, [server]): prestart
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -232,17 +234,23 @@ class PmixService(Service):
         }
         for slot, call in NOT_SERVED.items():
             upcalls[slot] = lib.FIRST_PROC_FN(lambda who, call=call: self._refuse(who, call))
-        server.start(
-            [
-                ("pmix.srvr.tmpdir", lib.STRING, self.dir),
-                ("pmix.sys.tmpdir", lib.STRING, self.dir),
-                ("pmix.hname", lib.STRING, socket.gethostname()),
-                ("pmix.srv.nspace", lib.STRING, f"mpilaunch-agent-{os.getpid()}"),
-                ("pmix.srv.rank", lib.PROC_RANK, 0),
-                ("pmix.srvr.share", lib.BOOL, True),
-            ],
-            upcalls,
-        )
+        topology = CachedTopology()  # hwloc reads a kept description instead of the machine
+        topology.before()
+        try:
+            server.start(
+                [
+                    ("pmix.srvr.tmpdir", lib.STRING, self.dir),
+                    ("pmix.sys.tmpdir", lib.STRING, self.dir),
+                    ("pmix.hname", lib.STRING, socket.gethostname()),
+                    ("pmix.srv.nspace", lib.STRING, f"mpilaunch-agent-{os.getpid()}"),
+                    ("pmix.srv.rank", lib.PROC_RANK, 0),
+                    ("pmix.srvr.share", lib.BOOL, True),
+                ],
+                upcalls,
+            )
+        finally:
+            topology.after()
+        self.topology = topology
         return server
 
     def prestart(self, hint: object) -> None:
@@ -350,6 +358,9 @@ class PmixService(Service):
         return served.states.get(ident) if served is not None else None
 
     def close(self) -> None:
+        if self.topology is not None:
+            self.topology.keep()
+            self.topology = None
         if self.server is None and self.warming is not None:
             self.server = self.warmed(self.warming[0])  # started for a job that never came
         if self.server is not None:
