@@ -208,6 +208,7 @@ class PmixService(Service):
         self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
         self.held: dict[int, tuple[object, object]] = {}  # buffers PMIx has not released yet
         self.dmodex_waiting: dict[int, tuple[object, int]] = {}  # our request -> (modex callback, cbdata)
+        self.last_req = 0
         self.early_asks: dict[int, list[PmixDmodexAsk]] = {}  # job -> asks that came before its launch
         self.asks_later: list[tuple[float, PmixDmodexAsk]] = []  # asked again at that time (see tries)
         self.asked_since: dict[tuple[int, int, int], float] = {}  # (job, asking host, req) -> first asked
@@ -432,9 +433,8 @@ class PmixService(Service):
                 continue
             if kind == "dmodex":
                 rank, cb, cbdata, key = rest
-                req = len(self.dmodex_waiting) + 1
-                while req in self.dmodex_waiting:
-                    req += 1
+                self.last_req += 1  # never reused: a late answer to an old request finds nothing
+                req = self.last_req
                 self.dmodex_waiting[req] = (cb, cbdata)
                 self.host.send(PmixDmodex(job=served.number, rank=rank, req=req, key=key))
                 continue
