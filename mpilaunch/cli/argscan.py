@@ -60,6 +60,17 @@ def _value(opt: Opt, text: str) -> object:
     return _NO
 
 
+def split_apps(argv: list[str]) -> list[list[str]]:
+    """MPMD: ' : ' separates app contexts."""
+    segments: list[list[str]] = [[]]
+    for word in argv:
+        if word == ":":
+            segments.append([])
+        else:
+            segments[-1].append(word)
+    return segments
+
+
 def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
     """One app context's words -> (params, names given) as click's command gives them, or None."""
     values: dict[str, object] = {}  # what the words give; the names given are its keys

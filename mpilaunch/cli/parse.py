@@ -28,17 +28,6 @@ def _env_timeout() -> float | None:
     return value if value > 0 else None
 
 
-def split_apps(argv: list[str]) -> list[list[str]]:
-    """MPMD: ' : ' separates app contexts."""
-    segments: list[list[str]] = [[]]
-    for word in argv:
-        if word == ":":
-            segments.append([])
-        else:
-            segments[-1].append(word)
-    return segments
-
-
 def unknown_word(words: list[str]) -> str | None:
     """The first single-dash word before the program that is no option: click would read
     `-genvx` as -g -e -n -v -x and name a letter of it."""
@@ -192,7 +181,7 @@ def parse_args(argv: list[str]) -> JobSpec:
     apps = []
     globals_: dict[str, object] = {}
     given_anywhere: set[str] = set()
-    segments = split_apps(argv)
+    segments = argscan.split_apps(argv)
     for index, words in enumerate(segments):
         params, given = _parse_segment(words)
         if params["configfile"] is not None:

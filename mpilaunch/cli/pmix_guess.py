@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.cli.argscan import scan
+from mpilaunch.cli.argscan import scan, split_apps
 from mpilaunch.host.mpi_family import UNKNOWN, own_open_mpi
 from mpilaunch.host.programs import find_program, program_family
 
@@ -18,13 +18,7 @@ def pmix_guess(words: list[str]) -> tuple[str | None, str | None] | None:
     pmix, a program linked with Open MPI (or a Python whose mpi4py is), or with --mpi auto a
     program that may start either MPI (a shell, a script); else None, also for anything the
     fast scanner leaves to click."""
-    contexts: list[list[str]] = [[]]
-    for word in words:
-        if word == ":":
-            contexts.append([])
-        else:
-            contexts[-1].append(word)
-    scanned = [scan(words) for words in contexts]
+    scanned = [scan(context) for context in split_apps(words)]
     if any(s is None or not s[0]["argv"] for s in scanned):
         return None
     first = scanned[0][0]  # type: ignore[index]

@@ -14,24 +14,12 @@ import pytest
 
 from mpilaunch.agent.services import topology
 from tests.conftest import Launcher
+from tests.mpi.test_mpi import HELLO_C
 
 MPICC = shutil.which("mpicc.openmpi")
 pytestmark = pytest.mark.skipif(
     MPICC is None or topology.cache_path() is None, reason="needs Debian's Open MPI and libhwloc.so.15"
 )
-HELLO = r"""
-#include <mpi.h>
-#include <stdio.h>
-int main(int argc, char **argv) {
-    int rank, size;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    printf("rank %d of %d\n", rank, size);
-    MPI_Finalize();
-    return 0;
-}
-"""
 
 
 def test_the_description_is_hwlocs_own_and_the_variables_are_taken_back(
@@ -63,7 +51,7 @@ def test_the_description_is_hwlocs_own_and_the_variables_are_taken_back(
 
 
 def test_a_job_keeps_the_description_and_the_next_binds_as_before(launcher: Launcher, tmp_path: Path) -> None:
-    (tmp_path / "hello.c").write_text(HELLO)
+    (tmp_path / "hello.c").write_text(HELLO_C)
     subprocess.run([MPICC, "-o", str(tmp_path / "hello"), str(tmp_path / "hello.c")], check=True, timeout=120)
     cache = tmp_path / "cache"
     env = {"XDG_CACHE_HOME": str(cache)}
