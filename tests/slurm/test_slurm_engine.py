@@ -80,6 +80,30 @@ def test_mpi4py_over_mpich_wires_up_in_the_step(slurm: SlurmBed, tmp_path: Path)
     assert sorted(proc.stdout.split("\n")[:-1]) == ["0 2 1", "1 2 1"]
 
 
+def test_a_shells_ranks_are_served_pmi_and_pmix_in_the_step(slurm: SlurmBed, tmp_path: Path) -> None:
+    """The srun-started agent reads `sh` as opaque and serves both: Open MPI (its PMIx server in
+    the step, its hwloc description's CPUs the step's) and MPICH ranks wire up."""
+    import shutil
+    import subprocess
+
+    from tests.mpi.test_mpi import HELLO_C
+
+    mpicc = shutil.which("mpicc.openmpi")
+    if mpicc is None:
+        pytest.skip("needs Debian's openmpi-bin and libopenmpi-dev")
+    (tmp_path / "hello.c").write_text(HELLO_C)
+    subprocess.run([mpicc, "-o", str(tmp_path / "hello"), str(tmp_path / "hello.c")], check=True, timeout=120)
+    argv = ["salloc", "-N1", "-n2", *_mpilaunch("sh", "-c", str(tmp_path / "hello"))]
+    ompi = slurm.run(argv, env=_env(slurm), timeout=120)
+    assert ompi.returncode == 0, ompi.stderr[-3000:]
+    assert sorted(ompi.stdout.split("\n")[:-1]) == ["rank 0 of 2", "rank 1 of 2"]
+    code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print(c.rank, c.size, c.allreduce(c.rank))"
+    line = f"{PY} -c '{code}'"
+    mpich = slurm.run(["salloc", "-N1", "-n2", *_mpilaunch("sh", "-c", line)], env=_env(slurm), timeout=120)
+    assert mpich.returncode == 0, mpich.stderr[-3000:]
+    assert sorted(mpich.stdout.split("\n")[:-1]) == ["0 2 1", "1 2 1"]
+
+
 def test_an_sbatch_script(slurm: SlurmBed, tmp_path: Path) -> None:
     """In a batch script the launcher already runs in a step (the batch step): its own node's
     agent is forked, as mpirun's daemon is, and the ranks run in that step (no step 0)."""
