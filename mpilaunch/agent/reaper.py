@@ -153,18 +153,16 @@ SERVER_FOLDER = "mpilaunch-pmix-{pid}-"  # agent/services/pmix.py: its PMIx serv
 
 def _remove_server_folders(agent: int) -> None:
     """The dead agent's PMIx server folders (its ranks are dead too): nobody else removes them."""
-    import shutil
-    import tempfile
+    from mpilaunch.host.shm import remove_folder, server_base
 
-    prefix = SERVER_FOLDER.format(pid=agent)
-    for base in {"/dev/shm", tempfile.gettempdir()}:
-        try:
-            names = os.listdir(base)
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith(prefix):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    prefix, base = SERVER_FOLDER.format(pid=agent), server_base()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            remove_folder(os.path.join(base, name))
 
 
 class Reaper(Timer):

@@ -11,12 +11,9 @@ queued and the agent's loop is woken through a pipe; answers go back through the
 
 from __future__ import annotations
 
-import base64
 import ctypes
 import os
-import shutil
 import socket
-import tempfile
 import time
 from collections import deque
 
@@ -25,6 +22,7 @@ from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
 from mpilaunch.agent.services.topology import CachedTopology
 from mpilaunch.host.pmix_library import host_library
+from mpilaunch.host.shm import make_folder, remove_folder
 from mpilaunch.protocol.messages import (
     Note,
     PmiAbort,
@@ -88,6 +86,19 @@ def rank_gds(offered: str) -> str:
     """The GDS modules a rank may use: those setup_fork offers, less RACY_GDS."""
     kept = [name for name in offered.split(",") if name.strip() not in RACY_GDS]
     return ",".join(kept) or "hash"
+
+
+def b64encode(data: bytes) -> bytes:
+    """base64, imported when a fence or a direct modex spans hosts (one host's never do)."""
+    import base64
+
+    return base64.b64encode(data)
+
+
+def b64decode(text: str) -> bytes:
+    import base64
+
+    return base64.b64decode(text)
 
 
 REQUIRED_KEY = b"pmix.req.key"  # PMIX_REQUIRED_KEY in a direct modex's info
@@ -222,9 +233,8 @@ class PmixService(Service):
     # -- the server ---------------------------------------------------------------------------
     def start_server(self, library: str) -> lib.Server:
         server = lib.Server(library)
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        self.dir = tempfile.mkdtemp(prefix=SERVER_FOLDER.format(pid=os.getpid()), dir=base)  # the guardian
-        # removes it if this agent is killed (agent/reaper.py)
+        self.dir = make_folder(SERVER_FOLDER.format(pid=os.getpid()))  # the guardian removes it if
+        # this agent is killed (agent/reaper.py)
         upcalls = {
             lib.CLIENT_CONNECTED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("connected", who)),
             lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("finalized", who)),
@@ -290,7 +300,7 @@ class PmixService(Service):
         if isinstance(server, lib.Server):
             server.finalize()
         if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_folder(self.dir)
             self.dir = None
         return None
 
@@ -370,7 +380,7 @@ class PmixService(Service):
             self.server.finalize()
             self.server = None
         if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_folder(self.dir)
             self.dir = None
 
     # -- upcalls, on PMIx's thread: queued for the loop ---------------------------------------
@@ -444,7 +454,7 @@ class PmixService(Service):
                     self.asks_later.append((time.monotonic() + DMODEX_RETRY, ask))  # committed, not yet that key
                     continue
                 self.asked_since.pop((ask.job, ask.host, ask.req), None)
-                blob = base64.b64encode(data).decode()
+                blob = b64encode(data).decode()
                 self.host.send(
                     PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob=blob, status=status)
                 )
@@ -476,7 +486,7 @@ class PmixService(Service):
         served.fences[who] = count + 1
         key = f"{who}#{count}"
         self.waiting[(served.number, key)] = (cb, cbdata)
-        text = base64.b64encode(blob).decode()
+        text = b64encode(blob).decode()
         self.host.send(PmixFence(job=served.number, key=key, ranks=() if everyone else ranks, blob=text))
 
     def take(self, message: Record) -> None:
@@ -486,14 +496,14 @@ class PmixService(Service):
         if isinstance(message, PmixDmodexDone):
             entry = self.dmodex_waiting.pop(message.req, None)
             if entry is not None:
-                self._answer(entry, message.status, base64.b64decode(message.blob))
+                self._answer(entry, message.status, b64decode(message.blob))
             return
         done: PmixFenceDone = message  # type: ignore[assignment]
         entry = self.waiting.pop((done.job, done.key), None)
         if entry is None:
             self.host.send(Note(text=f"mpilaunch agent: a PMIx fence {done.key!r} that nobody waits for"))
             return
-        self._answer(entry, done.status, base64.b64decode(done.blob))
+        self._answer(entry, done.status, b64decode(done.blob))
 
     def dmodex_ask(self, ask: PmixDmodexAsk) -> None:
         """Another host's rank wants the data of one of ours: PMIx gives it once committed. A job
