@@ -33,12 +33,6 @@ def starts_a_job_here(args: list[str], env: dict[str, str] | None = None) -> boo
     return True
 
 
-def _pmix_guess(args: list[str]) -> tuple[str | None, str | None] | None:
-    from mpilaunch.cli.pmix_guess import pmix_guess
-
-    return pmix_guess(args)
-
-
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
@@ -57,7 +51,9 @@ def main(quick_exit: bool = True) -> None:
 
             early = True
             local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
-            local.prestart_local_agent(lambda: _pmix_guess(args))
+            from mpilaunch.cli.pmix_guess import pmix_guess  # argscan: the launcher reads args with it too
+
+            local.prestart_local_agent(lambda: pmix_guess(args))
         from mpilaunch.cli.main import main as run
 
         run(args)
