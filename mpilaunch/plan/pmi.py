@@ -37,12 +37,13 @@ BOTH = "pmi+pmix"  # what --mpi auto becomes for a job whose programs may use ei
 def services(options: Options) -> tuple[str, ...]:
     """The agent services a job's ranks get (agent/services/registry.py): PMI-1/PMI-2 over an
     inherited socket or loopback TCP, with the guard that stops Open MPI ranks from running as
-    singletons; PMIx; both PMI and PMIx (no guard is needed); none with --mpi none."""
+    singletons; PMIx; both PMI and PMIx (the guard watching only ranks that got no PMIx, on a
+    host that could not start it); none with --mpi none."""
     pmi = "pmi-tcp" if options.pmi_tcp else "pmi"
     if options.mpi == "pmix":
         return ("pmix",)
     if options.mpi == BOTH:
-        return (pmi, "pmix")
+        return (pmi, "pmix", "openmpi-guard")  # the guard only for ranks PMIx cannot be served to
     if options.mpi not in ("auto", "pmi1", "pmi2"):  # the server answers both versions; pmi2 only tells MPICH to use it
         return ()
     return (pmi, "openmpi-guard")

@@ -223,33 +223,46 @@ def test_a_server_started_for_a_job_that_does_not_come_is_stopped(launcher: Laun
 
 
 def test_a_server_that_cannot_start_early_is_said_once_by_the_launch(launcher: Launcher, tmp_path: Path) -> None:
+    """A shell's job is served PMI too: the ranks run, served PMI only, and the line says why."""
     bogus = tmp_path / "libpmix.so.2"
     bogus.write_text("not a library")
     proc = launcher.run("--pmix-lib", str(bogus), "-n", "2", "sh", "-c", "echo ran", timeout=60)
     err = proc.stderr.decode()
-    assert proc.returncode != 0 and b"ran" not in proc.stdout, err
-    assert f"cannot load {bogus}" in err
+    assert proc.returncode == 0 and proc.stdout == b"ran\nran\n", err
+    said = [line for line in err.splitlines() if f"cannot load {bogus}" in line]
+    assert len(said) == 1 and said[0].endswith("its ranks are served PMI only"), err
+    refused = launcher.run("--mpi", "pmix", "--pmix-lib", str(bogus), "-n", "1", "sh", "-c", "echo ran", timeout=60)
+    assert refused.returncode == 126 and b"ran" not in refused.stdout, refused.stderr.decode()
 
 
-def test_a_host_without_a_pmix_library_serves_a_shells_ranks_pmi_alone(launcher: Launcher) -> None:
-    """Debian's libpmix2 hidden under an empty tmpfs in a mount namespace of the run's own: the
-    shell's MPICH ranks are served PMI as before (no PMIx variables, no refusal)."""
+@pytest.mark.parametrize("library", ["none", "broken"])
+def test_a_host_without_a_pmix_library_serves_a_shells_ranks_pmi_alone(launcher: Launcher, library: str) -> None:
+    """Debian's libpmix2 hidden under an empty tmpfs in a mount namespace of the run's own (or
+    replaced there by a file that is no library, as an old or broken PMIx would be): the
+    shell's MPICH ranks are served PMI as before (no PMIx variables, no refusal); a library
+    that fails is said in one line."""
     from mpilaunch.host.pmix_library import host_library
 
-    library = host_library()
+    found = host_library()
     unshare = shutil.which("unshare")
-    if library is None or unshare is None:
+    if found is None or unshare is None:
         pytest.skip("needs the host's libpmix2 and unshare(1)")
-    folder = os.path.dirname(os.path.dirname(library)) if library.endswith("/lib/libpmix.so.2") else None
+    folder = os.path.dirname(os.path.dirname(found)) if found.endswith("/lib/libpmix.so.2") else None
     if folder is None or os.getuid() != 0:
         pytest.skip("needs root and a libpmix.so.2 in a folder of its own (Debian's pmix2/lib)")
     line = f"echo x$PMIX_RANK; {shlex.join([PY, '-c', MPI4PY])}"
-    script = f"mount -t tmpfs none {folder} && exec {shlex.join(launcher.argv('-n', '2', 'sh', '-c', line))}"
+    fake = f" && mkdir {folder}/lib && echo no-library > {found}" if library == "broken" else ""
+    run = shlex.join(launcher.argv("-n", "2", "sh", "-c", line))
+    script = f"mount -t tmpfs none {folder}{fake} && exec {run}"
     argv = [unshare, "--mount", "sh", "-c", script]
     proc = subprocess.run(argv, capture_output=True, timeout=120, env=launcher.env, cwd=launcher.tmp_path)
     if b"mount" in proc.stderr and proc.returncode != 0 and b"rank" not in proc.stdout:
         pytest.skip(f"no mount namespace here: {proc.stderr.decode()[-200:]}")
     assert _lines(proc) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2", "x", "x"]
+    said = [line for line in proc.stderr.decode().splitlines() if "cannot serve PMIx" in line]
+    assert len(said) == (1 if library == "broken" else 0), proc.stderr.decode()
+    if said:
+        assert said[0].startswith("mpilaunch: host ") and said[0].endswith("its ranks are served PMI only")
 
 
 def test_an_agent_killed_by_sigkill_leaves_no_pmix_folder(launcher: Launcher) -> None:

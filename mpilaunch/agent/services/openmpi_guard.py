@@ -176,13 +176,19 @@ class OpenMpiGuard(Service):
         super().__init__(host)
         self.watch = OpenMpiWatch()
         self.job_of: dict[int, int] = {}  # process id -> job
+        self.served_pmix: set[int] = set()  # process ids that got PMIx: an Open MPI rank is no singleton there
 
     def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
+        if "PMIX_NAMESPACE" in env:  # served PMIx as well (by the "pmix" service, before this one)
+            self.served_pmix.add(spec.proc)
+            return []
         for name, value in self.watch.rank_env().items():
             env.setdefault(name, value)  # a user's -mca or -x wins
         return []
 
     def spawned(self, job: int, spec: RankSpec, pid: int) -> None:
+        if spec.proc in self.served_pmix:
+            return
         self.job_of[spec.proc] = job
         self.watch.watch(spec.proc, pid, time.monotonic())
 

@@ -318,7 +318,12 @@ class PmixService(Service):
             local = sorted(r.rank for r in launch.ranks)
             self.server.register_nspace(spec.nspace, len(local), job_rows(spec, local))
         except lib.LibraryError as exc:  # its ranks are not started (prepare says why)
-            self.refused[launch.job] = f"needs PMIx, which host {socket.gethostname()} cannot serve: {exc}"
+            host = socket.gethostname()
+            if launch.pmi is not None:  # served PMI too (a shell's job): PMI alone here, and said
+                said = f"mpilaunch: host {host} cannot serve PMIx ({exc}): its ranks are served PMI only"
+                self.host.send(Note(text=said))
+            else:
+                self.refused[launch.job] = f"needs PMIx, which host {host} cannot serve: {exc}"
             for ask in self.early_asks.pop(launch.job, []):
                 self.dmodex_ask(ask)
             return
