@@ -3,6 +3,11 @@ pytest here, so the benchmarks can use the beds without it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from collections.abc import Iterable
+
 
 def stat_fields(pid: int | str) -> list[bytes]:
     """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...);
@@ -27,3 +32,87 @@ def process_name(pid: int) -> str:
             return handle.read().strip()
     except OSError:
         return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] != b"Z"
+
+
+def signal_quietly(pid: int, sig: int) -> None:
+    """Send sig to pid; a process already gone (or not ours) is no error."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_and_wait(pids: Iterable[int], timeout: float = 5.0) -> None:
+    """SIGKILL these pids and wait (bounded) until they are gone or zombies."""
+    pids = list(pids)
+    for pid in pids:
+        signal_quietly(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def tagged_processes(needle: bytes) -> tuple[set[int], dict[int, int]]:
+    """(the live processes whose environment holds needle, e.g. b"TAG=value", the parent of
+    every live process); zombies and this process are left out."""
+    tagged: set[int] = set()
+    parents: dict[int, int] = {}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        fields = stat_fields(pid)
+        if len(fields) < 2 or fields[0] == b"Z":
+            continue
+        parents[pid] = int(fields[1])
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    tagged.add(pid)
+        except OSError:
+            continue
+    return tagged, parents
+
+
+def below(roots: set[int], parents: dict[int, int], limit: int = 256) -> set[int]:
+    """The processes of `parents` that have an ancestor in roots (at most limit levels up)."""
+    found = set()
+    for pid in parents:
+        parent, seen = parents.get(pid, 0), 0
+        while parent > 1 and seen < limit:
+            if parent in roots:
+                found.add(pid)
+                break
+            parent, seen = parents.get(parent, 0), seen + 1
+    return found
+
+
+class Leftovers:
+    """What a bed's leftover_pids gives the tests: wait for none, or kill them by pid."""
+
+    POLL = 0.05  # seconds between looks
+
+    def leftover_pids(self) -> list[int]:
+        raise NotImplementedError
+
+    def wait_clean(self, timeout: float = 5.0) -> list[int]:
+        """Poll until no leftover process remains; return those still there at the deadline."""
+        deadline = time.monotonic() + timeout
+        left = self.leftover_pids()
+        while left and time.monotonic() < deadline:
+            time.sleep(self.POLL)
+            left = self.leftover_pids()
+        return left
+
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL every leftover process by its pid; return the pids that were killed."""
+        left = self.leftover_pids()
+        kill_and_wait(left)
+        return left

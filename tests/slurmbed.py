@@ -22,7 +22,6 @@ Run `python -m tests.slurmbed` to time a start-up by hand. Stdlib only, no pytes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import os
 import pwd
@@ -39,7 +38,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.procs import parent_pid, process_name, stat_fields
+from tests.procs import (
+    Leftovers,
+    below,
+    kill_and_wait,
+    parent_pid,
+    pid_alive,
+    process_name,
+    signal_quietly,
+    tagged_processes,
+)
 
 TAG_VAR = "SLURMBED_TAG"
 SBIN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
@@ -84,16 +92,6 @@ def _can_bind(port: int) -> bool:
 
 
 
-def pid_alive(pid: int) -> bool:
-    """True while pid exists and is not a zombie."""
-    fields = stat_fields(pid)
-    return bool(fields) and fields[0] != b"Z"
-
-
-
-
-
-
 def ancestors(pid: int, limit: int = 64) -> list[tuple[int, str]]:
     """(pid, comm) of a process's parents up to PID 1: how a task shows it runs under slurmstepd."""
     chain = []
@@ -123,11 +121,6 @@ def system_slurm_pids() -> list[int]:
     return sorted(found)
 
 
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
 def parse_keyvalues(text: str) -> dict[str, str]:
     """`scontrol show -o` output (Key=Value Key=Value with spaces inside values) as a dict."""
     pairs = re.findall(r"(?:^|\s)([A-Za-z][\w:/.]*)=(.*?)(?=\s+[A-Za-z][\w:/.]*=|\s*$)", text.strip())
@@ -138,7 +131,7 @@ class _PortClash(RuntimeError):
     """slurmctld or slurmd could not bind its port: someone took it between our check and its bind."""
 
 
-class SlurmBed:
+class SlurmBed(Leftovers):
     """munged + slurmctld + slurmd for one node (this host), a `debug` partition, and client env.
 
     `start()` (or `with`) writes the key and slurm.conf, starts the daemons in order and returns
@@ -245,10 +238,10 @@ class SlurmBed:
                 left = self.wait_clean(self.kill_wait + 3.0)
             else:
                 left = self.leftover_pids()
-            self._kill(left)
+            kill_and_wait(left)
         finally:
             self._stop(["slurmd", "slurmctld", "munged"], grace)
-            self._kill(self.leftover_pids())
+            kill_and_wait(self.leftover_pids())
             self._started = False
             self.close_seconds = time.monotonic() - began
         alive = [pid for pid in self.recorded_pids() if pid_alive(pid)]
@@ -355,50 +348,10 @@ class SlurmBed:
         """Live processes of the bed other than its daemons: slurmstepd, tasks, their children,
         clients started with the bed's env; a tagged process or a descendant of a tagged slurmstepd."""
         daemons = set(self.daemon_pids().values())
-        parents: dict[int, int] = {}
-        tagged: set[int] = set()
-        needle = f"{TAG_VAR}={self.tag}".encode()
-        me = os.getpid()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
-            pid = int(entry)
-            fields = stat_fields(pid)
-            if len(fields) < 2 or fields[0] == b"Z":
-                continue
-            parents[pid] = int(fields[1])
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as handle:
-                    if needle in handle.read().split(b"\0"):
-                        tagged.add(pid)
-            except OSError:
-                continue
+        tagged, parents = tagged_processes(f"{TAG_VAR}={self.tag}".encode())
         roots = tagged - daemons
-        found = set(roots)
         stepds = {pid for pid in roots if process_name(pid) == "slurmstepd"}
-        for pid in parents:
-            parent, seen = parents.get(pid, 0), 0
-            while parent > 1 and seen < 256:
-                if parent in stepds:
-                    found.add(pid)
-                    break
-                parent, seen = parents.get(parent, 0), seen + 1
-        return sorted(found - daemons)
-
-    def wait_clean(self, timeout: float = 5.0) -> list[int]:
-        """Poll until no leftover process remains; return those still there at the deadline."""
-        deadline = time.monotonic() + timeout
-        left = self.leftover_pids()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.05)
-            left = self.leftover_pids()
-        return left
-
-    def kill_leftovers(self) -> list[int]:
-        """SIGKILL every leftover process by pid; return the pids that were killed."""
-        left = self.leftover_pids()
-        self._kill(left)
-        return left
+        return sorted((roots | below(stepds, parents)) - daemons)
 
     def log(self, name: str) -> str:
         """A daemon's log (munged, slurmctld, slurmd), for a failing test's message."""
@@ -570,22 +523,12 @@ class SlurmBed:
             if proc is None:
                 continue
             if proc.poll() is None:
-                _signal(proc.pid, signal.SIGTERM)
+                signal_quietly(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(grace)
             except subprocess.TimeoutExpired:
-                _signal(proc.pid, signal.SIGKILL)
+                signal_quietly(proc.pid, signal.SIGKILL)
                 proc.wait()
-
-    @staticmethod
-    def _kill(pids: Iterable[int], timeout: float = 5.0) -> None:
-        """SIGKILL these pids and wait (bounded) until they are gone or zombies."""
-        pids = list(pids)
-        for pid in pids:
-            _signal(pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout
-        while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.01)
 
     def _kill_stale(self) -> None:
         """Kill daemons left from an earlier bed in this directory (a run killed with -9), by pid file."""
@@ -598,7 +541,7 @@ class SlurmBed:
             except (OSError, ValueError, IndexError):
                 continue
             if str(self.base).encode() in cmdline:
-                _signal(pid, signal.SIGKILL)
+                signal_quietly(pid, signal.SIGKILL)
             pidfile.unlink(missing_ok=True)
 
     @staticmethod

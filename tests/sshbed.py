@@ -40,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
+from tests.procs import Leftovers, below, kill_and_wait, signal_quietly, tagged_processes
+
 TAG_VAR = "SSHBED_TAG"
 PRIVSEP_DIR = Path("/run/sshd")
 _PR_SET_PDEATHSIG = 1
@@ -89,20 +91,6 @@ def bed_available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def _pid_alive(pid: int) -> bool:
-    """True while pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
 class _Host:
     """One host's files and its running sshd."""
 
@@ -117,7 +105,7 @@ class _Host:
         self.proc: subprocess.Popen[bytes] | None = None
 
 
-class SshBed:
+class SshBed(Leftovers):
     """N real sshd servers, node1..nodeN on 127.0.0.2..(N+1), one shared port, and client files.
 
     `start()` (or `with`) generates keys, writes configs, starts every sshd in parallel and
@@ -130,6 +118,8 @@ class SshBed:
     Each sshd gets SIGTERM when the thread that started it exits: start and restart hosts from
     a thread that lives as long as the bed (the main thread in pytest and in the benchmarks).
     """
+
+    POLL = 0.02  # seconds between looks for leftovers (Leftovers.wait_clean)
 
     def __init__(
         self,
@@ -206,7 +196,7 @@ class SshBed:
             return
         left = self.leftover_pids()
         self._stop_hosts(list(self._hosts.values()))
-        self._kill(sorted(set(left) | set(self.leftover_pids())))
+        kill_and_wait(sorted(set(left) | set(self.leftover_pids())))
         self._started = False
 
     def stop_host(self, name: str, timeout: float = 5.0) -> None:
@@ -264,50 +254,8 @@ class SshBed:
         catches sessions of a host whose sshd was stopped.
         """
         daemons = set(self.daemon_pids())
-        parents: dict[int, int] = {}
-        found: set[int] = set()
-        needle = f"{TAG_VAR}={self.tag}".encode()
-        me = os.getpid()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
-            pid = int(entry)
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as handle:
-                    fields = handle.read().rsplit(b")", 1)[1].split()
-                if fields[0] == b"Z":
-                    continue
-                parents[pid] = int(fields[1])
-                with open(f"/proc/{pid}/environ", "rb") as handle:
-                    if needle in handle.read().split(b"\0"):
-                        found.add(pid)
-            except (OSError, IndexError, ValueError):
-                continue
-        for pid in parents:
-            seen = 0
-            parent = parents.get(pid, 0)
-            while parent > 1 and seen < 256:
-                if parent in daemons:
-                    found.add(pid)
-                    break
-                parent = parents.get(parent, 0)
-                seen += 1
-        return sorted(found - daemons)
-
-    def wait_clean(self, timeout: float = 5.0) -> list[int]:
-        """Poll until no leftover process remains; return those still there at the deadline."""
-        deadline = time.monotonic() + timeout
-        left = self.leftover_pids()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.02)
-            left = self.leftover_pids()
-        return left
-
-    def kill_leftovers(self) -> list[int]:
-        """SIGKILL every leftover process by its pid; return the pids that were killed."""
-        left = self.leftover_pids()
-        self._kill(left)
-        return left
+        tagged, parents = tagged_processes(f"{TAG_VAR}={self.tag}".encode())
+        return sorted((tagged | below(daemons, parents)) - daemons)
 
     # -- alternate client files -------------------------------------------------------------
 
@@ -492,27 +440,17 @@ class SshBed:
         procs = [h.proc for h in hosts if h.proc is not None]
         for proc in procs:
             if proc.poll() is None:
-                _signal(proc.pid, signal.SIGTERM)
+                signal_quietly(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for proc in procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal(proc.pid, signal.SIGKILL)
+                signal_quietly(proc.pid, signal.SIGKILL)
                 proc.wait()
         for host in hosts:
             host.proc = None
             host.pidfile.unlink(missing_ok=True)
-
-    @staticmethod
-    def _kill(pids: Iterable[int], timeout: float = 5.0) -> None:
-        """SIGKILL these pids and wait (bounded) until they are gone or zombies."""
-        pids = list(pids)
-        for pid in pids:
-            _signal(pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout
-        while any(_pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.01)
 
     def _kill_stale(self) -> None:
         """Kill sshd left running from an earlier bed in this directory (a test run killed with -9)."""
@@ -524,7 +462,7 @@ class SshBed:
             except (OSError, ValueError, IndexError):
                 continue
             if str(host.config).encode() in cmdline:
-                _signal(pid, signal.SIGKILL)
+                signal_quietly(pid, signal.SIGKILL)
             host.pidfile.unlink(missing_ok=True)
 
 
