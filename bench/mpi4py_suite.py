@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import TAG, tagged
+
 ROOT = Path(__file__).resolve().parent.parent
 # What the caller's shell may carry that would tune one launcher's ranks and not the other's.
 DROPPED = ("I_MPI_", "PMI_", "MPI4PY_", "HYDRA_", "MPIEXEC_")
-TAG = "MPILAUNCH_BENCH_TAG"
 # unittest's summary, per rank: "Ran N tests in Xs", then "OK" or "FAILED", then " (failures=1, skipped=2)"
 # or nothing, in three writes. Hydra forwards chunks, not lines, so another rank's bytes may sit anywhere
 # between or around them ("OKRan 52 tests", "OKOK", "OK---- (skipped=8)"): each part is found on its own,
@@ -107,19 +108,6 @@ def clean_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")  # mpilaunch would say it sets this; hydra leaves it
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the cached suite
     return env
-
-
-def tagged(tag: str) -> list[int]:
-    found = []
-    needle = f"{TAG}={tag}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def run_job(argv: list[str], timeout: float) -> Job:

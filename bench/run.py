@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import TAG, tagged
+
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = ROOT / "tests" / "ranks" / "writer.py"
 LINE = re.compile(rb"rank \d{4} line \d{8} x{44}")
@@ -87,10 +89,10 @@ def scenario_abort(name: str, prefix: list[str], work: Path) -> dict:
     stamp = work / f"failed-{name}"
     stamp.unlink(missing_ok=True)
     tag = f"BENCH_TAG_{os.getpid()}_{time.time_ns()}"
-    env = {**ENV, "MPILAUNCH_BENCH_TAG": tag}
+    env = {**ENV, TAG: tag}
     argv = [*prefix, *oversub(name), "-n", "4"]
     if name == "openmpi":
-        argv += ["-x", "MPILAUNCH_BENCH_TAG"]
+        argv += ["-x", TAG]
     proc = subprocess.Popen([*argv, sys.executable, str(script), str(stamp)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -99,26 +101,13 @@ def scenario_abort(name: str, prefix: list[str], work: Path) -> dict:
         proc.kill()
         status = proc.wait()
     exited = time.time()
-    while _tagged(tag) and time.time() - exited < 15:
+    while tagged(tag) and time.time() - exited < 15:
         time.sleep(0.01)
     all_gone = time.time()
-    for pid in _tagged(tag):
+    for pid in tagged(tag):
         os.kill(pid, 9)
     failed_at = float(stamp.read_text())
     return {"seconds": exited - failed_at, "all_gone": all_gone - failed_at, "status": status}
-
-
-def _tagged(tag: str) -> list[int]:
-    found = []
-    needle = f"MPILAUNCH_BENCH_TAG={tag}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 BARRIER = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()"
