@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import struct
 
+from mpilaunch.protocol.messages import MPI4PY_HINT, UNKNOWN
+
 OPEN_MPI_LIBRARIES = ("libmpi.so.40", "libopen-rte.so", "libopen-pal.so", "libmpi_mpifh.so.40", "libmpi_cxx.so.40")
 MPICH_LIBRARIES = ("libmpi.so.12", "libmpich.so", "libmpicxx.so.12", "libmpifort.so.12")  # MPICH's ABI: Intel MPI too
 PT_LOAD, PT_DYNAMIC = 1, 2
@@ -132,7 +134,6 @@ OPAQUE_PROGRAMS = frozenset(
         *("perl", "ruby", "Rscript", "R", "julia", "java", "node", "lua", "luajit", "tclsh", "octave"),
     )
 )
-UNKNOWN = "unknown"  # the family of an opaque program: it may use either, or none
 
 
 def mixed_reason(protocol: str, other: str, other_rank: int) -> str:
@@ -189,7 +190,6 @@ def _python_version(name: str) -> str | None:
     if rest and not (major.isdigit() and (not dot or minor.isdigit())):
         return None
     return rest if dot else ""
-MPI4PY_HINT = "mpi4py:"  # marks a family read off the interpreter's mpi4py, not the program's own links
 
 
 def python_family(interpreter: str) -> tuple[str, str] | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 from mpilaunch.host.mpi_family import (
-    UNKNOWN,
     mpi_family,
     opaque_program,
     open_mpi_library,
@@ -15,6 +14,7 @@ from mpilaunch.host.mpi_family import (
     script_interpreter,
 )
 from mpilaunch.host.pmix_library import host_library
+from mpilaunch.protocol.messages import UNKNOWN
 
 
 def find_program(program: str, env: dict[str, str]) -> str:

@@ -7,7 +7,6 @@ import sys
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.host.mpi_family import MPI4PY_HINT, UNKNOWN
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
@@ -23,10 +22,10 @@ from mpilaunch.plan.build import (
     serves_open_mpi,
     with_master,
 )
-from mpilaunch.plan.pmi import BOTH
+from mpilaunch.plan.pmi import served_mpi
 from mpilaunch.plan.rank_env import inherited
 from mpilaunch.plan.spec import JobSpec, Options
-from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
+from mpilaunch.protocol.messages import MPI4PY_HINT, AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.transport.base import Link, Transport, transport_class
 from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
 
@@ -62,38 +61,15 @@ def asks_families(options: Options) -> bool:
 
 
 def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
-    """What the job is served, now that each host said which MPI its programs are linked with:
-    by default PMI-1/PMI-2, or PMIx when they are linked with Open MPI, or are Python whose
-    mpi4py is (a hint: it only decides when nothing else does); with --mpi auto, both when a
-    program may start either family unseen (a shell, a script, an interpreter) and none is
-    linked. A job that mixes programs linked with either family, or asks PMIx for MPICH-family
-    programs, is refused (they would not share one MPI_COMM_WORLD, or would run alone)."""
+    """What the job is served, now that each host said which MPI its programs are linked with
+    (plan/pmi.served_mpi); Intel MPI's ranks get its launcher's defaults."""
     found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
-    opaque = [program for program, family, _ in found if family == UNKNOWN]
-    found = [(program, family, lib) for program, family, lib in found if family != UNKNOWN]
-    linked = [(program, family, lib) for program, family, lib in found if not lib.startswith(MPI4PY_HINT)]
-    open_mpi = [(program, lib) for program, family, lib in linked if family == "openmpi"]
-    mpich = [(program, lib) for program, family, lib in linked if family in ("mpich", "impi")]
-    if any(family == "impi" for _, family, _ in found) and not open_mpi:
+    if any(family == "impi" for _, family, _ in found) and not any(
+        family == "openmpi" and not lib.startswith(MPI4PY_HINT) for _, family, lib in found
+    ):
         plan = plan._replace(intel_mpi=True)  # Intel's launcher's pinning and yield (plan/build.intel_defaults)
-    hinted = {"mpich" if f == "impi" else f for _, f, lib in found if lib.startswith(MPI4PY_HINT)}
-    if open_mpi and mpich:
-        raise LaunchError(
-            f"program {open_mpi[0][0]!r} is linked with Open MPI ({open_mpi[0][1]}) and {mpich[0][0]!r} with an "
-            f"MPICH-family MPI ({mpich[0][1]}): their ranks cannot share one MPI_COMM_WORLD; run them as two jobs"
-        )
-    if plan.options.mpi == "pmix" and mpich:
-        raise LaunchError(
-            f"program {mpich[0][0]!r} is linked with an MPICH-family MPI ({mpich[0][1]}), which is served PMI-1, "
-            "not PMIx: drop --mpi pmix"
-        )
-    if plan.options.mpi not in ("auto", "pmi1"):
-        return plan
-    if open_mpi or (hinted == {"openmpi"} and not mpich and not (opaque and plan.options.mpi == "auto")):
-        chosen = "pmix"
-    elif opaque and not mpich and plan.options.mpi == "auto":
-        chosen = BOTH
-    else:
+    chosen = served_mpi(plan.options.mpi, found)
+    if chosen == plan.options.mpi:
         return plan
     return with_master(plan._replace(options=plan.options._replace(mpi=chosen)), plan.master)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from mpilaunch.errors import LaunchError
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.spec import Options
-from mpilaunch.protocol.messages import PmiJob, PmixJob
+from mpilaunch.protocol.messages import MPI4PY_HINT, UNKNOWN, PmiJob, PmixJob
 
 
 def process_mapping(node_of_rank: Sequence[int]) -> str:
@@ -32,6 +33,39 @@ def process_mapping(node_of_rank: Sequence[int]) -> str:
 
 
 BOTH = "pmi+pmix"  # what --mpi auto becomes for a job whose programs may use either family
+
+
+def served_mpi(mpi: str, found: Sequence[tuple[str, str, str]]) -> str:
+    """What --mpi becomes once the programs were read, from (program, family, library) of each
+    (host/mpi_family.py): with auto or pmi1, PMIx when they are linked with Open MPI, or are
+    Python whose mpi4py is (a hint: it only decides when nothing else does); with auto, both
+    when a program may start either family unseen (a shell, a script, an interpreter) and none
+    is linked with an MPICH-family MPI; else mpi itself. A job that mixes programs linked with
+    either family, or asks PMIx for MPICH-family programs, is refused (they would not share one
+    MPI_COMM_WORLD, or would run alone)."""
+    opaque = any(family == UNKNOWN for _, family, _ in found)
+    found = [(program, family, lib) for program, family, lib in found if family != UNKNOWN]
+    linked = [(program, family, lib) for program, family, lib in found if not lib.startswith(MPI4PY_HINT)]
+    open_mpi = [(program, lib) for program, family, lib in linked if family == "openmpi"]
+    mpich = [(program, lib) for program, family, lib in linked if family in ("mpich", "impi")]
+    hinted = {"mpich" if f == "impi" else f for _, f, lib in found if lib.startswith(MPI4PY_HINT)}
+    if open_mpi and mpich:
+        raise LaunchError(
+            f"program {open_mpi[0][0]!r} is linked with Open MPI ({open_mpi[0][1]}) and {mpich[0][0]!r} with an "
+            f"MPICH-family MPI ({mpich[0][1]}): their ranks cannot share one MPI_COMM_WORLD; run them as two jobs"
+        )
+    if mpi == "pmix" and mpich:
+        raise LaunchError(
+            f"program {mpich[0][0]!r} is linked with an MPICH-family MPI ({mpich[0][1]}), which is served PMI-1, "
+            "not PMIx: drop --mpi pmix"
+        )
+    if mpi not in ("auto", "pmi1"):
+        return mpi
+    if open_mpi or (hinted == {"openmpi"} and not mpich and not (opaque and mpi == "auto")):
+        return "pmix"
+    if opaque and not mpich and mpi == "auto":
+        return BOTH
+    return mpi
 
 
 def services(options: Options) -> tuple[str, ...]:

@@ -255,6 +255,13 @@ class Hello(Record):
     client: str = ""  # the launcher's address as this host sees it
 
 
+# How Checked.families names what a program uses: "FAMILY LIBRARY" (host/mpi_family.py), the
+# library marked when it was read off a Python's mpi4py, FAMILY unknown for a program that may
+# start either family (a shell, a script, an interpreter).
+MPI4PY_HINT = "mpi4py:"
+UNKNOWN = "unknown"
+
+
 class Checked(Record):
     """The answer to Check: one line per problem, the port, and the host's facts."""
 
