@@ -3,12 +3,15 @@ every PMI service gets, and which agent services the job uses."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from mpilaunch.errors import LaunchError
-from mpilaunch.plan.placement import Rank
-from mpilaunch.plan.spec import Options
 from mpilaunch.protocol.messages import MPI4PY_HINT, UNKNOWN, PmiJob, PmixJob
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:  # annotations only: the early agent's guess (cli/pmix_guess.py) imports this before the fork
+    from collections.abc import Mapping, Sequence
+
+    from mpilaunch.plan.placement import Rank
+    from mpilaunch.plan.spec import Options
 
 
 def process_mapping(node_of_rank: Sequence[int]) -> str:
