@@ -148,12 +148,9 @@ def _kill_recorded(recorded: dict[int, bytes | None], cgroup: JobCgroup | None) 
         cgroup.remove(tries=200)
 
 
-SERVER_FOLDER = "mpilaunch-pmix-{pid}-"  # agent/services/pmix.py: its PMIx server's files
-
-
 def _remove_server_folders(agent: int) -> None:
     """The dead agent's PMIx server folders (its ranks are dead too): nobody else removes them."""
-    from mpilaunch.host.shm import remove_folder, server_base
+    from mpilaunch.host.shm import SERVER_FOLDER, remove_folder, server_base
 
     prefix, base = SERVER_FOLDER.format(pid=agent), server_base()
     try:

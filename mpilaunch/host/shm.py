@@ -116,6 +116,9 @@ def remove_left(seen: dict[str, FileId], before: set[FileId]) -> list[str]:
     return removed
 
 
+SERVER_FOLDER = "mpilaunch-pmix-{pid}-"  # an agent's PMIx server's folder (agent/services/pmix.py)
+
+
 def server_base() -> str:
     """Where an agent's PMIx server keeps its files: /dev/shm, else $TMPDIR or /tmp."""
     return SHM_DIR if os.path.isdir(SHM_DIR) else os.environ.get("TMPDIR") or "/tmp"

@@ -17,12 +17,11 @@ import socket
 import time
 from collections import deque
 
-from mpilaunch.agent.reaper import SERVER_FOLDER
 from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
 from mpilaunch.agent.services.topology import CachedTopology
 from mpilaunch.host.pmix_library import host_library
-from mpilaunch.host.shm import make_folder, remove_folder
+from mpilaunch.host.shm import SERVER_FOLDER, make_folder, remove_folder
 from mpilaunch.protocol.messages import (
     Note,
     PmiAbort,
