@@ -167,6 +167,9 @@ def test_scancel_ends_a_running_step(slurm: SlurmBed) -> None:
 
 # How a step's tasks end, by what the engine does: (action, signals the task sees first, seconds
 # until it is killed at the earliest and at the latest). SIGKILL is never caught, so only its time shows.
+# A SIGCONT can come a few milliseconds before the SIGKILL (seen once in CI, 2026-11-25, SIGKILL to
+# srun): the task notes it only if its handler runs in between, so where no signal is expected a
+# SIGCONT alone is allowed.
 STOPS = {
     # slurmd: SIGCONT + SIGTERM to every step, SIGKILL after max(KillWait, 5) s (srun waits KillWait + 2 s)
     "scancel JOB": ("scancel-job", ["SIGCONT", "SIGTERM"], 2.0, 10.0),
@@ -210,7 +213,10 @@ def test_how_a_step_is_stopped(slurm: SlurmBed, tmp_path: Path, how: str) -> Non
             srun.communicate()
     lines = log.read_text().splitlines()[1:]
     signals = [(float(t) - began, name) for t, name in (line.split()[:2] for line in lines)]
-    assert sorted(name for _, name in signals) == sorted(expected), signals
+    seen = [name for _, name in signals]
+    if "SIGCONT" not in expected:
+        seen = [name for name in seen if name != "SIGCONT"]  # the racy SIGCONT just before SIGKILL
+    assert sorted(seen) == sorted(expected), signals
     assert all(t < 2.0 for t, _ in signals), signals
     assert earliest <= killed < latest, f"SIGKILL after {killed:.1f}s"
 
