@@ -41,7 +41,8 @@ exec(compile(r(int(r(10))), "<mpilaunch-loader>", "exec"))
 # defined: importing importlib.abc and importlib.util would cost every agent about 45 ms
 # (they pull in typing, contextlib and more), a third of its start.
 # The agent gets this payload back (stage 2 is in the bundle): as a relay of tree spawn it
-# starts agents on other hosts with the very code it runs.
+# starts agents on other hosts with the very code it runs. A finished agent leaves with os._exit:
+# the interpreter's teardown would only delay the end of the job (srun, ssh wait for it).
 LOADER = """import sys
 if sys.version_info < MIN_PYTHON:
     sys.stderr.write("mpilaunch: the agent needs Python %d.%d or newer; this host runs %s\\n"
@@ -72,7 +73,10 @@ class BundleImporter:
 sys.meta_path.insert(0, BundleImporter())
 from mpilaunch.agent.agent import serve_stdio
 STAGE2 = BUNDLE["stage2"].encode()
-raise SystemExit(serve_stdio(b"%010d" % len(STAGE2) + STAGE2 + b"%010d" % len(PACKED) + PACKED))
+status = serve_stdio(b"%010d" % len(STAGE2) + STAGE2 + b"%010d" % len(PACKED) + PACKED)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)
 """
 
 
