@@ -10,9 +10,10 @@ controller's messages, one handler per message type.
 
 from __future__ import annotations
 
+import _socket
 import os
+import select
 import signal
-import socket
 import sys
 import time
 
@@ -60,11 +61,11 @@ SIGNALS = frozenset(signal.valid_signals())
 
 
 class Agent(ServiceHost, LinkOwner, Timer):
-    def __init__(self, link: socket.socket | PipeLink, payload: bytes | None = None) -> None:
+    def __init__(self, link: _socket.socket | PipeLink, payload: bytes | None = None) -> None:
         self.link = link
         self.payload = payload  # the loader and modules this agent came with (remote agents)
         self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
-        self.host = socket.gethostname()
+        self.host = _socket.gethostname()
         self.loop = Loop()
         self.decoder = wire.Decoder()
         self.link_open = True
@@ -232,8 +233,10 @@ class Agent(ServiceHost, LinkOwner, Timer):
 
     def warm_pmix(self) -> None:
         """An agent forked at the launcher's start whose command line will likely be served PMIx
-        starts the server now, on a thread, while the launcher parses and plans."""
-        if self.pmix_guess is None:
+        starts the server now, on a thread, while the launcher parses and plans. Not when the
+        launch is already here: it decides at once, and the guess (reading the program) would
+        only delay it."""
+        if self.pmix_guess is None or select.select([self.link], [], [], 0)[0]:
             return
         try:
             guess = self.pmix_guess()
@@ -327,7 +330,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def serve(link: socket.socket, pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> int:
+def serve(link: _socket.socket, pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> int:
     """Run an agent on an already connected link until the job ends; pmix_guess: see
     Agent.warm_pmix."""
     agent = Agent(link)

@@ -8,8 +8,8 @@ on the agent's loop, and report a rank that hangs up while initialized and keeps
 
 from __future__ import annotations
 
+import _socket
 import os
-import socket
 import time
 
 from mpilaunch.agent.services.base import Service
@@ -18,6 +18,8 @@ from mpilaunch.protocol.messages import Note, PmiError, PmiFenceDone, PmiNameRep
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
+    import socket
+
     from mpilaunch.protocol.messages import Launch, RankSpec
     from mpilaunch.protocol.record import Record
 
@@ -36,7 +38,7 @@ class PmiFd(Service):
         super().__init__(host)
         self.jobs: dict[int, JobServer] = {}
         self.by_fd: dict[int, JobServer] = {}  # a rank's socket -> its job's server
-        self.pairs: dict[int, tuple[socket.socket, socket.socket]] = {}  # process id -> (ours, the rank's)
+        self.pairs: dict[int, tuple[_socket.socket, _socket.socket]] = {}  # process id -> (ours, the rank's)
         self.hangups: dict[int, float] = {}  # process id -> when it closed its PMI socket early
 
     def start_job(self, launch: Launch) -> None:
@@ -63,7 +65,7 @@ class PmiFd(Service):
             pair[1].close()
         self.jobs[job].detach(spec.proc)
 
-    def serve(self, sock: socket.socket, server: JobServer) -> None:
+    def serve(self, sock: _socket.socket, server: JobServer) -> None:
         self.by_fd[sock.fileno()] = server
         self.host.loop.watch(sock.fileno(), self.readable)
 
@@ -111,7 +113,7 @@ class PmiTcp(PmiFd):
         super().__init__(host)
         self.listener: socket.socket | None = None
         self.ids: dict[int, tuple[JobServer, int]] = {}  # secret PMI_ID -> (server, process id)
-        self.hello: dict[int, tuple[socket.socket, bytearray]] = {}  # connections yet to present an id
+        self.hello: dict[int, tuple[_socket.socket, bytearray]] = {}  # connections yet to present an id
         self.refused = 0  # connections that presented a wrong id
 
     def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
@@ -132,6 +134,8 @@ class PmiTcp(PmiFd):
     def port(self) -> int:
         """A listener on loopback only: ranks are on this host, nobody else needs to reach it."""
         if self.listener is None:
+            import socket  # its accept() (PMI over TCP only): the module costs a plain job 2 ms
+
             self.listener = socket.socket()
             self.listener.bind(("127.0.0.1", 0))
             self.listener.listen(128)

@@ -17,7 +17,7 @@ the rank's socket and picks the version.
 
 from __future__ import annotations
 
-import socket
+import _socket
 
 from mpilaunch.agent.services.pmi1 import NEW, VALLEN_MAX, format_reply, put_error
 from mpilaunch.protocol.messages import Note, PmiAbort, PmiError, PmiFence, PmiJob, PmiName, PmiSpawn, SpawnApp
@@ -33,7 +33,7 @@ SEND_TIMEOUT = 5.0  # a rank that leaves its replies unread this long is cut off
 class PmiClient:
     """One rank's end of the protocol; ident is its process id (unique over the run's jobs)."""
 
-    def __init__(self, ident: int, rank: int, app: int, sock: socket.socket | None) -> None:
+    def __init__(self, ident: int, rank: int, app: int, sock: _socket.socket | None) -> None:
         self.ident = ident
         self.rank = rank
         self.app = app
@@ -74,9 +74,9 @@ class JobState:
         self.next_request = 0
 
     # -- wiring ---------------------------------------------------------------------------
-    def attach(self, ident: int, rank: int, app: int) -> tuple[socket.socket, socket.socket]:
+    def attach(self, ident: int, rank: int, app: int) -> tuple[_socket.socket, _socket.socket]:
         """A socket pair for a rank about to start: (ours, the one it inherits as PMI_FD)."""
-        ours, theirs = socket.socketpair()
+        ours, theirs = _socket.socketpair()
         ours.setblocking(False)
         client = PmiClient(ident, rank, app, ours)
         self.clients[ours.fileno()] = client
@@ -87,7 +87,7 @@ class JobState:
         """A rank that will connect over TCP (PMI_PORT) and present its PMI_ID."""
         self.by_ident[ident] = PmiClient(ident, rank, app, None)
 
-    def connect(self, ident: int, sock: socket.socket) -> None:
+    def connect(self, ident: int, sock: _socket.socket) -> None:
         """The rank's TCP connection presented the right id: answer as hydra does, then serve it."""
         client = self.by_ident[ident]
         client.sock = sock
@@ -130,7 +130,7 @@ class JobState:
         try:
             sock.settimeout(SEND_TIMEOUT)
             sock.sendall(data)
-        except socket.timeout:
+        except _socket.timeout:
             client.stalled = True
             self.send_up(PmiError(proc=client.ident, error=f"did not read its PMI replies for {SEND_TIMEOUT:g} s"))
         except OSError:
