@@ -18,19 +18,46 @@ def starts_a_job_here(args: list[str], env: dict[str, str] | None = None) -> boo
     the early fork is skipped for them."""
     import os
 
+    if not starts_a_job(args):
+        return False
+    if (os.environ if env is None else env).get("SLURM_JOB_ID") and not names_hosts(args):
+        from mpilaunch.host.procfs import has_ancestor
+
+        return has_ancestor("slurmstepd")  # hosts from Slurm: srun starts the agents, unless in a step already
+    return True
+
+
+def step_nodes(args: list[str], env: dict[str, str] | None = None) -> int:
+    """How many agents one srun step over the whole allocation is to start now (0: none), for a
+    job that will surely start them so (transport/slurm_step.py)."""
+    import os
+
+    if not starts_a_job(args) or names_hosts(args):
+        return 0
+    from mpilaunch.transport.slurm_step import allocation_nodes
+
+    return allocation_nodes(os.environ if env is None else env)
+
+
+def starts_a_job(args: list[str]) -> bool:
+    """Not help, a version, a dry run, `check` or `allrun`."""
     from mpilaunch.cli import cliopts
 
     flags = {o.name: o.flags for o in cliopts.RUN_OPTIONS}
     no_job = {*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS, *flags["dry_run"]}
-    if not args or args[0] in cliopts.SUBCOMMANDS or not no_job.isdisjoint(args):
-        return False
-    if (os.environ if env is None else env).get("SLURM_JOB_ID"):
-        named = {*flags["hosts"], *flags["hostfile"], *flags["launcher"], *flags["config"], *flags["configfile"]}
-        if not any(word.split("=", 1)[0] in named for word in args):
-            from mpilaunch.host.procfs import has_ancestor
+    return bool(args) and args[0] not in cliopts.SUBCOMMANDS and no_job.isdisjoint(args)
 
-            return has_ancestor("slurmstepd")  # hosts from Slurm: srun starts the agents, unless in a step already
-    return True
+
+def names_hosts(args: list[str]) -> bool:
+    """Whether the command line names its hosts or its engine (else, in an allocation, the hosts
+    are Slurm's and srun starts the agents)."""
+    from mpilaunch.cli import cliopts
+
+    named = {flag for o in cliopts.RUN_OPTIONS if o.name in HOST_OPTIONS for flag in o.flags}
+    return any(word.split("=", 1)[0] in named for word in args)
+
+
+HOST_OPTIONS = ("hosts", "hostfile", "launcher", "config", "configfile")
 
 
 def main(quick_exit: bool = True) -> None:
@@ -44,7 +71,7 @@ def main(quick_exit: bool = True) -> None:
                 _signal.signal(sig, _stopped_by)
     reopen_closed_std_streams()
     args = sys.argv[1:]
-    early = False
+    early = step = False
     try:
         if starts_a_job_here(args):
             from mpilaunch.transport import local
@@ -54,6 +81,13 @@ def main(quick_exit: bool = True) -> None:
             from mpilaunch.cli.pmix_guess import pmix_guess  # argscan: the launcher reads args with it too
 
             local.prestart_local_agent(lambda: pmix_guess(args))
+        else:
+            nodes = step_nodes(args)
+            if nodes:  # under salloc, every agent in one srun step: Slurm makes it while we plan
+                from mpilaunch.transport import slurm_step
+
+                step = True
+                slurm_step.prestart(nodes)
         from mpilaunch.cli.main import main as run
 
         run(args)
@@ -67,6 +101,8 @@ def main(quick_exit: bool = True) -> None:
     finally:
         if early:
             local.discard_early_agent()
+        if step:
+            slurm_step.discard()  # a step the launch did not take (a refused command line)
     if not quick_exit:
         raise SystemExit(status)
     leave(status)

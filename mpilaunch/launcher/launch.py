@@ -123,8 +123,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
         elif result.reply is not None:
             problems.extend(f"{name}: {p}" for p in result.reply.problems)
     if problems:
-        for link in links.values():
-            link.close()
+        _close_and_wait(links)  # an agent's ssh or srun may not outlive the launcher
         raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
     ours = next((link.local_address for link in links.values() if link.local_address), "")
     info = {i: {**h, "address": ours or h.get("address", "")} for i, h in plan.host_info.items()}
@@ -144,10 +143,17 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     try:
         plan = with_master(plan, master)  # every rank's variables again, now that each host is known
     except BaseException:
-        for link in links.values():
-            link.close()
+        _close_and_wait(links)
         raise
     return links, plan
+
+
+def _close_and_wait(links: Mapping[int, Link]) -> None:
+    """Every agent told to stop at once (the end of its link), then each reaped."""
+    for link in links.values():
+        link.close()
+    for link in links.values():
+        link.wait()
 
 
 def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
@@ -287,9 +293,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
     except BaseException:
-        for link in links.values():
-            link.close()
-            link.wait()
+        _close_and_wait(links)
         raise
     job = plan.job
     if not plan.options.bind_to and serves_open_mpi(job) and open_mpi_binding(len(job.ranks), False) != "none":
@@ -319,7 +323,5 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
 
         return Controller(plan, sink, links, summary=not host_tags, launched=True)
     except BaseException:
-        for link in links.values():
-            link.close()
-            link.wait()
+        _close_and_wait(links)
         raise

@@ -5,9 +5,10 @@ One `srun` job step runs one agent per node, so the ranks run inside the step: i
 accounting and limits apply to them, and `scancel` reaches them. `srun` mixes its tasks'
 stdio, so each agent connects back to the launcher over TCP, as hydra's proxies do: it presents
 a per-run secret that travels in the step's environment (never on a command line) and its node
-name; the listener takes exactly one connection per expected node and then closes. The socket
+name; the listener takes exactly one connection per node of the step and then closes. The socket
 then is the agent's stdin and stdout, and the start-up is the OpenSSH client's: the agent's
-code, the check, the hello.
+code, the check, the hello. The step's command line and its start before the launch are in
+slurm_step.py.
 """
 
 from __future__ import annotations
@@ -15,62 +16,28 @@ from __future__ import annotations
 import os
 import select
 import selectors
-import shlex
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
-from mpilaunch.transport.bootstrap import STAGE1, agent_payload
+from mpilaunch.transport.bootstrap import agent_payload
+from mpilaunch.transport.slurm_step import (
+    SECRET_VAR,
+    EarlyStep,
+    agent_shell,
+    end_srun,
+    spawn_srun,
+    srun_command,
+    take,
+)
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread
 
-SECRET_VAR = "MPILAUNCH_AGENT_SECRET"  # in the step's environment; the agent takes it out of its own
 ACCEPT_TIMEOUT = 60.0  # seconds for srun to start every node's agent and for each to connect back
 REAP_GRACE = 3.0  # seconds srun gets to leave once every agent's link is closed
-
-
-def srun_command(nodes: Sequence[str], agent: str, srun: str = "srun") -> list[str]:
-    """The job step that starts one agent on each node: one task per node, every CPU of the
-    node's allocation given to it and no binding by Slurm (the agent binds its ranks when
-    asked), beside other steps of the allocation, ended whole if one agent fails."""
-    return [
-        srun,
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        "--ntasks-per-node=1",
-        f"--nodelist={','.join(nodes)}",
-        "--cpu-bind=none",
-        "--whole",
-        "--overlap",
-        "--kill-on-bad-exit=1",
-        "--export=ALL",
-        "--input=none",
-        "--job-name=mpilaunch",
-        "sh",
-        "-c",
-        agent,
-    ]
-
-
-def agent_shell(address: str, port: int, python: str) -> str:
-    """What each task runs: Python connects back, says who it is, and makes the connection its
-    stdin and stdout; then it is the agent's loader, as over SSH. The name goes as bytes, which
-    spares the agent the idna codec's import (2 ms); TCP_NODELAY: see SlurmTransport.start."""
-    prelude = (
-        "import os, socket\n"
-        f"s = socket.create_connection(({address.encode()!r}, {port}))\n"
-        "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
-        f'who = os.environ.pop("{SECRET_VAR}", "") + " " + os.environ.get("SLURMD_NODENAME", "")\n'
-        's.sendall((who + "\\n").encode())\n'
-        "os.dup2(s.fileno(), 0)\n"
-        "os.dup2(s.fileno(), 1)\n"
-    )
-    code = shlex.quote(prelude + STAGE1)
-    return f'p={shlex.quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {code}'
 
 
 class Step:
@@ -95,18 +62,8 @@ class Step:
 
     def end(self, grace: float) -> None:
         """Wait up to grace for srun to leave; then SIGTERM (srun ends the step), then SIGKILL."""
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None:
-                try:
-                    os.killpg(self.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            deadline = time.monotonic() + grace
-            while self.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if self.status is not None:
-                return
-        os.waitpid(self.pid, 0)
+        if self.poll() is None:
+            self.status = end_srun(self.pid, grace)
 
 
 class SlurmLink(Link):
@@ -201,25 +158,22 @@ class SlurmTransport(Transport):
     def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
         if not hosts:
             return {}
-        from mpilaunch.host.programs import find_program
-
-        env = dict(os.environ)
-        try:
-            srun = find_program("srun", env)
-        except OSError:
-            raise LaunchError("--launcher slurm: no `srun` found on PATH") from None
         by_name = {host.name: index for index, host in hosts.items()}
-        listener = socket.create_server(("", 0), backlog=len(hosts) + 8)
-        secret = os.urandom(16).hex()
-        address = os.environ.get("MPILAUNCH_SLURM_ADDRESS") or os.uname().nodename
-        agent = agent_shell(address, listener.getsockname()[1], self.options.python or _python())
-        argv = srun_command([hosts[i].name for i in sorted(hosts)], agent, srun)
-        pid = _spawn(argv, {**env, SECRET_VAR: secret})
+        early = take()  # the step entry.main started over the whole allocation, if it did
+        if early is not None and early.nodes < len(hosts):  # not the allocation's hosts after all
+            send_away(early)
+            early = None
+        if early is not None:
+            listener = socket.socket(fileno=early.listener.detach())
+            secret, pid, expected = early.secret, early.pid, early.nodes
+        else:
+            listener, secret, pid = self._spawn([hosts[i].name for i in sorted(hosts)])
+            expected = len(hosts)
         step = Step(pid)
         agent_payload()  # read (or built) while Slurm starts the step, not after the agents connect
         results = {index: HostResult(index) for index in hosts}
         try:
-            joined = _accept(listener, by_name, secret, step)
+            joined = _accept(listener, by_name, secret, step, expected)
         except BaseException:
             listener.close()
             step.end(0.5)
@@ -235,6 +189,26 @@ class SlurmTransport(Transport):
         _handshake(links, {by_name[name]: rest for name, (_, rest) in joined.items()}, first, results)
         return results
 
+    def _spawn(self, nodes: list[str]) -> tuple[socket.socket, str, int]:
+        """A step of these nodes' agents: (the listener they connect back to, their secret, srun)."""
+        from mpilaunch.host.programs import find_program
+
+        env = dict(os.environ)
+        try:
+            srun = find_program("srun", env)
+        except OSError:
+            raise LaunchError("--launcher slurm: no `srun` found on PATH") from None
+        listener = socket.create_server(("", 0), backlog=len(nodes) + 8)
+        secret = os.urandom(16).hex()
+        address = os.environ.get("MPILAUNCH_SLURM_ADDRESS") or os.uname().nodename
+        agent = agent_shell(address, listener.getsockname()[1], self.options.python or _python())
+        try:
+            pid = spawn_srun(srun_command(nodes, agent, srun), {**env, SECRET_VAR: secret})
+        except OSError as exc:
+            listener.close()
+            raise LaunchError(f"--launcher slurm: cannot run {srun}: {exc.strerror or exc}") from None
+        return listener, secret, pid
+
 
 def _python() -> str:
     import sys
@@ -249,25 +223,24 @@ def _missing(step: Step) -> str:
     return f"the agent did not connect back within {ACCEPT_TIMEOUT:g} s"
 
 
-def _spawn(argv: list[str], env: dict[str, str]) -> int:
-    """srun in a session of its own: Ctrl-C reaches the launcher, which stops the job its way."""
-    import subprocess
-
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    return proc.pid
-
-
 def _accept(
-    listener: socket.socket, by_name: Mapping[str, int], secret: str, step: Step
+    listener: socket.socket,
+    by_name: Mapping[str, int],
+    secret: str,
+    step: Step,
+    expected: int,
+    within: float = ACCEPT_TIMEOUT,
 ) -> dict[str, tuple[socket.socket, bytes]]:
-    """One authenticated connection per expected node (with what it sent after its first line:
-    the agent's marker may come in the same read); a wrong secret, an unknown or repeated node
-    is closed unanswered; srun leaving early, or the deadline, ends the wait."""
+    """One authenticated connection per node of the step, `expected` in all (with what each sent
+    after its first line: the agent's marker may come in the same read); a wrong secret or a
+    repeated node is closed unanswered; an agent of a node the job does not use (a step started
+    over the whole allocation) is sent away; srun leaving early, or the deadline, ends the wait."""
     joined: dict[str, tuple[socket.socket, bytes]] = {}
+    spare: set[str] = set()
     pending: dict[socket.socket, bytearray] = {}
-    deadline = time.monotonic() + ACCEPT_TIMEOUT
+    deadline = time.monotonic() + within
     listener.setblocking(False)
-    while len(joined) < len(by_name) and time.monotonic() < deadline:
+    while len(joined) + len(spare) < expected and time.monotonic() < deadline:
         if step.poll() is not None and not pending:
             break
         ready, _, _ = select.select([listener, *pending], [], [], 0.1)
@@ -296,15 +269,45 @@ def _accept(
             del pending[sock]
             first, _, rest = bytes(line).partition(b"\n")
             given, _, name = first.decode(errors="replace").partition(" ")
-            if given != secret or name not in by_name or name in joined:
+            if given != secret or not name or name in joined or name in spare:
                 sock.close()
                 continue
             sock.setblocking(True)
+            if name not in by_name:
+                if len(spare) < expected - len(by_name):
+                    spare.add(name)
+                    _send_away(sock)
+                else:
+                    sock.close()
+                continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             joined[name] = (sock, rest)
     for sock in pending:
         sock.close()
     return joined
+
+
+def send_away(early: EarlyStep, within: float = 10.0) -> None:
+    """A step started early that no launch took: every agent is sent away as it connects back,
+    then srun leaves (or is stopped, after `within`)."""
+    listener = socket.socket(fileno=early.listener.detach())
+    step = Step(early.pid)
+    try:
+        _accept(listener, {}, early.secret, step, early.nodes, within)
+    finally:
+        listener.close()
+        step.end(REAP_GRACE)
+
+
+def _send_away(sock: socket.socket) -> None:
+    """An agent with no ranks to run: its loader is sent a program that ends it with status 0
+    (an agent that failed would end the step, --kill-on-bad-exit)."""
+    program = b"pass"
+    try:
+        sock.sendall(b"%010d" % len(program) + program)
+    except OSError:
+        pass
+    sock.close()
 
 
 def _handshake(

@@ -125,6 +125,33 @@ def test_an_sbatch_script(slurm: SlurmBed, tmp_path: Path) -> None:
     assert sorted(lines[3:]) == ["0 2 0 0 2 - True False", "1 2 1 1 2 - True False"], lines  # in the batch step
 
 
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["-n", "2", "--no-such-option", "true"], "No such option '--no-such-option'"),
+        (["-n", "100", "true"], "There are not enough slots available"),
+        (["-n", "2", "/no/such/program"], "program '/no/such/program' not found"),
+    ],
+    ids=["refused by the parser", "refused by the plan", "refused by the agent's check"],
+)
+def test_the_step_starts_before_the_launch_and_a_refused_job_ends_it(
+    slurm: SlurmBed, words: list[str], said: str
+) -> None:
+    """Under salloc the srun step over the allocation starts at the launcher's first instruction
+    (transport/slurm_step.py), so a command line refused by the parser or the plan has a step
+    too: it ends quietly (its agents sent away), with status 2, one line, and nothing left."""
+    proc = slurm.run(["salloc", "-N1", "-n2", *_mpilaunch(*words)], env=_env(slurm), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if not line.startswith("salloc:")]
+    assert len(ours) == 1 and said in ours[0], proc.stderr  # no traceback, no srun complaint
+    job = proc.stderr.split("Granted job allocation ", 1)[1].split()[0]
+    assert f"launch task StepId={job}.0 " in slurm.log("slurmd")  # the step was started for it
+    deadline = time.monotonic() + 10
+    while slurm.leftover_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not slurm.leftover_pids()
+
+
 def test_scancel_ends_every_rank_and_says_so(slurm: SlurmBed, tmp_path: Path) -> None:
     marks = tmp_path / "pids"
     marks.mkdir()

@@ -1,5 +1,6 @@
-"""The Slurm engine's pure parts (transport/slurm.py, plan/build.py): the srun step for N nodes,
-the agent's command line (no secret on it), and when --launcher auto picks Slurm. More nodes
+"""The Slurm engine's pure parts (transport/slurm_step.py, plan/build.py, entry.py): the srun step
+for N nodes or the whole allocation, the agent's command line (no secret on it), when --launcher
+auto picks Slurm, and when the step starts before the launch. More nodes
 than one cannot run here (Debian's Slurm has no multiple-slurmd): these are what is run there."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import shlex
 
 from mpilaunch.plan.build import in_slurm_allocation
-from mpilaunch.transport.slurm import SECRET_VAR, agent_shell, srun_command
+from mpilaunch.transport.slurm_step import SECRET_VAR, agent_shell, srun_command
 
 
 def test_one_agent_per_node_with_every_cpu_and_no_binding() -> None:
@@ -23,8 +24,51 @@ def test_the_agent_line_carries_no_secret_and_connects_back() -> None:
     assert line.startswith("p=/opt/py/bin/python3; [ -x \"$p\" ] || p=python3; exec \"$p\" -S -c ")
     code = shlex.split(line.split(" -S -c ", 1)[1])[0]  # the Python program, as the shell passes it
     compile(code, "agent", "exec")
-    assert "create_connection(('head-node', 40123))" in code and f'os.environ.pop("{SECRET_VAR}"' in code
+    assert "create_connection((b'head-node', 40123))" in code and "TCP_NODELAY, 1)" in code
+    assert f'os.environ.pop("{SECRET_VAR}"' in code
     assert "SLURMD_NODENAME" in code and "mpilaunch-agent" in code
+
+
+def test_a_step_over_the_whole_allocation_names_no_node() -> None:
+    argv = srun_command(4, "AGENT", srun="srun")
+    assert {"--nodes=4", "--ntasks=4", "--ntasks-per-node=1"} <= set(argv)
+    assert not [word for word in argv if word.startswith("--nodelist")]
+
+
+def test_the_step_starts_early_only_where_the_job_surely_runs_in_it() -> None:
+    from mpilaunch.entry import step_nodes
+
+    salloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3"}
+    assert step_nodes(["-n", "2", "true"], salloc) == 3  # this test runs under no slurmstepd
+    assert step_nodes(["-n", "2", "true"], {**salloc, "SLURM_JOB_NUM_NODES": "", "SLURM_NNODES": "2"}) == 2
+    assert step_nodes(["-n", "2", "true"], {}) == 0
+    assert step_nodes(["-H", "n1:2", "-n", "2", "true"], salloc) == 0  # hosts by hand
+    assert step_nodes(["--launcher=ssh", "true"], salloc) == 0
+    assert step_nodes(["--hostfile", "f", "true"], salloc) == 0
+    assert step_nodes(["--dry-run", "true"], salloc) == 0
+    assert step_nodes(["check"], salloc) == 0
+    assert step_nodes(["--version"], salloc) == 0
+    assert step_nodes(["true"], {**salloc, "MLP_MPI_HOSTS": "a,b"}) == 0  # those hosts come first
+    assert step_nodes(["true"], {**salloc, "SLURM_JOB_NODELIST": ""}) == 0
+    assert step_nodes(["true"], {**salloc, "SLURM_JOB_NUM_NODES": "x"}) == 0
+
+
+def test_an_agent_sent_away_ends_with_status_0() -> None:
+    """An agent of a node the job leaves without ranks (a step over the whole allocation) is
+    sent a program that ends it: status 0, which --kill-on-bad-exit leaves alone."""
+    import socket
+    import subprocess
+    import sys
+
+    from mpilaunch.transport.bootstrap import STAGE1
+    from mpilaunch.transport.slurm import _send_away
+
+    ours, theirs = socket.socketpair()
+    with theirs:
+        agent = subprocess.Popen([sys.executable, "-S", "-c", STAGE1], stdin=theirs, stdout=theirs)
+    assert ours.recv(64) == b"\0mpilaunch-agent\0"
+    _send_away(ours)
+    assert agent.wait(timeout=30) == 0
 
 
 def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:

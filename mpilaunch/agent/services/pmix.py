@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from mpilaunch.protocol.messages import Launch, PmixJob, RankSpec
     from mpilaunch.protocol.record import Record
 
+
 def ranks_open_mpi(launch: Launch) -> tuple[str | None, str | None]:
     """(libmpi, libpmix) of the Open MPI the job's first rank here would load (host/mpi_family),
     found from its program, its PATH and LD_LIBRARY_PATH; (None, None) when not found."""

@@ -1,0 +1,188 @@
+"""The Slurm job step that runs a run's agents: its `srun` line, what each task runs to connect
+back, and the step started at the launcher's first instruction.
+
+Under `salloc` the step's start (Slurm creating it, each node's Python starting) is the longest
+wait of a short job. When the command line already says the job will be one step over the
+whole allocation (hosts from Slurm, no `--launcher`, no step above the launcher), entry.main
+starts it before anything else is imported, and Slurm creates it while the launcher parses and
+plans; the Slurm transport then takes it (`take`), or the launcher ends it (`discard`). Agents
+of nodes the plan leaves without ranks connect back too and are sent away, as `mpirun` starts
+a daemon on every node of an allocation.
+
+Light on purpose (`_socket`, `os.posix_spawn`): it runs before the launcher's imports.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+import shlex
+import signal
+import sys
+import time
+
+from mpilaunch.transport.bootstrap import STAGE1
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+SECRET_VAR = "MPILAUNCH_AGENT_SECRET"  # in the step's environment; the agent takes it out of its own
+
+
+def srun_command(nodes: Sequence[str] | int, agent: str, srun: str = "srun") -> list[str]:
+    """The job step that starts one agent on each node (names, or a count: every node of the
+    allocation): one task per node, every CPU of the node's allocation given to it and no
+    binding by Slurm (the agent binds its ranks when asked), beside other steps of the
+    allocation, ended whole if one agent fails."""
+    count = nodes if isinstance(nodes, int) else len(nodes)
+    where = [] if isinstance(nodes, int) else [f"--nodelist={','.join(nodes)}"]
+    return [
+        srun,
+        f"--nodes={count}",
+        f"--ntasks={count}",
+        "--ntasks-per-node=1",
+        *where,
+        "--cpu-bind=none",
+        "--whole",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--input=none",
+        "--job-name=mpilaunch",
+        "sh",
+        "-c",
+        agent,
+    ]
+
+
+def agent_shell(address: str, port: int, python: str) -> str:
+    """What each task runs: Python connects back, says who it is, and makes the connection its
+    stdin and stdout; then it is the agent's loader, as over SSH. The name goes as bytes, which
+    spares the agent the idna codec's import (2 ms); TCP_NODELAY: see slurm.SlurmTransport."""
+    prelude = (
+        "import os, socket, sys\n"
+        "try:\n"
+        f"    s = socket.create_connection(({address.encode()!r}, {port}))\n"
+        "except OSError as e:\n"
+        '    w = os.environ.get("SLURMD_NODENAME", "")\n'
+        f'    sys.stderr.write("mpilaunch: agent on %s: cannot connect back to {address}:{port}: %s\\n" % (w, e))\n'
+        "    raise SystemExit(1)\n"
+        "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+        f'who = os.environ.pop("{SECRET_VAR}", "") + " " + os.environ.get("SLURMD_NODENAME", "")\n'
+        's.sendall((who + "\\n").encode())\n'
+        "os.dup2(s.fileno(), 0)\n"
+        "os.dup2(s.fileno(), 1)\n"
+    )
+    code = shlex.quote(prelude + STAGE1)
+    return f'p={shlex.quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {code}'
+
+
+def spawn_srun(argv: list[str], env: Mapping[str, str]) -> int:
+    """srun in a session of its own (Ctrl-C reaches the launcher, which stops the job its way),
+    its stdin /dev/null; its pid."""
+    return os.posix_spawn(
+        argv[0],
+        argv,
+        env,
+        setsid=True,
+        file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
+    )
+
+
+class EarlyStep:
+    """A step started before the launch: the listener its agents connect back to, their secret,
+    srun's pid, and how many nodes (agents) it has."""
+
+    def __init__(self, listener: _socket.socket, secret: str, pid: int, nodes: int) -> None:
+        self.listener = listener
+        self.secret = secret
+        self.pid = pid
+        self.nodes = nodes
+
+
+_early: EarlyStep | None = None
+
+
+def allocation_nodes(env: Mapping[str, str]) -> int:
+    """How many nodes a step over the whole allocation has, when a command line that names no
+    host nor engine will surely run as one (else 0): inside an allocation whose hosts it takes
+    (no MLP_MPI_* host list, which would come first), with no job step above the launcher (in a
+    batch script this node's agent is forked instead)."""
+    if not env.get("SLURM_JOB_ID") or env.get("MLP_MPI_HOSTFILE") or env.get("MLP_MPI_HOSTS"):
+        return 0
+    if not (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
+        return 0
+    count = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+    if not count.isdigit() or int(count) < 1:
+        return 0
+    from mpilaunch.host.procfs import has_ancestor
+
+    return 0 if has_ancestor("slurmstepd") else int(count)
+
+
+def prestart(nodes: int, env: Mapping[str, str] | None = None) -> None:
+    """Start the step of `nodes` agents now (nothing when there is no `srun`: the launch says so)."""
+    global _early
+    from mpilaunch.host.programs import find_program
+
+    env = dict(os.environ if env is None else env)
+    try:
+        srun = find_program("srun", env)
+    except OSError:
+        return
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        listener.bind(("", 0))
+        listener.listen(nodes + 8)
+        secret = os.urandom(16).hex()
+        address = env.get("MPILAUNCH_SLURM_ADDRESS") or os.uname().nodename
+        agent = agent_shell(address, listener.getsockname()[1], sys.executable)
+        pid = spawn_srun(srun_command(nodes, agent, srun), {**env, SECRET_VAR: secret})
+    except OSError:
+        listener.close()
+        return
+    _early = EarlyStep(listener, secret, pid, nodes)
+
+
+def take() -> EarlyStep | None:
+    """The step started early, for the Slurm transport to use (once)."""
+    global _early
+    early, _early = _early, None
+    return early
+
+
+def discard() -> None:
+    """End a step started early that no launch took (a refused command line): its agents are
+    sent away as they connect, each ending with status 0, and srun leaves quietly."""
+    early = take()
+    if early is not None:
+        from mpilaunch.transport.slurm import send_away
+
+        send_away(early)
+
+
+def end_srun(pid: int, grace: float) -> int:
+    """Wait up to grace for srun to leave; then SIGTERM (srun ends the step), then SIGKILL. Its
+    exit status (-1 when it was not our child)."""
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return -1
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except ChildProcessError:
+        return -1
