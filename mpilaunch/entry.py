@@ -102,7 +102,9 @@ def main(quick_exit: bool = True) -> None:
         if early:
             local.discard_early_agent()
         if step:
-            slurm_step.discard()  # a step the launch did not take (a refused command line)
+            from mpilaunch.transport.slurm import discard_early_step
+
+            discard_early_step()  # a step the launch did not take (a refused command line)
     if not quick_exit:
         raise SystemExit(status)
     leave(status)

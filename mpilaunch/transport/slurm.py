@@ -287,6 +287,14 @@ def _accept(
     return joined
 
 
+def discard_early_step() -> None:
+    """End the step entry.main started if no launch took it (a refused command line): its
+    agents are sent away as they connect, each ending with status 0, and srun leaves quietly."""
+    early = take()
+    if early is not None:
+        send_away(early)
+
+
 def send_away(early: EarlyStep, within: float = 10.0) -> None:
     """A step started early that no launch took: every agent is sent away as it connects back,
     then srun leaves (or is stopped, after `within`)."""

@@ -5,7 +5,8 @@ Under `salloc` the step's start (Slurm creating it, each node's Python starting)
 wait of a short job. When the command line already says the job will be one step over the
 whole allocation (hosts from Slurm, no `--launcher`, no step above the launcher), entry.main
 starts it before anything else is imported, and Slurm creates it while the launcher parses and
-plans; the Slurm transport then takes it (`take`), or the launcher ends it (`discard`). Agents
+plans; the Slurm transport then takes it (`take`), or the launcher ends it
+(slurm.discard_early_step). Agents
 of nodes the plan leaves without ranks connect back too and are sent away, as `mpirun` starts
 a daemon on every node of an allocation.
 
@@ -150,16 +151,6 @@ def take() -> EarlyStep | None:
     global _early
     early, _early = _early, None
     return early
-
-
-def discard() -> None:
-    """End a step started early that no launch took (a refused command line): its agents are
-    sent away as they connect, each ending with status 0, and srun leaves quietly."""
-    early = take()
-    if early is not None:
-        from mpilaunch.transport.slurm import send_away
-
-        send_away(early)
 
 
 def end_srun(pid: int, grace: float) -> int:

@@ -81,7 +81,7 @@ def test_fuzz_decoder_any_bytes_any_chunking(pieces: list[bytes], cuts: list[int
     assert whole_failed == cut_failed
     if not whole_failed:
         assert cut == whole
-        assert all(kind in (wire.CONTROL, wire.OUTPUT, wire.STDIN) for kind, _ in whole)
+        assert all(kind in (wire.CONTROL, wire.OUTPUT, wire.STDIN, wire.ROUTED) for kind, _ in whole)
 
 
 def test_json_nested_too_deep_is_a_frame_error() -> None:
