@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.host.mpi_family import (
-    mpi_family,
-    opaque_program,
-    open_mpi_library,
-    python_family,
-    refined_family,
-    script_interpreter,
-)
-from mpilaunch.host.pmix_library import host_library
-from mpilaunch.protocol.messages import UNKNOWN
+# host/mpi_family (with the message records, json and re behind it: 8 ms) is imported by the
+# functions that read a program's libraries: entry.main looks up srun here before any import.
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
@@ -51,6 +43,10 @@ def program_family(program: str, wdir: str, path: str) -> tuple[str, str] | None
     one its mpi4py is built for, or ("unknown", name) for a program that may start either
     (host/mpi_family.py) on a host that has a PMIx library; None for none. A `#!` script is its
     interpreter."""
+    from mpilaunch.host.mpi_family import mpi_family, opaque_program, python_family, refined_family, script_interpreter
+    from mpilaunch.host.pmix_library import host_library
+    from mpilaunch.protocol.messages import UNKNOWN
+
     target = _target(program, wdir, path) if os.path.isdir(wdir) else None
     if not target or not os.path.isfile(target):
         return None
@@ -79,6 +75,8 @@ def program_problem(program: str, wdir: str, path: str, mpi: bool) -> str | None
         return f"program {program!r} not found (PATH and working directory {wdir})"
     if not os.access(target, os.X_OK):
         return f"program {program!r} is not executable"
+    from mpilaunch.host.mpi_family import open_mpi_library
+
     library = open_mpi_library(target) if mpi else None
     if library:
         return (

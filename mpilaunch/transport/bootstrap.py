@@ -7,31 +7,17 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import os
-import shlex
 import sys
 import zlib
 from functools import lru_cache
+
+from mpilaunch.transport.stage1 import STAGE1, quote
 
 # What runs on a remote host: these folders of the package, whole (stdlib only: tests check that
 # they import nothing else), and the package itself.
 SHIPPED = ("agent", "host", "protocol")
 MIN_PYTHON = (3, 9)
 
-
-# Stage 1, on the command line: say where the stream starts, read a length-prefixed program
-# from stdin and run it.
-STAGE1 = """import os
-os.write(1, b"\\0mpilaunch-agent\\0")
-def r(n):
-    b = b""
-    while len(b) < n:
-        c = os.read(0, n - len(b))
-        if not c:
-            raise SystemExit(3)
-        b += c
-    return b
-exec(compile(r(int(r(10))), "<mpilaunch-loader>", "exec"))
-"""
 
 # Stage 2, sent over the channel: an in-memory importer for the bundled modules, which follow
 # as one more length-prefixed blob (marshal: a dict of strings and bytes, readable by any
@@ -174,4 +160,4 @@ def agent_command(python: str | None = None) -> str:
     """The remote command: this launcher's interpreter where the same path exists, else python3.
     -S: the agent needs no site-packages, and skipping them saves start-up time."""
     python = python or sys.executable
-    return f'p={shlex.quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {shlex.quote(STAGE1)}'
+    return f'p={quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {quote(STAGE1)}'

@@ -25,6 +25,7 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_payload
+from mpilaunch.transport.openssh import _run, _Start  # here, not when the agents have connected back
 from mpilaunch.transport.slurm_step import (
     SECRET_VAR,
     EarlyStep,
@@ -323,8 +324,6 @@ def _handshake(
 ) -> None:
     """The agent's code, the check and the hello over each connection (openssh's loop); early:
     what each agent sent behind its first line."""
-    from mpilaunch.transport.openssh import _run, _Start
-
     sel = selectors.DefaultSelector()
     starting = {}
     for index, link in links.items():

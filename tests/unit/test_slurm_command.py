@@ -24,7 +24,7 @@ def test_the_agent_line_carries_no_secret_and_connects_back() -> None:
     assert line.startswith("p=/opt/py/bin/python3; [ -x \"$p\" ] || p=python3; exec \"$p\" -S -c ")
     code = shlex.split(line.split(" -S -c ", 1)[1])[0]  # the Python program, as the shell passes it
     compile(code, "agent", "exec")
-    assert "create_connection((b'head-node', 40123))" in code and "TCP_NODELAY, 1)" in code
+    assert "s.connect((b'head-node', 40123))" in code and "TCP_NODELAY, 1)" in code and "import socket" not in code
     assert f'os.environ.pop("{SECRET_VAR}"' in code
     assert "SLURMD_NODENAME" in code and "mpilaunch-agent" in code
 
@@ -60,8 +60,8 @@ def test_an_agent_sent_away_ends_with_status_0() -> None:
     import subprocess
     import sys
 
-    from mpilaunch.transport.bootstrap import STAGE1
     from mpilaunch.transport.slurm import _send_away
+    from mpilaunch.transport.stage1 import STAGE1
 
     ours, theirs = socket.socketpair()
     with theirs:
