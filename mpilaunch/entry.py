@@ -78,9 +78,7 @@ def main(quick_exit: bool = True) -> None:
 
             early = True
             local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
-            from mpilaunch.cli.pmix_guess import pmix_guess  # argscan: the launcher reads args with it too
-
-            local.prestart_local_agent(lambda: pmix_guess(args))
+            local.prestart_local_agent(lambda: _pmix_guess(args))
         else:
             nodes = step_nodes(args)
             if nodes:  # under salloc, every agent in one srun step: Slurm makes it while we plan
@@ -108,6 +106,14 @@ def main(quick_exit: bool = True) -> None:
     if not quick_exit:
         raise SystemExit(status)
     leave(status)
+
+
+def _pmix_guess(args: list[str]) -> tuple[str | None, str | None] | None:
+    """In the agent forked early, and only when it has time for it (Agent.warm_pmix): imported
+    there, not before the fork, which both processes wait for."""
+    from mpilaunch.cli.pmix_guess import pmix_guess
+
+    return pmix_guess(args)
 
 
 def _stopped_by(signum: int, frame: object) -> None:

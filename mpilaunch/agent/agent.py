@@ -69,6 +69,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.loop = Loop()
         self.decoder = wire.Decoder()
         self.link_open = True
+        self.held: list[bytes] | None = None  # frames kept for one write (hold_frames)
         self.finishing = False
         self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
@@ -99,10 +100,22 @@ class Agent(ServiceHost, LinkOwner, Timer):
     def send_frame(self, frame: bytes) -> None:
         if not self.link_open:
             return
+        if self.held is not None:
+            self.held.append(frame)
+            return
         try:
             self.link.sendall(frame)
         except OSError:
             self.link_lost()
+
+    def hold_frames(self) -> None:
+        """Frames are kept until release_frames: a launch's reports (one per rank) go in one write."""
+        self.held = []
+
+    def release_frames(self) -> None:
+        held, self.held = self.held, None
+        if held:
+            self.send_frame(b"".join(held))
 
     def link_lost(self) -> None:
         """The controller is gone: nobody will read output or decide policy any more."""
@@ -188,6 +201,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
         gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
         started = 0
+        self.hold_frames()
         try:
             for spec in message.ranks:
                 cpus = cpus_for(level, spec.local_rank, groups)
@@ -197,6 +211,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
         finally:
             gate.release(started)
+            self.release_frames()
 
     def signal(self, message: Signal) -> None:
         if message.sig not in SIGNALS:
