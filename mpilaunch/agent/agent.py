@@ -109,7 +109,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
             self.link_lost()
 
     def hold_frames(self) -> None:
-        """Frames are kept until release_frames: a launch's reports (one per rank) go in one write."""
+        """Frames are kept until release_frames: what one turn of the loop has to say (a launch's
+        report per rank, the exits reaped together) goes to the launcher in one write."""
         self.held = []
 
     def release_frames(self) -> None:
@@ -119,6 +120,12 @@ class Agent(ServiceHost, LinkOwner, Timer):
 
     def link_lost(self) -> None:
         """The controller is gone: nobody will read output or decide policy any more."""
+        if self.link_open and self.held:  # what this turn said before (a stop signal's note)
+            held, self.held = self.held, []
+            try:
+                self.link.sendall(b"".join(held))
+            except OSError:
+                pass
         if self.link_open:
             self.link_open = False
             self.loop.unwatch(self.link)
@@ -201,7 +208,6 @@ class Agent(ServiceHost, LinkOwner, Timer):
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
         gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
         started = 0
-        self.hold_frames()
         try:
             for spec in message.ranks:
                 cpus = cpus_for(level, spec.local_rank, groups)
@@ -211,7 +217,6 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
         finally:
             gate.release(started)
-            self.release_frames()
 
     def signal(self, message: Signal) -> None:
         if message.sig not in SIGNALS:
@@ -327,7 +332,11 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.warm_pmix()
         try:
             while not (self.finishing and self.all_done()):
-                self.loop.turn()
+                self.hold_frames()  # what one turn has to say (exits, output, PMI) goes in one write
+                try:
+                    self.loop.turn()
+                finally:
+                    self.release_frames()
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
             self.reaper.release()
