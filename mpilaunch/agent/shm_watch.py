@@ -2,12 +2,15 @@
 
 A segment can only be seen while a rank (or a process below it) maps it, so the agent looks at its ranks' maps soon
 after they start and then less and less often (FIRST_LOOK doubling up to LOOK_CAP), as soon as
-one of them ends (its node's peers map the same segment), and before it kills them. At the end
+one of them ends (its node's peers map the same segment; not again within END_LOOK_GAP, as a
+job's ranks end together and each look reads every live rank's maps), and before it kills them. At the end
 of the agent's run, host/shm.py removes what they left. Not seen, so not removed: a segment
 made and left by a job whose ranks all end within FIRST_LOOK, or after their last look.
 """
 
 from __future__ import annotations
+
+import time
 
 from mpilaunch.agent.loop import Timer
 from mpilaunch.host import shm
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
 
 FIRST_LOOK = 0.1  # seconds after a rank starts
 LOOK_CAP = 30.0  # a maps read costs 0.1 to 2 ms a rank: never more often than this once a job runs
+END_LOOK_GAP = 0.05  # seconds: a rank's end after a look this recent adds none (8 ranks' ends: 28 maps reads)
 
 
 class ShmWatch(Timer):
@@ -29,6 +33,7 @@ class ShmWatch(Timer):
         self.gap = FIRST_LOOK
         self.next_look: float | None = None
         self.live = 0
+        self.last_look = float("-inf")
 
     def live_pids(self) -> list[int]:
         return [rp.pid for rp in self.ranks.by_pid.values() if rp.status is None]
@@ -36,6 +41,7 @@ class ShmWatch(Timer):
     def look(self) -> None:
         """Record what every live rank, and each process below it (a script's MPI program), maps
         in /dev/shm now."""
+        self.last_look = time.monotonic()
         for pid in self.live_pids():
             for process in with_descendants(pid):
                 self.seen.update(shm.mapped_by(process))
@@ -48,8 +54,8 @@ class ShmWatch(Timer):
         if live > self.live:  # ranks started (a job, or a spawned one): look soon
             self.gap = FIRST_LOOK
             self.next_look = now + FIRST_LOOK
-        elif live < self.live and live:  # one ended: its peers on this host map what it mapped
-            self.look()
+        elif live < self.live and live and now - self.last_look >= END_LOOK_GAP:
+            self.look()  # one ended: its peers on this host map what it mapped
         if not live:
             self.next_look = None
         elif self.next_look is not None and now >= self.next_look:
