@@ -20,7 +20,17 @@ from __future__ import annotations
 import _socket
 
 from mpilaunch.agent.services.pmi1 import NEW, VALLEN_MAX, format_reply, put_error
-from mpilaunch.protocol.messages import Note, PmiAbort, PmiError, PmiFence, PmiJob, PmiName, PmiSpawn, SpawnApp
+from mpilaunch.protocol.messages import (
+    Note,
+    PmiAbort,
+    PmiError,
+    PmiFence,
+    PmiFenceDone,
+    PmiJob,
+    PmiName,
+    PmiSpawn,
+    SpawnApp,
+)
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -159,13 +169,20 @@ class JobState:
         return self.pending.get(key, self.kvs.get(key))
 
     def barrier_in(self, client: PmiClient) -> None:
+        """Once every rank of the job here is in: when this host has all of the job's ranks the
+        barrier is over and is answered here (no round trip through the launcher); else the
+        controller joins every host's puts and answers all of them (fence_done)."""
         if client.in_barrier:
             return
         client.in_barrier = True
         if all(c.in_barrier for c in self.by_ident.values()):
-            self.send_up(PmiFence(job=self.job, kvs=self.pending))
+            whole = len(self.by_ident) == self.size
+            if not whole:
+                self.send_up(PmiFence(job=self.job, kvs=self.pending))
             self.kvs.update(self.pending)
             self.pending = {}
+            if whole:
+                self.fence_done(PmiFenceDone(job=self.job, kvs={}))
 
     def abort(self, client: PmiClient, code: str | None, message: str) -> None:
         """MPI_Abort: the controller ends the job; the rank gets no answer."""
