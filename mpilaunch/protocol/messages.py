@@ -316,7 +316,8 @@ class Note(Record):
 
 
 class PmiFence(Record):
-    """Every rank of the job on this host entered the barrier; kvs holds their puts since the last."""
+    """Every rank of the job on this host entered the barrier, and other hosts have ranks of the
+    job; kvs holds their puts since the last."""
 
     job: int
     kvs: dict[str, str]
