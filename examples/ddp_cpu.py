@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -58,8 +59,13 @@ def main() -> None:
         train(alone, x, y, log=False)
         reference = torch.cat([p.detach().flatten() for p in alone.parameters()])
         print(f"largest difference from one process on all the data: {(params - reference).abs().max():.2e}")
-    dist.barrier()  # no rank tears down its gloo connections while another still uses them
-    dist.destroy_process_group()
+    dist.barrier()  # every rank is done with gloo
+    # Then leave at once: gloo's teardown (destroy_process_group, then the interpreter's exit)
+    # now and then aborted a rank with "terminate called without an active exception" when
+    # rank 0, which holds the rendezvous store, had left first (PyTorch 2.13, over the SSH bed).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
