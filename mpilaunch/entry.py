@@ -11,32 +11,33 @@ from __future__ import annotations
 
 import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
-def starts_a_job_here(args: list[str], env: dict[str, str] | None = None) -> bool:
-    """False for words that start no job here (help, version, a dry run, `check`, `allrun`), and
-    inside a Slurm allocation whose hosts the job will take (srun starts every agent there):
-    the early fork is skipped for them."""
+
+LOCAL_AGENT = -1  # early_start: fork this machine's agent
+
+
+def early_start(args: list[str], env: Mapping[str, str] | None = None) -> int:
+    """What main starts before anything else is imported: LOCAL_AGENT, this machine's agent; N
+    (at least 1), one srun step of N agents over the whole Slurm allocation whose hosts the job
+    takes (transport/slurm_step.py); 0, nothing: for words that start no job here (help, a
+    version, a dry run, `check`, `allrun`), or an allocation the step cannot be started for."""
     import os
 
+    env = os.environ if env is None else env
     if not starts_a_job(args):
-        return False
-    if (os.environ if env is None else env).get("SLURM_JOB_ID") and not names_hosts(args):
-        from mpilaunch.host.procfs import has_ancestor
-
-        return has_ancestor("slurmstepd")  # hosts from Slurm: srun starts the agents, unless in a step already
-    return True
-
-
-def step_nodes(args: list[str], env: dict[str, str] | None = None) -> int:
-    """How many agents one srun step over the whole allocation is to start now (0: none), for a
-    job that will surely start them so (transport/slurm_step.py)."""
-    import os
-
-    if not starts_a_job(args) or names_hosts(args):
         return 0
+    if not env.get("SLURM_JOB_ID") or names_hosts(args):
+        return LOCAL_AGENT
+    from mpilaunch.host.procfs import has_ancestor
+
+    if has_ancestor("slurmstepd"):  # a batch script: this node's agent is forked, in the batch step
+        return LOCAL_AGENT
     from mpilaunch.transport.slurm_step import allocation_nodes
 
-    return allocation_nodes(os.environ if env is None else env)
+    return allocation_nodes(env)
 
 
 def starts_a_job(args: list[str]) -> bool:
@@ -73,19 +74,18 @@ def main(quick_exit: bool = True) -> None:
     args = sys.argv[1:]
     early = step = False
     try:
-        if starts_a_job_here(args):
+        start = early_start(args)
+        if start == LOCAL_AGENT:
             from mpilaunch.transport import local
 
             early = True
             local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
             local.prestart_local_agent(lambda: _pmix_guess(args))
-        else:
-            nodes = step_nodes(args)
-            if nodes:  # under salloc, every agent in one srun step: Slurm makes it while we plan
-                from mpilaunch.transport import slurm_step
+        elif start:  # under salloc, every agent in one srun step: Slurm makes it while we plan
+            from mpilaunch.transport import slurm_step
 
-                step = True
-                slurm_step.prestart(nodes)
+            step = True
+            slurm_step.prestart(start)
         from mpilaunch.cli.main import main as run
 
         run(args)

@@ -11,7 +11,7 @@ import sys
 import zlib
 from functools import lru_cache
 
-from mpilaunch.transport.stage1 import STAGE1, quote
+from mpilaunch.transport.stage1 import STAGE1, python_line
 
 # What runs on a remote host: these folders of the package, whole (stdlib only: tests check that
 # they import nothing else), and the package itself.
@@ -157,7 +157,5 @@ def _build_payload(magic: bytes) -> bytes:
 
 
 def agent_command(python: str | None = None) -> str:
-    """The remote command: this launcher's interpreter where the same path exists, else python3.
-    -S: the agent needs no site-packages, and skipping them saves start-up time."""
-    python = python or sys.executable
-    return f'p={quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {quote(STAGE1)}'
+    """The remote command: stage 1, with this launcher's interpreter where the same path exists."""
+    return python_line(python or sys.executable, STAGE1)

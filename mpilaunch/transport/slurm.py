@@ -21,18 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_payload
 from mpilaunch.transport.openssh import _run, _Start  # here, not when the agents have connected back
 from mpilaunch.transport.slurm_step import (
-    SECRET_VAR,
-    EarlyStep,
-    agent_shell,
+    StartedStep,
     end_srun,
-    spawn_srun,
-    srun_command,
+    start_step,
     take,
 )
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread
@@ -160,17 +156,16 @@ class SlurmTransport(Transport):
         if not hosts:
             return {}
         by_name = {host.name: index for index, host in hosts.items()}
-        early = take()  # the step entry.main started over the whole allocation, if it did
-        if early is not None and early.nodes < len(hosts):  # not the allocation's hosts after all
-            send_away(early)
-            early = None
-        if early is not None:
-            listener = socket.socket(fileno=early.listener.detach())
-            secret, pid, expected = early.secret, early.pid, early.nodes
-        else:
-            listener, secret, pid = self._spawn([hosts[i].name for i in sorted(hosts)])
-            expected = len(hosts)
-        step = Step(pid)
+        started = take()  # the step entry.main started over the whole allocation, if it did
+        if started is not None and started.nodes < len(hosts):  # not the allocation's hosts after all
+            send_away(started)
+            started = None
+        if started is None:
+            names = [hosts[i].name for i in sorted(hosts)]
+            started = start_step(names, os.environ, self.options.python or _python())
+        listener = socket.socket(fileno=started.listener.detach())
+        secret, expected = started.secret, started.nodes
+        step = Step(started.pid)
         agent_payload()  # read (or built) while Slurm starts the step, not after the agents connect
         results = {index: HostResult(index) for index in hosts}
         try:
@@ -189,26 +184,6 @@ class SlurmTransport(Transport):
             results[index].link = link
         _handshake(links, {by_name[name]: rest for name, (_, rest) in joined.items()}, first, results)
         return results
-
-    def _spawn(self, nodes: list[str]) -> tuple[socket.socket, str, int]:
-        """A step of these nodes' agents: (the listener they connect back to, their secret, srun)."""
-        from mpilaunch.host.programs import find_program
-
-        env = dict(os.environ)
-        try:
-            srun = find_program("srun", env)
-        except OSError:
-            raise LaunchError("--launcher slurm: no `srun` found on PATH") from None
-        listener = socket.create_server(("", 0), backlog=len(nodes) + 8)
-        secret = os.urandom(16).hex()
-        address = os.environ.get("MPILAUNCH_SLURM_ADDRESS") or os.uname().nodename
-        agent = agent_shell(address, listener.getsockname()[1], self.options.python or _python())
-        try:
-            pid = spawn_srun(srun_command(nodes, agent, srun), {**env, SECRET_VAR: secret})
-        except OSError as exc:
-            listener.close()
-            raise LaunchError(f"--launcher slurm: cannot run {srun}: {exc.strerror or exc}") from None
-        return listener, secret, pid
 
 
 def _python() -> str:
@@ -296,7 +271,7 @@ def discard_early_step() -> None:
         send_away(early)
 
 
-def send_away(early: EarlyStep, within: float = 10.0) -> None:
+def send_away(early: StartedStep, within: float = 10.0) -> None:
     """A step started early that no launch took: every agent is sent away as it connects back,
     then srun leaves (or is stopped, after `within`)."""
     listener = socket.socket(fileno=early.listener.detach())

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from mpilaunch.transport.stage1 import STAGE1, quote
+from mpilaunch.transport.stage1 import STAGE1, python_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def agent_shell(address: str, port: int, python: str) -> str:
         "os.dup2(s.fileno(), 0)\n"
         "os.dup2(s.fileno(), 1)\n"
     )
-    return f'p={quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {quote(prelude + STAGE1)}'
+    return python_line(python, prelude + STAGE1)
 
 
 def spawn_srun(argv: list[str], env: Mapping[str, str]) -> int:
@@ -91,9 +91,9 @@ def spawn_srun(argv: list[str], env: Mapping[str, str]) -> int:
     )
 
 
-class EarlyStep:
-    """A step started before the launch: the listener its agents connect back to, their secret,
-    srun's pid, and how many nodes (agents) it has."""
+class StartedStep:
+    """A step srun has started: the listener its agents connect back to, their secret, srun's
+    pid, and how many nodes (agents) it has."""
 
     def __init__(self, listener: _socket.socket, secret: str, pid: int, nodes: int) -> None:
         self.listener = listener
@@ -102,51 +102,58 @@ class EarlyStep:
         self.nodes = nodes
 
 
-_early: EarlyStep | None = None
+def start_step(nodes: Sequence[str] | int, env: Mapping[str, str], python: str) -> StartedStep:
+    """srun starting one agent on each node (names, or a count: the whole allocation), each to
+    connect back to a listener of this process; LaunchError when srun cannot be run."""
+    from mpilaunch.errors import LaunchError
+    from mpilaunch.host.programs import find_program
+
+    try:
+        srun = find_program("srun", dict(env))
+    except OSError:
+        raise LaunchError("--launcher slurm: no `srun` found on PATH") from None
+    count = nodes if isinstance(nodes, int) else len(nodes)
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        listener.bind(("", 0))
+        listener.listen(count + 8)
+        secret = os.urandom(16).hex()
+        address = env.get("MPILAUNCH_SLURM_ADDRESS") or os.uname().nodename
+        agent = agent_shell(address, listener.getsockname()[1], python)
+        pid = spawn_srun(srun_command(nodes, agent, srun), {**env, SECRET_VAR: secret})
+    except OSError as exc:
+        listener.close()
+        raise LaunchError(f"--launcher slurm: cannot run {srun}: {exc.strerror or exc}") from None
+    return StartedStep(listener, secret, pid, count)
+
+
+_early: StartedStep | None = None
 
 
 def allocation_nodes(env: Mapping[str, str]) -> int:
-    """How many nodes a step over the whole allocation has, when a command line that names no
-    host nor engine will surely run as one (else 0): inside an allocation whose hosts it takes
-    (no MLP_MPI_* host list, which would come first), with no job step above the launcher (in a
-    batch script this node's agent is forked instead)."""
-    if not env.get("SLURM_JOB_ID") or env.get("MLP_MPI_HOSTFILE") or env.get("MLP_MPI_HOSTS"):
+    """How many nodes a step over the whole allocation has (else 0), for a command line inside
+    one that names no host nor engine (entry.early_start): its hosts are the allocation's unless
+    an MLP_MPI_* host list, which comes first, is set."""
+    if env.get("MLP_MPI_HOSTFILE") or env.get("MLP_MPI_HOSTS"):
         return 0
     if not (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
         return 0
     count = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
-    if not count.isdigit() or int(count) < 1:
-        return 0
-    from mpilaunch.host.procfs import has_ancestor
-
-    return 0 if has_ancestor("slurmstepd") else int(count)
+    return int(count) if count.isdigit() and int(count) >= 1 else 0
 
 
-def prestart(nodes: int, env: Mapping[str, str] | None = None) -> None:
-    """Start the step of `nodes` agents now (nothing when there is no `srun`: the launch says so)."""
+def prestart(nodes: int) -> None:
+    """Start the step of `nodes` agents now (nothing when srun cannot be run: the launch says so)."""
     global _early
-    from mpilaunch.host.programs import find_program
+    from mpilaunch.errors import LaunchError
 
-    env = dict(os.environ if env is None else env)
     try:
-        srun = find_program("srun", env)
-    except OSError:
-        return
-    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    try:
-        listener.bind(("", 0))
-        listener.listen(nodes + 8)
-        secret = os.urandom(16).hex()
-        address = env.get("MPILAUNCH_SLURM_ADDRESS") or os.uname().nodename
-        agent = agent_shell(address, listener.getsockname()[1], sys.executable)
-        pid = spawn_srun(srun_command(nodes, agent, srun), {**env, SECRET_VAR: secret})
-    except OSError:
-        listener.close()
-        return
-    _early = EarlyStep(listener, secret, pid, nodes)
+        _early = start_step(nodes, os.environ, sys.executable)
+    except LaunchError:
+        pass
 
 
-def take() -> EarlyStep | None:
+def take() -> StartedStep | None:
     """The step started early, for the Slurm transport to use (once)."""
     global _early
     early, _early = _early, None

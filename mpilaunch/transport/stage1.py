@@ -1,5 +1,5 @@
 """Stage 1 of an agent's start, the program on its command line (bootstrap.py sends the rest),
-and the shell quoting of that line. entry.main imports this before the launcher's own imports
+and that command line. entry.main imports this before the launcher's own imports
 when it starts a Slurm step, so it imports nothing: shlex would bring `re` (5 ms)."""
 
 from __future__ import annotations
@@ -26,3 +26,9 @@ def quote(word: str) -> str:
     if word and all(c in SAFE for c in word):
         return word
     return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def python_line(python: str, code: str) -> str:
+    """sh running code with this interpreter where its path exists, else python3. -S: the
+    agent needs no site-packages, and skipping them saves start-up time."""
+    return f'p={quote(python)}; [ -x "$p" ] || p=python3; exec "$p" -S -c {quote(code)}'

@@ -36,21 +36,21 @@ def test_a_step_over_the_whole_allocation_names_no_node() -> None:
 
 
 def test_the_step_starts_early_only_where_the_job_surely_runs_in_it() -> None:
-    from mpilaunch.entry import step_nodes
+    from mpilaunch.entry import LOCAL_AGENT, early_start
 
     salloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3"}
-    assert step_nodes(["-n", "2", "true"], salloc) == 3  # this test runs under no slurmstepd
-    assert step_nodes(["-n", "2", "true"], {**salloc, "SLURM_JOB_NUM_NODES": "", "SLURM_NNODES": "2"}) == 2
-    assert step_nodes(["-n", "2", "true"], {}) == 0
-    assert step_nodes(["-H", "n1:2", "-n", "2", "true"], salloc) == 0  # hosts by hand
-    assert step_nodes(["--launcher=ssh", "true"], salloc) == 0
-    assert step_nodes(["--hostfile", "f", "true"], salloc) == 0
-    assert step_nodes(["--dry-run", "true"], salloc) == 0
-    assert step_nodes(["check"], salloc) == 0
-    assert step_nodes(["--version"], salloc) == 0
-    assert step_nodes(["true"], {**salloc, "MLP_MPI_HOSTS": "a,b"}) == 0  # those hosts come first
-    assert step_nodes(["true"], {**salloc, "SLURM_JOB_NODELIST": ""}) == 0
-    assert step_nodes(["true"], {**salloc, "SLURM_JOB_NUM_NODES": "x"}) == 0
+    assert early_start(["-n", "2", "true"], salloc) == 3  # this test runs under no slurmstepd
+    assert early_start(["-n", "2", "true"], {**salloc, "SLURM_JOB_NUM_NODES": "", "SLURM_NNODES": "2"}) == 2
+    assert early_start(["-n", "2", "true"], {}) == LOCAL_AGENT
+    assert early_start(["-H", "n1:2", "-n", "2", "true"], salloc) == LOCAL_AGENT  # hosts by hand
+    assert early_start(["--launcher=ssh", "true"], salloc) == LOCAL_AGENT
+    assert early_start(["--hostfile", "f", "true"], salloc) == LOCAL_AGENT
+    assert early_start(["--dry-run", "true"], salloc) == 0
+    assert early_start(["check"], salloc) == 0
+    assert early_start(["--version"], salloc) == 0
+    assert early_start(["true"], {**salloc, "MLP_MPI_HOSTS": "a,b"}) == 0  # those hosts come first
+    assert early_start(["true"], {**salloc, "SLURM_JOB_NODELIST": ""}) == 0
+    assert early_start(["true"], {**salloc, "SLURM_JOB_NUM_NODES": "x"}) == 0
 
 
 def test_an_agent_sent_away_ends_with_status_0() -> None:
@@ -79,14 +79,14 @@ def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:
 
 
 def test_no_agent_is_forked_early_where_srun_starts_them() -> None:
-    from mpilaunch.entry import starts_a_job_here
+    from mpilaunch.entry import LOCAL_AGENT, early_start
 
     inside = {"SLURM_JOB_ID": "7"}
-    assert starts_a_job_here(["-n", "2", "true"], {})
-    assert not starts_a_job_here(["-n", "2", "true"], inside)  # hosts from Slurm: srun starts the agents
-    assert starts_a_job_here(["-H", "localhost:2", "-n", "2", "true"], inside)  # hosts by hand: as before
-    assert starts_a_job_here(["--launcher=ssh", "-n", "2", "true"], inside)
-    assert not starts_a_job_here(["--dry-run", "true"], {})
+    assert early_start(["-n", "2", "true"], {}) == LOCAL_AGENT
+    assert early_start(["-n", "2", "true"], inside) != LOCAL_AGENT  # hosts from Slurm: srun starts the agents
+    assert early_start(["-H", "localhost:2", "-n", "2", "true"], inside) == LOCAL_AGENT  # hosts by hand: as before
+    assert early_start(["--launcher=ssh", "-n", "2", "true"], inside) == LOCAL_AGENT
+    assert early_start(["--dry-run", "true"], {}) != LOCAL_AGENT
 
 
 def test_in_a_batch_step_this_nodes_agent_is_forked() -> None:
