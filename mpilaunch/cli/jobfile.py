@@ -25,8 +25,10 @@ from mpilaunch.plan.spec import AppContext
 from mpilaunch.plan.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
-NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's spellings of its own keys are not keys
-    {"config", "configfile", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
+NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's words are not keys (it speaks Open MPI's)
+    {"config", "configfile", "am", "tune", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
+    | {"hydra_hosts", "hydra_hostfile", "ppn", "rsh_agent", "rsh_args", "outfile_pattern", "errfile_pattern"}
+    | {"print_rank_map", "gpus_per_proc", "rmk", "binding", "demux"}
 )
 APP_KEYS = ("np", "wdir", "command")  # what an entry of `apps:` may set
 EXTRA_KEYS = ("env", "command", "apps")

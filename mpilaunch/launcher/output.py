@@ -105,6 +105,68 @@ def _subdir(parent: int, name: str) -> int:
         raise
 
 
+def expand_pattern(pattern: str, rank: int, host: str, job: int, proxy: int) -> str:
+    """hydra's -outfile-pattern: %r the rank, %h its host, %g its job (0 for the launched one),
+    %p its host's place among the job's hosts, %% a percent sign."""
+    out, at = [], 0
+    while at < len(pattern):
+        char = pattern[at]
+        if char == "%" and at + 1 < len(pattern):
+            code = pattern[at + 1]
+            fields = {"r": str(rank), "h": host, "g": str(job - 1), "p": str(proxy), "%": "%"}
+            if code in fields:
+                out.append(fields[code])
+                at += 2
+                continue
+        out.append(char)
+        at += 1
+    return "".join(out)
+
+
+PATTERN_OPTIONS = {STDOUT: "-outfile-pattern", STDERR: "-errfile-pattern"}
+
+
+class PatternFiles:
+    """hydra's -outfile-pattern and -errfile-pattern: a stream of each rank of the launched job
+    goes to its own file instead of the console (the log tree, if any, still gets it)."""
+
+    def __init__(self, patterns: dict[int, str], places: list[tuple[str, int]]) -> None:
+        """patterns: stream -> pattern; places: (host name, host's place) of each rank."""
+        self.fds: dict[tuple[int, int], int] = {}
+        self.paths: dict[tuple[int, int], str] = {}
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            for stream, pattern in patterns.items():
+                for rank, (host, proxy) in enumerate(places):
+                    path = expand_pattern(pattern, rank, host, 1, proxy)
+                    fd = self.fds.get((rank, STDOUT)) if stream == STDERR and self._same(rank, path) else None
+                    self.fds[(rank, stream)] = fd if fd is not None else os.open(path, flags, 0o644)
+                    self.paths[(rank, stream)] = path
+        except OSError as exc:
+            self.close()
+            option = PATTERN_OPTIONS[stream]
+            raise LaunchError(f"{option} {pattern}: cannot write {path}: {exc.strerror}") from None
+
+    def _same(self, rank: int, path: str) -> bool:
+        return self.paths.get((rank, STDOUT)) == path
+
+    def write(self, rank: int, stream: int, data: bytes) -> bool:
+        """Write to the rank's file for this stream: False if it has none (the console has it)."""
+        fd = self.fds.get((rank, stream))
+        if fd is None:
+            return False
+        try:
+            _write_all(fd, data)
+        except OSError:
+            pass  # a full disk: what does not fit is lost from this file, as hydra loses it
+        return True
+
+    def close(self) -> None:
+        for fd in set(self.fds.values()):
+            os.close(fd)
+        self.fds.clear()
+
+
 class Console:
     """Copies rank output to the launcher's stdout/stderr in whole lines.
 
@@ -224,6 +286,7 @@ class OutputSink:
         self.trees: dict[int, LogTree] = {}
         self.where: dict[int, tuple[int, int]] = {}
         self.tails: dict[int, bytearray] = {}
+        self.patterns: PatternFiles | None = None  # hydra's -outfile-pattern/-errfile-pattern (job 1)
 
     def add_job(self, job: int, procs: list[int]) -> str | None:
         """Register a job's process ids (rank order); returns its log directory, if any."""
@@ -246,7 +309,8 @@ class OutputSink:
                 for path, why in tree.failed:
                     self.say(f"mpilaunch: cannot write {path}: {why}; the rest of that output is not kept")
                 tree.failed.clear()
-        if self.console is not None:
+        redirected = job == 1 and self.patterns is not None and self.patterns.write(rank, stream, data)
+        if self.console is not None and not redirected:
             self.console.feed(proc, stream, data, now)
         if stream == STDERR or self.merged:
             tail = self.tails.setdefault(proc, bytearray())
@@ -278,3 +342,5 @@ class OutputSink:
             self.console.finish()
         for tree in self.trees.values():
             tree.close()
+        if self.patterns is not None:
+            self.patterns.close()

@@ -90,6 +90,8 @@ class SshSpec(Record):
 
     config: str | None = None  # --ssh-config, where that path exists on the relay
     accept_new: bool = False
+    command: tuple[str, ...] = ()  # in place of `ssh` (plm_rsh_agent, -bootstrap-exec)
+    extra: tuple[str, ...] = ()  # more arguments for it, before the host (plm_rsh_args)
 
 
 class RelayHost(Record):
