@@ -68,9 +68,10 @@ def _places_across_hosts(param: str, value: str) -> bool:
     return value.lower().startswith(("node", "ppr"))
 
 
-def canonical(argv: list[str], name: str = "mpilaunch") -> list[str]:
-    """argv with every ambiguous word in its unambiguous spelling and -genv/-env one word each;
-    LaunchError for a line that places ranks both as Open MPI and as hydra."""
+def canonical(argv: list[str], name: str = "mpilaunch") -> tuple[list[str], str]:
+    """(argv with every ambiguous word in its unambiguous spelling and -genv/-env one word each,
+    the launcher whose words it speaks: OPENMPI or HYDRA); LaunchError for a line that places
+    ranks both as Open MPI and as hydra."""
     segments = split_apps(argv)
     found = [list(option_words(words)) for words in segments]
     params = [(w.opt.name, w.word, w.values) for per in found for w in per if w.opt is not None]
@@ -89,7 +90,7 @@ def canonical(argv: list[str], name: str = "mpilaunch") -> list[str]:
         if out:
             out.append(":")
         out.extend(_rewritten(words, per, side))
-    return out
+    return out, side
 
 
 def _rewritten(words: list[str], found: list[OptionWord], side: str) -> list[str]:

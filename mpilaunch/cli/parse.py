@@ -182,7 +182,7 @@ def parse_args(argv: list[str], name: str = "mpilaunch") -> JobSpec:
     name: what mpilaunch was started as (mpirun, mpiexec, ...: cli/dialect)."""
     from mpilaunch.cli.dialect import canonical
 
-    argv = canonical(argv, name)
+    argv, side = canonical(argv, name)
     apps = []
     globals_: dict[str, object] = {}
     given_anywhere: set[str] = set()
@@ -215,6 +215,8 @@ def parse_args(argv: list[str], name: str = "mpilaunch") -> JobSpec:
         from mpilaunch.cli.jobfile import apply_job_file, read_job_file
 
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
+    if side == "hydra" and not given_anywhere & {"genvall", "genvnone", "genvlist"}:
+        globals_["genvall"] = True  # hydra's default: every rank gets the launcher's environment
     options = _options(globals_, given_anywhere, apps)  # gives apps their exports too
     return JobSpec(tuple(apps), options)
 

@@ -22,7 +22,7 @@ def pmix_guess(words: list[str], name: str = "mpilaunch") -> tuple[str | None, s
     from mpilaunch.cli.dialect import canonical
 
     try:
-        words = canonical(words, name)
+        words = canonical(words, name)[0]
     except LaunchError:  # refused: the launch says so
         return None
     scanned = [scan(context) for context in split_apps(words)]

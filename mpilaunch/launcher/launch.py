@@ -14,6 +14,7 @@ from mpilaunch.plan import devices
 from mpilaunch.plan.build import (
     LaunchPlan,
     build_plan,
+    cores_short,
     host_checks,
     intel_note,
     launch_messages,
@@ -105,6 +106,10 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     rank0 = plan.job.ranks[0].host
     pick_port = rank0 in remote and not env.get("MASTER_PORT", "").isdigit()
     carried = carried_environment(dict(env))
+    if options.prefix:  # Open MPI's --prefix: its bin and lib first on every remote host (where they exist)
+        prefix = os.path.abspath(options.prefix)
+        for name, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+            carried[name] = os.pathsep.join(p for p in (os.path.join(prefix, sub), carried.get(name)) if p)
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, plan.exports)
 
     def check(index: int) -> bytes:
@@ -316,6 +321,9 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             discard_early_agent()  # reaps the early agent told to stop above: it has left by now
             families.update({i: plan.host_info.get(i, {}).get("families") or {} for i in remote})
         plan = choose_mpi(plan, families)
+        short = cores_short(plan)
+        if short:
+            raise LaunchError(short)
         if plan.options.rank_table:
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files

@@ -180,6 +180,23 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
     return plan._replace(job=rebuilt, master=master)
 
 
+def cores_short(plan: LaunchPlan) -> str:
+    """Why Open MPI's PE=M cannot be honoured (a host with fewer CPUs than its ranks times M, as
+    mpirun refuses it), or ""; known once every host said how many CPUs it has."""
+    per = plan.options.cpus_per_rank
+    if per <= 1:
+        return ""
+    for index in sorted({r.host for r in plan.job.ranks}):
+        count = sum(1 for r in plan.job.ranks if r.host == index)
+        cpus = (plan.host_info.get(index) or {}).get("cpus") or 0
+        if cpus and count * per > cpus:
+            return (
+                f"{plan.hosts[index].name}: {count} ranks of {per} cores each (PE={per}) need {count * per} "
+                f"cores, and it has {cpus}; place fewer ranks there or give each fewer cores"
+            )
+    return ""
+
+
 def open_mpi_binding(size: int, oversubscribed: bool) -> str:
     """mpirun's binding when none is asked for (Open MPI 4.1 and 5): a core per rank for jobs of
     2 ranks or fewer, a socket for larger ones, none on a host with more ranks than slots."""
@@ -255,6 +272,11 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
         if job.pmix is not None:
             pmix = job.pmix._replace(node=node, oversubscribed=over)
         bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if serves_open_mpi(job) else "none")
+        pe = options.cpus_per_rank or 1
+        if options.cpus_per_rank and not options.bind_to:  # PE=M binds to M cores (hwthreads) per rank
+            bind_to = "hwthread" if options.use_hwthread_cpus else "core"
+        elif options.use_hwthread_cpus and bind_to == "core":
+            bind_to = "hwthread"
         if job.pmi is not None:
             ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
         launches[index] = Launch(
@@ -265,6 +287,7 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
             pmix=pmix,
             merge=options.merge_stderr_to_stdout,
             bind_to=bind_to,
+            cpus_per_rank=pe,
             report_bindings=options.report_bindings,
             drop_prefixes=LEAK_PREFIXES,
             drop_names=tuple(sorted(LEAK_NAMES)),
