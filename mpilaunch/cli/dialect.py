@@ -74,7 +74,12 @@ def canonical(argv: list[str], name: str = "mpilaunch") -> tuple[list[str], str]
     ranks both as Open MPI and as hydra."""
     segments = split_apps(argv)
     found = [list(option_words(words)) for words in segments]
-    params = [(w.opt.name, w.word, w.values) for per in found for w in per if w.opt is not None]
+    params = [
+        (w.opt.name, w.word, w.values)
+        for per in found
+        for w in per
+        if w.opt is not None and w.word.partition("=")[0] not in AMBIGUOUS  # those follow the others
+    ]
     omp = [word for param, word, values in params if _places_across_hosts(param, values[0] if values else "")]
     hyd = [word for param, word, _ in params if param in HYDRA_PLACEMENT]
     if omp and hyd:

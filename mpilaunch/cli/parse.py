@@ -74,9 +74,9 @@ def _names(values: tuple[str, ...]) -> list[str]:
     return [name for value in values for name in value.split(",") if name]
 
 
-def _checked(pairs: tuple[tuple[str, str | None], ...]) -> tuple[tuple[str, str | None], ...]:
+def _checked(pairs: tuple[tuple[str, str | None], ...], option: str) -> tuple[tuple[str, str | None], ...]:
     """-env and -genv names are variable names, as -x's are."""
-    return exports_of(tuple(name if value is None else f"{name}={value}" for name, value in pairs))
+    return exports_of(tuple(name if value is None else f"{name}={value}" for name, value in pairs), option)
 
 
 NOT_CARRIED = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_"})  # this shell's, not the job's (-genvall)
@@ -95,7 +95,7 @@ def hydra_exports(globals_: dict[str, object], env: Mapping[str, str]) -> tuple[
 
         names = [n for n in inherited(env) if n not in NOT_CARRIED and not n.startswith("SSH_")]
         pairs = tuple((name, None) for name in names) + pairs
-    return _checked(pairs)
+    return _checked(pairs, "-genv")
 
 
 IFACE_NAMES = (  # what each library reads to pick the network interface of its traffic
@@ -152,7 +152,7 @@ def _with_configfile(words: list[str], path: str) -> list[str]:
     return out
 
 
-def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+def exports_of(values: tuple[str, ...], option: str = "-x") -> tuple[tuple[str, str | None], ...]:
     from mpilaunch.plan.rank_env import valid_env_name
 
     out = []
@@ -161,7 +161,7 @@ def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
         if not valid_env_name(name):
             from mpilaunch.plan.hosts import shown
 
-            raise LaunchError(f"-x {shown(item)}: {shown(name)} is not a variable name")
+            raise LaunchError(f"{option} {shown(item)}: {shown(name)} is not a variable name")
         out.append((name, value if eq else None))
     return tuple(out)
 
@@ -244,7 +244,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
     iface = globals_.pop("iface")
     if iface is not None:
         exports = iface_exports(str(iface), os.environ, exports) + exports
-    apps[:] = [AppContext(a.argv, a.np, exports + _checked(a.exports), a.wdir) for a in apps]
+    apps[:] = [AppContext(a.argv, a.np, exports + _checked(a.exports, "-env"), a.wdir) for a in apps]
     env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")
     if env_abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
         mca = (("orte_abort_on_non_zero_status", env_abort), *mca)
@@ -281,7 +281,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
     hydra_hosts, hydra_hostfile = globals_.pop("hydra_hosts"), globals_.pop("hydra_hostfile")
     if placement == "hydra":
         hosts, hostfile = hydra_hosts, hydra_hostfile
-    for dropped in ("verbose", "rmk"):
+    for dropped in ("verbose", "rmk", *fields):  # fields: what the launchers' words set instead
         globals_.pop(dropped, None)
     return Options(
         timeout=timeout,  # type: ignore[arg-type]
