@@ -377,10 +377,6 @@ class PmixService(Service, PmixSide):
 
     # -- upcalls: PMIx's thread queues them, the loop takes them --------------------------------
     def post(self, handler: Callable[..., None], *args: object) -> None:
-        import sys
-
-        if os.environ.get("DBG"):
-            print("DBG post", getattr(handler, "__name__", handler), args[:4], file=sys.stderr, flush=True)
         self.upcalls.append((handler, args))
         try:
             os.write(self.wake_w, b"!")
@@ -429,10 +425,6 @@ class PmixService(Service, PmixSide):
 
     # -- the controller's messages and the timers ----------------------------------------------
     def take(self, message: Record) -> None:
-        import sys
-
-        if os.environ.get("DBG"):
-            print("DBG take", str(message)[:300], file=sys.stderr, flush=True)
         self.rows[type(message)](message)  # type: ignore[operator]
 
     def next_deadline(self) -> float | None:
