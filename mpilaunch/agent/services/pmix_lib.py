@@ -3,9 +3,9 @@ calls an agent makes, and the upcalls it takes.
 
 Only what a host's server needs (openpmix's `pmix_common.h` and `pmix_server.h`, v4.2 and
 v5.0, which agree on all of it): the sizes are checked when the library is loaded and a
-library that disagrees is refused. Upcalls arrive on PMIx's progress thread; `Upcalls` only
-records them and wakes the agent's loop (see services/pmix.py), and every buffer handed to the
-library stays referenced until the library releases it.
+library that disagrees is refused. Upcalls arrive on PMIx's progress thread; the service only
+copies what they pass and wakes the agent's loop (see services/pmix.py), and every buffer
+handed to the library stays referenced until the library releases it.
 """
 
 from __future__ import annotations
@@ -103,7 +103,6 @@ FENCE_FN = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(Proc), ctypes.c_size_t, _P, ctypes.c_size_t, _P, ctypes.c_size_t, MODEX_CB, _P
 )
 DMODEX_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc), _P, ctypes.c_size_t, MODEX_CB, _P)
-FIRST_PROC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc))  # an upcall read only up to its proc(s)
 JOB_CONTROL_FN = ctypes.CFUNCTYPE(ctypes.c_int, _P, _P, ctypes.c_size_t, _P, ctypes.c_size_t, _P, _P)
 SPAWN_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, _P)  # (status, nspace, cbdata)
 LOOKUP_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, _P, ctypes.c_size_t, _P)  # (status, pmix_pdata_t[], n, cbdata)
