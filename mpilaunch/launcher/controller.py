@@ -15,7 +15,6 @@ from __future__ import annotations
 import selectors
 import time
 
-from mpilaunch.errors import LaunchError
 from mpilaunch.host.mpi_family import mixed_reason
 from mpilaunch.launcher.events import (
     Abort,
@@ -29,7 +28,6 @@ from mpilaunch.launcher.events import (
     RankEnded,
     RunEnded,
     SignalReceived,
-    SpawnRefused,
     table,
 )
 from mpilaunch.launcher.links import HostLink, Links
@@ -38,9 +36,10 @@ from mpilaunch.launcher.pmi import JobWidePmi
 from mpilaunch.launcher.policy import Policy
 from mpilaunch.launcher.reporter import ConsoleReporter
 from mpilaunch.launcher.signals import SignalPipe
+from mpilaunch.launcher.spawns import Spawner
 from mpilaunch.launcher.states import RankState
 from mpilaunch.launcher.stdin import StdinFeed
-from mpilaunch.plan.build import JobPlan, LaunchPlan, launch_messages, remote_hosts, spawn_plan
+from mpilaunch.plan.build import JobPlan, LaunchPlan, launch_messages
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
     UP,
@@ -57,8 +56,6 @@ from mpilaunch.protocol.messages import (
     Ping,
     PmiAbort,
     PmiError,
-    PmiSpawn,
-    PmiSpawnReply,
     PutDone,
     Signal,
     Started,
@@ -99,6 +96,7 @@ class Controller:
         self.pmi = JobWidePmi(self.links, self.mixed_families)
         self.signals = SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
+        self.spawner = Spawner(plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch)
         self.stdin = StdinFeed(  # job 1's process ids are its ranks
             self.sel, list(plan.stdin_ranks), self.send_stdin, self.in_flight, lambda p: self.procs[p].done
         )
@@ -109,7 +107,6 @@ class Controller:
             Failed: self.to_policy,
             PmiAbort: self.to_policy,
             PmiError: self.to_policy,
-            PmiSpawn: self.spawn,
             StdinAck: self.stdin_ack,
             Note: lambda link, message: self.events.publish(AgentNote(message.text)),
             Gone: self.gone,
@@ -119,6 +116,7 @@ class Controller:
             PutDone: ignore,
             Bye: ignore,  # end of file follows
             **self.pmi.rows(),
+            **self.spawner.rows(),
         }
         self.events.subscribe(
             table(
@@ -160,34 +158,10 @@ class Controller:
     def launch(self, job: JobPlan) -> None:
         """Start an agent where there is none yet, then hand each agent its share of the job."""
         procs = [s.proc for s in sorted((s for s in self.procs if s.job == job.job), key=lambda s: s.rank.rank)]
-        for index, launch in launch_messages(self.plan, job, procs, set(self.stdin.procs)).items():
+        others = [j.pmix for j in self.jobs.values() if j.pmix is not None and j.job != job.job]
+        for index, launch in launch_messages(self.plan, job, procs, set(self.stdin.procs), others).items():
             link = self.links.get(index) or self.links.add(index, start_local_agent())
             self.links.send(link, launch)
-
-    def spawn(self, link: HostLink, message: PmiSpawn) -> None:
-        """MPI_Comm_spawn: a new job on free slots, with its own ranks, KVS and log directory."""
-        plan = self.plan
-        job_no = max(self.jobs) + 1
-        in_use = [0] * len(plan.hosts)
-        for state in self.procs:
-            if not state.done:
-                in_use[state.rank.host] += 1
-        preput = {key: value for app in message.apps for key, value in app.preput.items()}
-        try:
-            if self.policy.ending:
-                raise LaunchError("the job is ending")
-            child = spawn_plan(plan, job_no, message.apps, in_use, preput)
-            unreached = [i for i in remote_hosts(plan.options, plan.hosts, child.ranks) if i not in self.links]
-            if unreached:
-                name = plan.hosts[unreached[0]].name
-                raise LaunchError(f"it would place ranks on {name!r}, which has no agent (no rank of job 1 runs there)")
-            self.output.add_job(job_no, self.add_job(child))
-        except LaunchError as exc:
-            self.events.publish(SpawnRefused(message.proc, str(exc)))
-            self.links.send(link, PmiSpawnReply(job=message.job, req=message.req, rc=-1, msg=str(exc)))
-            return
-        self.launch(child)
-        self.links.send(link, PmiSpawnReply(job=message.job, req=message.req, rc=0))
 
     # -- what agents send ------------------------------------------------------------------
     def to_policy(self, link: HostLink, message: Record) -> None:

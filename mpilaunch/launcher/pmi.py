@@ -1,12 +1,14 @@
 """The job-wide half of PMI and PMIx, kept by the controller: barriers and fences across hosts
-and the name service (MPI_Comm_spawn starts a job: Controller.spawn). Agents answer everything
-else locally (agent/services/)."""
+and the name services; PMIx's collectives across jobs and its names are launcher/pmix_dyn.py's
+(MPI_Comm_spawn starts a job: launcher/spawns.py). Agents answer everything else locally
+(agent/services/)."""
 
 from __future__ import annotations
 
 import time
 
 from mpilaunch.launcher.links import HostLink, Links
+from mpilaunch.launcher.pmix_dyn import PmixJoins, PmixNameService, join_done
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
     MessageError,
@@ -20,6 +22,7 @@ from mpilaunch.protocol.messages import (
     PmixDmodexDone,
     PmixFence,
     PmixFenceDone,
+    PmixJoin,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -118,6 +121,9 @@ class JobWidePmi:
         self.kvs: dict[int, JobKvs] = {}
         self.fences = PmixFences()
         self.names = NameService()
+        self.nspaces: dict[int, str] = {}  # job -> its PMIx namespace
+        self.joins = PmixJoins(self.fences.hosts_of)
+        self.pmix_names = PmixNameService(links, self.nspaces, time.monotonic)
 
     def rows(self) -> dict[type, object]:
         return {
@@ -126,7 +132,15 @@ class JobWidePmi:
             PmixFence: self.pmix_fence,
             PmixDmodex: self.dmodex,
             PmixDmodexData: self.dmodex_data,
+            PmixJoin: self.pmix_join,
+            **self.pmix_names.rows(),
         }
+
+    def pmix_join(self, link: HostLink, message: PmixJoin) -> None:
+        """A PMIx collective over ranks of several jobs (MPI_Comm_spawn's connect, MPI_Comm_disconnect)."""
+        done = self.joins.enter(link.index, message)
+        if done is not None:
+            join_done(self.links, done[0], message.key, done[1])
 
     def dmodex(self, link: HostLink, message: PmixDmodex) -> None:
         """PMIx's direct modex: the request goes to the host of the rank whose data is wanted."""
@@ -153,6 +167,8 @@ class JobWidePmi:
         self.kvs[job.job] = JobKvs(len({r.host for r in job.ranks}))
         if job.pmi is not None and job.pmix is not None:
             self.both.add(job.job)
+        if job.pmix is not None:
+            self.nspaces[job.job] = job.pmix.nspace
         self.fences.add_job(job)
 
     def pmix_fence(self, link: HostLink, message: PmixFence) -> None:
@@ -183,9 +199,11 @@ class JobWidePmi:
         return (min(kvs.entered), pmix) if kvs is not None and kvs.entered and pmix is not None else None
 
     def next_deadline(self) -> float | None:
-        return min(self.suspects.values()) if self.suspects else None
+        due = [*self.suspects.values(), self.pmix_names.next_deadline()]
+        return min((t for t in due if t is not None), default=None)
 
     def tick(self, now: float) -> None:
+        self.pmix_names.tick(now)
         for job, due in list(self.suspects.items()):
             if due > now:
                 continue

@@ -244,11 +244,14 @@ def intel_note(plan: LaunchPlan, launches: Mapping[int, Launch]) -> str:
     return "Intel MPI ranks are " + " and ".join(parts) if parts else ""
 
 
-def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin: Collection[int]) -> dict[int, Launch]:
+def launch_messages(
+    plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin: Collection[int], others: Sequence[PmixJob] = ()
+) -> dict[int, Launch]:
     """Each host's Launch of a job, by host index. procs: the job's process ids in rank order
     (job 1's are its ranks); stdin: the process ids that get the launcher's stdin. A host's
     PMIx description says its place among the job's hosts and whether its ranks outnumber its
-    slots (Open MPI ranks then yield)."""
+    slots (Open MPI ranks then yield); others: the run's other PMIx jobs, each host's server
+    registers them too (MPI_Comm_spawn)."""
     options = plan.options
     used = sorted({r.host for r in job.ranks})
     launches = {}
@@ -291,6 +294,7 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
             report_bindings=options.report_bindings,
             drop_prefixes=LEAK_PREFIXES,
             drop_names=tuple(sorted(LEAK_NAMES)),
+            others=tuple(others) if pmix is not None else (),
         )
     return launches
 
@@ -353,7 +357,7 @@ def job_plan(
     if "pmix" in served:
         names = [h.name for h in hosts]
         nspace = f"mpilaunch.{layout.job_id}"
-        pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib)
+        pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib, job)
     pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and served[0] != "pmix" else None
     return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi, served, pmix)
 
@@ -487,9 +491,16 @@ def build_plan(
 
 
 def spawn_plan(
-    plan: LaunchPlan, job: int, apps: Sequence[SpawnApp], in_use: list[int], preput: Mapping[str, str]
+    plan: LaunchPlan,
+    job: int,
+    apps: Sequence[SpawnApp],
+    in_use: list[int],
+    preput: Mapping[str, str],
+    parent: tuple[str, int] | None = None,
 ) -> JobPlan:
-    """A job asked for by MPI_Comm_spawn(_multiple): ranks on free slots, PMI_SPAWNED set."""
+    """A job asked for by MPI_Comm_spawn(_multiple): ranks on free slots, PMI_SPAWNED set, and
+    each app's variables from the spawning rank (PMIx's). parent: the PMIx namespace and rank of
+    the spawning rank."""
     options = plan.options
     ranks = place(
         plan.hosts,
@@ -515,7 +526,11 @@ def spawn_plan(
         extra={"PMI_SPAWNED": "1"},
         host_info=plan.host_info,
     )
+    for rank in child.ranks:
+        child.envs[rank.rank].update(apps[rank.app].env)
     if child.pmi is not None:  # PMI-2's fullinit tells the new job's ranks who spawned them
         spawner = apps[0].spawner if apps else None
         child = child._replace(pmi=child.pmi._replace(preput=dict(preput), spawner=spawner))
+    if child.pmix is not None and parent is not None:
+        child = child._replace(pmix=child.pmix._replace(parent=parent[0], parent_rank=parent[1]))
     return child

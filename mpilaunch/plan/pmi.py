@@ -107,7 +107,13 @@ def pmi_job(
 
 
 def pmix_job(
-    ranks: Sequence[Rank], hosts: Sequence[str], apps: Sequence[int], universe: int, nspace: str, library: str | None
+    ranks: Sequence[Rank],
+    hosts: Sequence[str],
+    apps: Sequence[int],
+    universe: int,
+    nspace: str,
+    library: str | None,
+    job: int = 1,
 ) -> PmixJob:
     """A job as each host's PMIx server registers it (node: set per host by the controller).
     hosts: the name of every host index; apps: each app context's number of ranks."""
@@ -121,4 +127,5 @@ def pmix_job(
         hosts=tuple(hosts[host] for host in used),
         apps=tuple(apps),
         library=library,
+        job=job,
     )

@@ -83,6 +83,9 @@ class PmixJob(Record):
     node: int = -1  # this host's place in nodes
     oversubscribed: bool = False  # more ranks than cores here: Open MPI ranks should yield
     library: str | None = None  # --pmix-lib
+    job: int = 1  # the job's number in the run
+    parent: str = ""  # MPI_Comm_spawn: the namespace of the rank that spawned this job, and its rank
+    parent_rank: int = 0
 
 
 class SshSpec(Record):
@@ -114,6 +117,24 @@ class SpawnApp(Record):
     info: dict[str, str]
     wdir: str | None = None
     spawner: str | None = None
+    env: dict[str, str] = {}  # noqa: RUF012 (a record is never changed) variables the spawning rank sets (PMIx)
+
+
+class PmixGroup(Record):
+    """Ranks of one job taking part in a PMIx collective: () for all of them."""
+
+    job: int
+    ranks: tuple[int, ...]
+
+
+class PmixDatum(Record):
+    """One published name (PMIx_Publish), with the rank that published it."""
+
+    key: str
+    value: str  # the string, or base64 of the bytes when binary
+    binary: bool = False  # a byte object (Open MPI's connect/accept agrees on a context id with them)
+    nspace: str = ""
+    rank: int = 0
 
 
 # -- controller to agent -------------------------------------------------------------------
@@ -155,6 +176,7 @@ class Launch(Record):
     report_bindings: bool = False
     drop_prefixes: tuple[str, ...] = ()  # variables of an enclosing launcher that must not reach the ranks
     drop_names: tuple[str, ...] = ()
+    others: tuple[PmixJob, ...] = ()  # the run's other PMIx jobs: registered here too (spawn, connect)
 
 
 class Signal(Record):
@@ -210,6 +232,40 @@ class PmixDmodexDone(Record):
     req: int
     blob: str  # base64
     status: int = 0
+
+
+class PmixNspace(Record):
+    """A PMIx job none of whose ranks run here (MPI_Comm_spawn made it, or it is a spawning
+    job's parent): registered so that this host's ranks may connect to it."""
+
+    pmix: PmixJob
+
+
+class PmixSpawnReply(Record):
+    """The answer to PmixSpawn: PMIx's status and the new job's namespace, or why not."""
+
+    job: int
+    req: int
+    status: int
+    nspace: str = ""
+    msg: str = ""
+
+
+class PmixJoinDone(Record):
+    """Every host with a participant entered this PMIx collective; blob: all their data joined."""
+
+    key: str
+    blob: str  # base64
+    status: int = 0
+
+
+class PmixNamesReply(Record):
+    """The answer to PmixPublish, PmixLookup or PmixUnpublish: PMIx's status and what was found."""
+
+    job: int
+    req: int
+    status: int
+    found: tuple[PmixDatum, ...] = ()
 
 
 class PmiNameReply(Record):
@@ -357,6 +413,57 @@ class PmixDmodexData(Record):
     status: int = 0
 
 
+class PmixSpawn(Record):
+    """PMIx_Spawn from a rank (MPI_Comm_spawn of Open MPI): problem, when the agent found one
+    already (a program missing on the spawning rank's host), refuses it."""
+
+    job: int
+    proc: int
+    req: int
+    apps: tuple[SpawnApp, ...]
+    problem: str = ""
+
+
+class PmixJoin(Record):
+    """This host's part of a PMIx collective over ranks of several jobs (connect, disconnect, a
+    fence across jobs): PMIx calls up once per host; key names it as this host's server did."""
+
+    key: str
+    groups: tuple[PmixGroup, ...]
+    blob: str = ""  # base64
+
+
+class PmixPublish(Record):
+    """PMIx_Publish (MPI_Publish_name, and Open MPI's connect/accept): once, the data is gone once looked up."""
+
+    job: int
+    proc: int
+    rank: int
+    req: int
+    data: tuple[PmixDatum, ...]
+    once: bool = False
+
+
+class PmixLookup(Record):
+    """PMIx_Lookup: wait, until every key is published (timeout seconds at most, 0: no limit)."""
+
+    job: int
+    proc: int
+    req: int
+    keys: tuple[str, ...]
+    wait: bool = False
+    timeout: float = 0.0
+
+
+class PmixUnpublish(Record):
+    """PMIx_Unpublish of names the rank's job published."""
+
+    job: int
+    proc: int
+    req: int
+    keys: tuple[str, ...]
+
+
 class PmiAbort(Record):
     """The rank called MPI_Abort."""
 
@@ -415,6 +522,10 @@ DOWN_MESSAGES = (
     PmixFenceDone,
     PmixDmodexAsk,
     PmixDmodexDone,
+    PmixNspace,
+    PmixSpawnReply,
+    PmixJoinDone,
+    PmixNamesReply,
     PmiNameReply,
     PmiSpawnReply,
     RelayHosts,
@@ -434,6 +545,11 @@ UP_MESSAGES = (
     PmixFence,
     PmixDmodex,
     PmixDmodexData,
+    PmixSpawn,
+    PmixJoin,
+    PmixPublish,
+    PmixLookup,
+    PmixUnpublish,
     PmiAbort,
     PmiError,
     PmiName,
@@ -441,7 +557,7 @@ UP_MESSAGES = (
     Bye,
     Gone,
 )
-PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp)
+PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum)
 
 
 def op_name(cls: type) -> str:

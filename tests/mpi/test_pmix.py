@@ -185,42 +185,6 @@ def test_a_hint_of_each_family_serves_pmi1_and_the_guard_stops_the_open_mpi_rank
     assert proc.returncode == 1 and "uses Open MPI" in err, err[-3000:]
 
 
-CALLS = """
-import sys
-from mpi4py import MPI
-try:
-    if sys.argv[1] == "spawn":
-        MPI.COMM_SELF.Spawn(sys.executable, ["-c", "pass"], maxprocs=1)
-    elif sys.argv[1] == "lookup":
-        MPI.Lookup_name("svc")
-    print("no error", flush=True)
-except MPI.Exception:
-    print("MPI error", flush=True)
-"""
-
-
-@pytest.mark.parametrize(("call", "named"), [("spawn", "MPI_Comm_spawn"), ("lookup", "MPI_Lookup_name"), ("none", "")])
-def test_calls_not_served_over_pmix_are_refused_naming_the_rank(
-    launcher: Launcher, tmp_path: Path, call: str, named: str
-) -> None:
-    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
-        pytest.skip("needs Debian's python3-mpi4py")
-    script = tmp_path / "calls.py"
-    script.write_text(CALLS)
-    proc = launcher.run("--mpi", "pmix", "-n", "1", SYSTEM_PYTHON, str(script), call, timeout=120)
-    err = proc.stderr.decode()
-    said = [line for line in err.splitlines() if "does not serve to Open MPI ranks" in line]
-    if not named:
-        assert proc.returncode == 0 and proc.stdout == b"no error\n" and not said, err
-        return
-    assert said == [
-        f"mpilaunch: rank 0 called {named}, which mpilaunch does not serve to Open MPI ranks yet (PMIx); "
-        "the call fails in the rank"
-    ], err
-    if call == "spawn":  # an error the program can catch; a failed lookup is fatal in Open MPI 4.1
-        assert proc.returncode == 0 and proc.stdout == b"MPI error\n", err
-
-
 OPEN_MPI_RUN = shutil.which("mpirun.openmpi")
 
 

@@ -31,6 +31,7 @@ class ServiceHost:
     """What services may use of the agent."""
 
     loop: Loop
+    host_env: dict[str, str]  # the host's environment ranks start from (a remote one has the launcher's paths)
 
     def send(self, message: Record) -> None:
         raise NotImplementedError

