@@ -15,21 +15,24 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see prot
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from mpilaunch.cli.cmdline import CommandLine
+
 
 LOCAL_AGENT = -1  # early_start: fork this machine's agent
 
 
-def early_start(args: list[str], env: Mapping[str, str] | None = None) -> int:
+def early_start(line: CommandLine, env: Mapping[str, str] | None = None) -> int:
     """What main starts before anything else is imported: LOCAL_AGENT, this machine's agent; N
     (at least 1), one srun step of N agents over the whole Slurm allocation whose hosts the job
-    takes (transport/slurm_step.py); 0, nothing: for words that start no job here (help, a
-    version, a dry run, `check`, `allrun`), or an allocation the step cannot be started for."""
+    takes (transport/slurm_step.py); 0, nothing: for a line that starts no job here (help, a
+    version, a dry run, a subcommand, a refused line), or an allocation the step cannot be
+    started for."""
     import os
 
     env = os.environ if env is None else env
-    if not starts_a_job(args):
+    if not line.starts_a_job:
         return 0
-    if not env.get("SLURM_JOB_ID") or names_hosts(args):
+    if not env.get("SLURM_JOB_ID") or line.names_hosts:
         return LOCAL_AGENT
     from mpilaunch.host.procfs import has_ancestor
 
@@ -38,27 +41,6 @@ def early_start(args: list[str], env: Mapping[str, str] | None = None) -> int:
     from mpilaunch.transport.slurm_step import allocation_nodes
 
     return allocation_nodes(env)
-
-
-def starts_a_job(args: list[str]) -> bool:
-    """Not help, a version, a dry run, `check` or `allrun`."""
-    from mpilaunch.cli import cliopts
-
-    flags = {o.name: o.flags for o in cliopts.RUN_OPTIONS}
-    no_job = {*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS, *flags["dry_run"]}
-    return bool(args) and args[0] not in cliopts.SUBCOMMANDS and no_job.isdisjoint(args)
-
-
-def names_hosts(args: list[str]) -> bool:
-    """Whether the command line names its hosts or its engine (else, in an allocation, the hosts
-    are Slurm's and srun starts the agents)."""
-    from mpilaunch.cli import cliopts
-
-    named = {flag for o in cliopts.RUN_OPTIONS if o.name in HOST_OPTIONS for flag in o.flags}
-    return any(word.split("=", 1)[0] in named for word in args)
-
-
-HOST_OPTIONS = ("hosts", "hostfile", "hydra_hosts", "hydra_hostfile", "launcher", "config", "configfile")
 
 
 def main(quick_exit: bool = True) -> None:
@@ -71,17 +53,18 @@ def main(quick_exit: bool = True) -> None:
             if _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):  # ignored stays so (nohup)
                 _signal.signal(sig, _stopped_by)
     reopen_closed_std_streams()
-    args = sys.argv[1:]
-    name = invoked_as(sys.argv[0])
     early = step = False
     try:
-        start = early_start(args) if name != "ompi_info" else 0
+        from mpilaunch.cli.cmdline import read
+
+        line = read(sys.argv[1:], invoked_as(sys.argv[0]))
+        start = early_start(line)
         if start == LOCAL_AGENT:
             from mpilaunch.transport import local
 
             early = True
             local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
-            local.prestart_local_agent(lambda: _pmix_guess(args, name))
+            local.prestart_local_agent(lambda: _pmix_guess(line))
         elif start:  # under salloc, every agent in one srun step: Slurm makes it while we plan
             from mpilaunch.transport import slurm_step
 
@@ -89,7 +72,7 @@ def main(quick_exit: bool = True) -> None:
             slurm_step.prestart(start)
         from mpilaunch.cli.main import main as run
 
-        run(args, name)
+        run(line)
         status = 0
     except SystemExit as done:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
@@ -116,12 +99,12 @@ def invoked_as(argv0: str) -> str:
     return "mpilaunch" if name in ("", "__main__.py", "-c") else name
 
 
-def _pmix_guess(args: list[str], name: str) -> tuple[str | None, str | None] | None:
+def _pmix_guess(line: CommandLine) -> tuple[str | None, str | None] | None:
     """In the agent forked early, and only when it has time for it (Agent.warm_pmix): imported
     there, not before the fork, which both processes wait for."""
     from mpilaunch.cli.pmix_guess import pmix_guess
 
-    return pmix_guess(args, name)
+    return pmix_guess(line)
 
 
 def _stopped_by(signum: int, frame: object) -> None:

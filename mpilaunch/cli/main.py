@@ -7,27 +7,29 @@ from __future__ import annotations
 import os
 import sys
 
-from mpilaunch.cli import cliopts
+from mpilaunch.cli.cmdline import INFO, SUBCOMMAND, VERSION, CommandLine, read
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
 
-def main(argv: list[str] | None = None, name: str = "mpilaunch") -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
+def main(line: CommandLine | None = None) -> None:
+    """Run what the command line (read once, by cli/cmdline.read) asks for; leave with its status."""
+    line = read(sys.argv[1:]) if line is None else line
+    args = line.args
     try:
-        if name == "ompi_info":
+        if line.kind == INFO:
             from mpilaunch.cli.names import ompi_info
 
             status = ompi_info(args)
-        elif asks_version(args):
+        elif line.kind == VERSION:
             from mpilaunch.cli.names import version_text
 
-            print(version_text(name))
+            print(version_text(line.name))
             status = 0
-        elif args and args[0] in cliopts.SUBCOMMANDS:
+        elif line.kind == SUBCOMMAND:
             status = subcommand(args[0], args[1:])
         else:
-            spec = parse_args(args, name)
+            spec = parse_args(line)
             from mpilaunch.launcher.launch import run_job
 
             status = run_job(spec)
@@ -52,13 +54,3 @@ def subcommand(word: str, args: list[str]) -> int:
     from mpilaunch.cli.hostcli import run_subcommand
 
     return run_subcommand(word, args)
-
-
-def asks_version(args: list[str]) -> bool:
-    """--version (-V, -version) among the options before the program, as mpirun and mpiexec take it."""
-    for word in args:
-        if word in cliopts.VERSION_FLAGS:
-            return True
-        if not word.startswith("-") or word == "--":
-            return False
-    return False

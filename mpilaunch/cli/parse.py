@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from mpilaunch.cli import argscan, cliopts
+from mpilaunch.cli.cmdline import CommandLine, read
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
 
@@ -44,11 +45,9 @@ def unknown_word(words: list[str]) -> str | None:
     return None
 
 
-def _parse_segment(words: list[str]) -> tuple[dict, set[str]]:
-    """The fast scanner when it is sure, click otherwise (help, version, every error message)."""
-    scanned = argscan.scan(words)
-    if scanned is not None:
-        return scanned
+def _click_segment(words: list[str]) -> tuple[dict, set[str]]:
+    """An app context the fast scanner was not sure of, read by click (help, version, every
+    error message)."""
     unknown = unknown_word(words)
     if unknown is not None:
         from mpilaunch.plan.hosts import shown
@@ -177,22 +176,25 @@ def _pairs(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
-def parse_args(argv: list[str], name: str = "mpilaunch") -> JobSpec:
-    """argv (without the program name) -> JobSpec; global options may appear in any app context.
-    name: what mpilaunch was started as (mpirun, mpiexec, ...: cli/dialect)."""
-    from mpilaunch.cli.dialect import canonical
-
-    argv, side = canonical(argv, name)
+def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpec:
+    """The command line (read by cli/cmdline.read, or argv without the program name, started as
+    name) -> JobSpec; global options may appear in any app context."""
+    if not isinstance(line, CommandLine):
+        line = read(line, name)
+    if line.error is not None:
+        raise line.error
+    side = line.side
     apps = []
     globals_: dict[str, object] = {}
     given_anywhere: set[str] = set()
-    segments = argscan.split_apps(argv)
+    segments = argscan.split_apps(line.words)
     for index, words in enumerate(segments):
-        params, given = _parse_segment(words)
+        scanned = line.segments[index] if line.segments else None  # none read: help, for click
+        params, given = scanned if scanned is not None else _click_segment(words)
         if params["configfile"] is not None:
             if len(segments) > 1 or params["argv"]:
                 raise LaunchError("-configfile: the file gives the programs; give none on the command line")
-            return parse_args(_with_configfile(words, str(params["configfile"])), name)
+            return parse_args(_with_configfile(words, str(params["configfile"])), line.name)
         given_anywhere |= given
         if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""

@@ -8,25 +8,22 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.cli.argscan import scan, split_apps
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.mpi_family import own_open_mpi
 from mpilaunch.host.programs import find_program, program_family
 from mpilaunch.plan.pmi import BOTH, served_mpi
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from mpilaunch.cli.cmdline import CommandLine
 
-def pmix_guess(words: list[str], name: str = "mpilaunch") -> tuple[str | None, str | None] | None:
+
+def pmix_guess(line: CommandLine) -> tuple[str | None, str | None] | None:
     """(--pmix-lib, the programs' own libpmix) when the job will likely be served PMIx, as the
     launch will decide it (plan/pmi.served_mpi) from this machine's programs; else None, also
     for anything the fast scanner leaves to click."""
-    from mpilaunch.cli.dialect import canonical
-
-    try:
-        words = canonical(words, name)[0]
-    except LaunchError:  # refused: the launch says so
-        return None
-    scanned = [scan(context) for context in split_apps(words)]
-    if any(s is None or not s[0]["argv"] for s in scanned):
+    scanned = line.segments
+    if line.error is not None or not scanned or any(s is None or not s[0]["argv"] for s in scanned):
         return None
     first = scanned[0][0]  # type: ignore[index]
     mpi = str(first["mpi"]).lower()

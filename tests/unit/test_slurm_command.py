@@ -35,8 +35,16 @@ def test_a_step_over_the_whole_allocation_names_no_node() -> None:
     assert not [word for word in argv if word.startswith("--nodelist")]
 
 
+def early_start(args: list[str], env: dict[str, str]) -> int:
+    """What entry.main starts first for this command line in this environment."""
+    from mpilaunch.cli.cmdline import read
+    from mpilaunch.entry import early_start
+
+    return early_start(read(args), env)
+
+
 def test_the_step_starts_early_only_where_the_job_surely_runs_in_it() -> None:
-    from mpilaunch.entry import LOCAL_AGENT, early_start
+    from mpilaunch.entry import LOCAL_AGENT
 
     salloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "3"}
     assert early_start(["-n", "2", "true"], salloc) == 3  # this test runs under no slurmstepd
@@ -48,6 +56,9 @@ def test_the_step_starts_early_only_where_the_job_surely_runs_in_it() -> None:
     assert early_start(["--dry-run", "true"], salloc) == 0
     assert early_start(["check"], salloc) == 0
     assert early_start(["--version"], salloc) == 0
+    assert early_start(["-H", "a", "-ppn", "1", "true"], salloc) == 0  # refused as it is read
+    assert early_start(["-hosts", "n1", "true"], salloc) == LOCAL_AGENT  # hydra's hosts, by hand
+    assert early_start(["-n", "2", "sh", "-c", "x", "--dry-run"], salloc) == 3  # the program's own words
     assert early_start(["true"], {**salloc, "MLP_MPI_HOSTS": "a,b"}) == 0  # those hosts come first
     assert early_start(["true"], {**salloc, "SLURM_JOB_NODELIST": ""}) == 0
     assert early_start(["true"], {**salloc, "SLURM_JOB_NUM_NODES": "x"}) == 0
@@ -79,7 +90,8 @@ def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:
 
 
 def test_no_agent_is_forked_early_where_srun_starts_them() -> None:
-    from mpilaunch.entry import LOCAL_AGENT, early_start
+    from mpilaunch.entry import LOCAL_AGENT
+
 
     inside = {"SLURM_JOB_ID": "7"}
     assert early_start(["-n", "2", "true"], {}) == LOCAL_AGENT
