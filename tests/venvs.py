@@ -32,3 +32,32 @@ def cached_venv(name: str, packages: list[str]) -> tuple[Path | None, str]:
             return None, f"cannot build the {name} venv: {proc.stderr.decode(errors='replace').strip()[-300:]}"
     done.write_text(wanted)
     return python, ""
+
+
+def cached_sdist(requirement: str, top: str) -> tuple[Path | None, str]:
+    """(the unpacked source tree of `requirement`'s sdist, "") from CACHE/sdists, downloaded once
+    with pip (no build, no dependencies), else (None, why). top: the folder the archive holds,
+    e.g. horovod-0.28.1."""
+    import tarfile
+
+    folder = CACHE / "sdists"
+    tree = folder / top
+    if (tree / "PKG-INFO").exists():
+        return tree, ""
+    folder.mkdir(parents=True, exist_ok=True)
+    step = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(folder)]
+    try:
+        proc = subprocess.run([*step, requirement], capture_output=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return None, f"pip download {requirement} took more than 600 s"
+    archive = folder / f"{top}.tar.gz"
+    if proc.returncode != 0 or not archive.exists():
+        return None, f"cannot download {requirement}: {proc.stderr.decode(errors='replace').strip()[-300:]}"
+    unpacked = folder / f".unpacking-{os.getpid()}"  # whole or not at all: renamed once complete
+    with tarfile.open(archive) as packed:
+        packed.extractall(unpacked, filter="data")
+    if not (unpacked / top / "PKG-INFO").exists():
+        return None, f"{archive.name} holds no {top}/PKG-INFO"
+    os.replace(unpacked / top, tree)
+    os.rmdir(unpacked)
+    return tree, ""
