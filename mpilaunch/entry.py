@@ -71,6 +71,7 @@ def main(quick_exit: bool = True) -> None:
             if _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):  # ignored stays so (nohup)
                 _signal.signal(sig, _stopped_by)
     reopen_closed_std_streams()
+    console_keeps_bytes()
     args = sys.argv[1:]
     early = step = False
     try:
@@ -145,6 +146,17 @@ def reopen_closed_std_streams() -> None:
         name = ("stdin", "stdout", "stderr")[fd]
         if getattr(sys, name) is None:  # Python found it closed and left None there
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+
+
+def console_keeps_bytes() -> None:
+    """Text that came as bytes that are not UTF-8 (an argument, a file name, an environment
+    value: Python holds them as surrogate escapes) is printed as those bytes, as `ls` and the
+    shell print them, not refused with a UnicodeEncodeError in the middle of a run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+        except (AttributeError, ValueError):  # not a TextIOWrapper (a caller's own stream)
+            pass
 
 
 def leave(status: int) -> None:

@@ -293,6 +293,7 @@ class Controller:
             self.links.close_all()
             self.kill_groups([s for s in self.procs if not s.done])
             self.links.wait_all()
+            self.output.unlock()
             self.signals.release()  # a launcher embedded in a longer-lived process runs many jobs
             self.sel.close()
 

@@ -175,7 +175,7 @@ def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
 def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
     """--rank-table: the file here, and at the same path on every remote host (by its agent), so
     each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
-    from mpilaunch.host.hostinfo import write_file
+    from mpilaunch.host.files import write_file
     from mpilaunch.transport.gather import gather
 
     path = plan.options.rank_table
@@ -263,8 +263,12 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
         console = Console(options.tag_output or host_tags, options.timestamp_output, rank_label=options.prepend_rank)
         if host_tags:
             console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
-    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
-    root = sink.add_job(1, list(range(len(plan.job.ranks))))
+    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
+    try:
+        root = sink.add_job(1, list(range(len(plan.job.ranks))))
+    except BaseException:
+        sink.unlock()
+        raise
     if root:
         print(f"mpilaunch: rank output goes to {root}/rank.N", file=sys.stderr, flush=True)
     return sink

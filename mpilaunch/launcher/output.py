@@ -8,7 +8,9 @@ import stat
 import time
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.host.files import kind_of
 from mpilaunch.launcher.console_writer import ConsoleWriter
+from mpilaunch.launcher.treelock import TreeLock
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
 IDLE_FLUSH = 0.25  # seconds a partial line waits before it is shown anyway
@@ -43,7 +45,6 @@ class LogTree:
         self.paths: dict[tuple[int, int], str] = {}
         self.failed: list[tuple[str, str]] = []  # (file, why) of writes that failed, each file once
         streams = (STDOUT,) if merge else (STDOUT, STDERR)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         where = os.path.abspath(base)
         held: list[int] = []
         try:
@@ -60,7 +61,7 @@ class LogTree:
                 try:
                     for stream in streams:
                         where = os.path.join(self.root, name, _STREAM_NAMES[stream])
-                        self.fds[(rank, stream)] = os.open(_STREAM_NAMES[stream], flags, 0o644, dir_fd=rank_fd)
+                        self.fds[(rank, stream)] = _open_log(_STREAM_NAMES[stream], rank_fd)
                         self.paths[(rank, stream)] = where
                 finally:
                     os.close(rank_fd)
@@ -89,6 +90,30 @@ class LogTree:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+
+
+def _open_log(name: str, parent: int) -> int:
+    """Create or truncate a regular log file in `parent`, never waiting and never following a
+    link: a FIFO planted there would block the open (or the writes) for ever, a device would
+    take the output somewhere else, so anything but a regular file is refused."""
+    try:
+        found = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        found = None
+    if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
+        raise OSError(errno.EINVAL, f"{kind_of(found.st_mode)}, not a regular file")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=parent)
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # put there since it was looked at
+            raise OSError(errno.EINVAL, f"{kind_of(opened.st_mode)}, not a regular file")
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _subdir(parent: int, name: str) -> int:
@@ -191,7 +216,7 @@ class Console:
             parts.append(f"[{rank}] " if job == 1 else f"[{job}:{rank}] ")
         elif self.timestamp:
             parts.append(f"<{_STREAM_NAMES[stream]}>:")
-        return "".join(parts).encode()
+        return "".join(parts).encode("utf-8", "surrogateescape")
 
     def _show(self, key: tuple[int, int], data: bytes) -> None:
         continuing = self.open_line == key
@@ -215,8 +240,11 @@ class OutputSink:
     and rank each id is.
     """
 
-    def __init__(self, console: Console | None, log_dir: str | None, merged: bool) -> None:
+    def __init__(self, console: Console | None, log_dir: str | None, merged: bool, owner: str = "") -> None:
+        """owner: the run's job id, which the log tree's lock names to a run it refuses."""
         self.console = console
+        self.owner = owner
+        self.lock: TreeLock | None = None
         self.writer = console.writer if console is not None else ConsoleWriter()  # the launcher's own lines
         self.writer.logs = log_dir is not None
         self.log_dir = log_dir
@@ -233,6 +261,8 @@ class OutputSink:
                 self.console.labels[proc] = (job, rank)
         if self.log_dir is None:
             return None
+        if self.lock is None:  # before any file of the tree is opened (and truncated)
+            self.lock = TreeLock(self.log_dir, self.owner)
         tree = LogTree(self.log_dir, len(procs), self.merged, job)
         self.trees[job] = tree
         return tree.root
@@ -256,7 +286,7 @@ class OutputSink:
 
     def say(self, text: str) -> None:
         """A line of the launcher's own on stderr, in order with the rank output shown there."""
-        self.writer.write(STDERR, (text + "\n").encode(), notice=True)
+        self.writer.write(STDERR, (text + "\n").encode("utf-8", "surrogateescape"), notice=True)  # bytes as they came
 
     def last_lines(self, proc: int, count: int = 10) -> list[str]:
         text = bytes(self.tails.get(proc, b"")).decode("utf-8", "replace")
@@ -278,3 +308,10 @@ class OutputSink:
             self.console.finish()
         for tree in self.trees.values():
             tree.close()
+        self.unlock()
+
+    def unlock(self) -> None:
+        """The log tree is free for another run (also on the way out of a run that failed)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

@@ -121,9 +121,14 @@ class JsonReport:
         }
 
     def write(self, event: RunEnded) -> None:
-        from mpilaunch.host.hostinfo import write_file
+        from mpilaunch.host.files import console_stream, write_file
 
-        error = write_file(self.path, json.dumps(self.document(event.status), indent=1) + "\n")
+        text = json.dumps(self.document(event.status), indent=1) + "\n"  # ASCII: other bytes as \udcXX
+        stream = console_stream(self.path)
+        if stream is not None:  # /dev/stdout: after the rank output queued for it, not before
+            self.output.writer.write(stream, text.encode(), notice=True)
+            return
+        error = write_file(self.path, text)
         if error:  # the run's status stays the run's; the report's loss is said once
             print(f"mpilaunch: --report-json: {error}", file=sys.stderr)
 
@@ -131,7 +136,7 @@ class JsonReport:
 def write_refused(path: str, plan: LaunchPlan | None, command: Sequence[str], error: Exception) -> None:
     """The report of a run refused before any rank started (bad input, a host that fails its
     checks): the error, status 2, no ranks."""
-    from mpilaunch.host.hostinfo import write_file
+    from mpilaunch.host.files import write_file
 
     document = {
         "mpilaunch": __version__,
