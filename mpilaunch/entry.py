@@ -67,9 +67,11 @@ def main(quick_exit: bool = True) -> None:
     if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
         import _signal
 
-        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
-            if _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):  # ignored stays so (nohup)
-                _signal.signal(sig, _stopped_by)
+        from mpilaunch.launcher.signal_table import ACTIONS, FAULTS
+
+        for sig in ACTIONS:  # the faults keep their default until the run's one-shot handlers (signals.py)
+            if sig not in FAULTS and _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):
+                _signal.signal(sig, _stopped_by)  # ignored stays so (nohup)
     reopen_closed_std_streams()
     console_keeps_bytes()
     args = sys.argv[1:]
@@ -118,7 +120,8 @@ def _pmix_guess(args: list[str]) -> tuple[str | None, str | None] | None:
 
 
 def _stopped_by(signum: int, frame: object) -> None:
-    """SIGINT, SIGTERM or SIGHUP before the run's own handling starts (or after it ends): leave
+    """A signal that would end the launcher (SIGINT, SIGTERM, SIGALRM...: signal_table.ACTIONS)
+    before the run's own handling starts (or after it ends): leave
     at once with the shell's 128 + signal, as after it. Not by raising (KeyboardInterrupt): an
     exception raised in the middle of an import is printed and dropped, and the job then ran to
     its end with status 0. Leaving closes every descriptor, so each agent (the early one, those

@@ -13,6 +13,7 @@ import time
 from mpilaunch import __version__
 from mpilaunch.launcher.events import RunEnded, table
 from mpilaunch.launcher.policy import Policy
+from mpilaunch.launcher.signal_table import name_of
 from mpilaunch.launcher.states import RankState
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -115,7 +116,7 @@ class JsonReport:
             "exit_status": status,
             "outcome": outcome,
             "aborted": policy.aborted,
-            "stop_signal": signal.Signals(policy.stop_signal).name if policy.stop_signal is not None else None,
+            "stop_signal": name_of(policy.stop_signal) if policy.stop_signal is not None else None,
             "first_failure": first,
             "ranks": [self.rank(state) for state in policy.procs],
         }

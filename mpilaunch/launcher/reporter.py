@@ -7,8 +7,6 @@ end of a failed or stopped run into its summary.
 
 from __future__ import annotations
 
-import signal
-
 from mpilaunch.launcher.events import (
     AgentLost,
     AgentNote,
@@ -22,6 +20,7 @@ from mpilaunch.launcher.events import (
     table,
 )
 from mpilaunch.launcher.policy import Policy, abort_status
+from mpilaunch.launcher.signal_table import ACTIONS, name_of
 from mpilaunch.launcher.states import RankState
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -58,7 +57,7 @@ class ConsoleReporter:
             {
                 RankNotStarted: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} could not start: {e.error}"),
                 MpiFailure: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} {e.reason}"),
-                HardStop: lambda e: self.say(f"{signal.Signals(e.sig).name} again: killing every rank"),
+                HardStop: lambda e: self.say(f"{name_of(e.sig)} again: killing every rank"),
                 TimedOut: lambda e: self.say(f"the job exceeded --timeout {e.timeout:g} s; killing every rank"),
                 AgentLost: self.agent_lost,
                 Garbled: lambda e: self.say(f"garbled message from the agent of {self.hosts[e.host].name}: {e.why}"),
@@ -87,11 +86,13 @@ class ConsoleReporter:
         if failure is None and ended and policy.stop_signal is not None:
             from mpilaunch.launcher.report import ranges  # only a failed or stopped run reports
 
-            name = signal.Signals(policy.stop_signal).name
+            stop = policy.stop_signal
+            sent = ACTIONS.get(stop, ("", stop))[1]
+            how = "forwarded to every rank" if sent == stop else f"{name_of(sent)} sent to every rank"
             first_job = ranges([s.rank.rank for s in ended if s.job == 1]) or "none of job 1"
             others = sum(1 for s in ended if s.job != 1)
             spawned = f" and {others} rank(s) of spawned jobs" if others else ""
-            self.say(f"stopped by {name} (forwarded to every rank); ranks {first_job}{spawned} ended")
+            self.say(f"stopped by {name_of(stop)} ({how}); ranks {first_job}{spawned} ended")
         if failure is not None and self.summary:
             from mpilaunch.launcher.report import failure_summary
 
