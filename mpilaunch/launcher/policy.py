@@ -145,13 +145,21 @@ class Policy:
         self.publish(Forward(sent))
 
     def host_lost(self, event: HostLost) -> None:
-        """Its ranks are gone (killed there by the agent or its guardian, here by the controller)."""
+        """Its ranks are gone: killed there by the agent or its guardian, here by the controller.
+        A host lost to silence (a frozen agent, a network cut) may still run them: they end here
+        with no status, as not confirmed ended, and none of them counts as killed by the run."""
         lost = [s for s in self.procs if s.rank.host == event.host and not s.done]
         if not lost:
             return
-        self.publish(AgentLost(event.host, event.why, tuple(s.proc for s in lost)))
+        self.publish(AgentLost(event.host, event.why, tuple(s.proc for s in lost), event.confirmed))
+        if event.confirmed:
+            for state in lost:
+                self.rank_ended(state, -signal.SIGKILL, reason=f"agent of host {event.name} lost")
+            return
         for state in lost:
-            self.rank_ended(state, -signal.SIGKILL, reason=f"agent of host {event.name} lost")
+            self.rank_ended(state, None, reason=f"host {event.name} lost; its ranks could not be confirmed ended")
+        for state in lost:
+            state.killed = False  # the abort the first one started could not reach them
 
     def tick(self) -> None:
         """Time passed: the grace after a stop signal, the --timeout, and the end of the ranks."""
@@ -191,6 +199,7 @@ class Policy:
             if state.abort_code is None:
                 state.reason = "exited without MPI_Finalize while other ranks run"
                 state.abort_code = 1
+                state.unfinalized = True
             state.move(FAILED)
             self.publish(RankEnded(state.proc))
             self.count_failure(state)
