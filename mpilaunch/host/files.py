@@ -37,6 +37,14 @@ def write_file(path: str, data: str) -> str | None:
         return _cannot(path, exc)
     stream = console_stream(path, found)
     if stream is not None:  # /dev/stdout and the like: the launcher's own stream, where it is now
+        import sys
+
+        for buffered in (sys.stdout, sys.stderr):  # what was printed before comes first
+            try:
+                if buffered is not None:
+                    buffered.flush()
+            except (OSError, ValueError):
+                pass
         try:
             _write_all(stream, body)
         except OSError as exc:
