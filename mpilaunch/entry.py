@@ -58,7 +58,7 @@ def names_hosts(args: list[str]) -> bool:
     return any(word.split("=", 1)[0] in named for word in args)
 
 
-HOST_OPTIONS = ("hosts", "hostfile", "launcher", "config", "configfile")
+HOST_OPTIONS = ("hosts", "hostfile", "hydra_hosts", "hydra_hostfile", "launcher", "config", "configfile")
 
 
 def main(quick_exit: bool = True) -> None:
@@ -75,15 +75,16 @@ def main(quick_exit: bool = True) -> None:
     reopen_closed_std_streams()
     console_keeps_bytes()
     args = sys.argv[1:]
+    name = invoked_as(sys.argv[0])
     early = step = False
     try:
-        start = early_start(args)
+        start = early_start(args) if name != "ompi_info" else 0
         if start == LOCAL_AGENT:
             from mpilaunch.transport import local
 
             early = True
             local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
-            local.prestart_local_agent(lambda: _pmix_guess(args))
+            local.prestart_local_agent(lambda: _pmix_guess(args, name))
         elif start:  # under salloc, every agent in one srun step: Slurm makes it while we plan
             from mpilaunch.transport import slurm_step
 
@@ -91,7 +92,7 @@ def main(quick_exit: bool = True) -> None:
             slurm_step.prestart(start)
         from mpilaunch.cli.main import main as run
 
-        run(args)
+        run(args, name)
         status = 0
     except SystemExit as done:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
@@ -111,12 +112,19 @@ def main(quick_exit: bool = True) -> None:
     leave(status)
 
 
-def _pmix_guess(args: list[str]) -> tuple[str | None, str | None] | None:
+def invoked_as(argv0: str) -> str:
+    """The name mpilaunch was started as: mpirun, mpiexec, ompi_info, ... (`mpilaunch shims`
+    writes them), or mpilaunch (also for `python -m mpilaunch`)."""
+    name = argv0.rpartition("/")[2]
+    return "mpilaunch" if name in ("", "__main__.py", "-c") else name
+
+
+def _pmix_guess(args: list[str], name: str) -> tuple[str | None, str | None] | None:
     """In the agent forked early, and only when it has time for it (Agent.warm_pmix): imported
     there, not before the fork, which both processes wait for."""
     from mpilaunch.cli.pmix_guess import pmix_guess
 
-    return pmix_guess(args)
+    return pmix_guess(args, name)
 
 
 def _stopped_by(signum: int, frame: object) -> None:

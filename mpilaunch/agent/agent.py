@@ -210,7 +210,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         started = 0
         try:
             for spec in message.ranks:
-                cpus = cpus_for(level, spec.local_rank, groups)
+                cpus = cpus_for(level, spec.local_rank, groups, message.cpus_per_rank)
                 if message.report_bindings:  # in Open MPI's words
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **spec.env}

@@ -18,7 +18,7 @@ import signal
 
 from mpilaunch.agent.loop import Loop
 from mpilaunch.host import spawn
-from mpilaunch.host.sshcmd import ssh_argv, ssh_options, ssh_version
+from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Gone, Note, Ping, RelayHost, RelayHosts, encode
 
@@ -75,13 +75,14 @@ class Relay:
         """Start one child per host of the message; its check and, where it relays in turn, its
         own RelayHosts are queued behind its code. Returns the pids (for the guardian)."""
         if self.version is None:
-            self.version = ssh_version(env)
+            self.version = ssh_version(env, msg.ssh.command[0] if msg.ssh.command else "ssh")
         options = ssh_options(msg.ssh, self.version)
+        openssh = is_ssh(msg.ssh)
         gate = spawn.Gate()
         started = []
         try:
             for spec in msg.hosts:
-                argv = ssh_argv(options, spec.name, spec.user, spec.port, msg.command)
+                argv = ssh_argv(options, spec.name, spec.user, spec.port, msg.command, openssh)
                 try:
                     proc = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
                 except OSError as exc:

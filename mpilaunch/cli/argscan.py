@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mpilaunch.cli.cliopts import (
     CHOICE,
+    ENV,
     FLAG,
     FLOAT_NONNEG,
     FLOAT_POS,
@@ -60,6 +61,48 @@ def _value(opt: Opt, text: str) -> object:
     return _NO
 
 
+class OptionWord:
+    """One option of a command line: where it is, as written, its row and the words it takes
+    (values: the value glued on with `=` or to a short option, then the words after it)."""
+
+    __slots__ = ("index", "opt", "taken", "values", "word")
+
+    def __init__(self, index: int, word: str, opt: Opt | None, taken: int, values: tuple[str, ...]) -> None:
+        self.index = index
+        self.word = word
+        self.opt = opt  # None: no option of the table (the walk ends there)
+        self.taken = taken  # words after it that are its values
+        self.values = values
+
+
+def option_words(words: list[str]):  # type: ignore[no-untyped-def]
+    """The options of one app context, up to its program (or `--`, or a word no option is):
+    each as an OptionWord. hydra's -genv takes NAME=VALUE or NAME VALUE; a value may be glued to
+    a short option (-n4, -xFOO=1)."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--" or len(word) < 2 or word[0] != "-":
+            return
+        name, eq, glued = word.partition("=")
+        opt = BY_FLAG.get(name)
+        if opt is None:
+            short = None if word.startswith("--") else BY_FLAG.get(word[:2])
+            if short is not None and short.kind != FLAG:
+                yield OptionWord(i, word, short, 0, (word[2:],))
+                i += 1
+                continue
+            yield OptionWord(i, word, None, 0, ())
+            return
+        need = {FLAG: 0, PAIRS: 2}.get(opt.kind, 1)
+        if opt.kind == ENV and not eq and i + 1 < len(words) and "=" not in words[i + 1]:
+            need = 2
+        taken = min(max(need - (1 if eq else 0), 0), len(words) - i - 1)
+        values = ((glued,) if eq else ()) + tuple(words[i + 1 : i + 1 + taken])
+        yield OptionWord(i, word, opt, taken, values)
+        i += 1 + taken
+
+
 def split_apps(argv: list[str]) -> list[list[str]]:
     """MPMD: ' : ' separates app contexts."""
     segments: list[list[str]] = [[]]
@@ -104,7 +147,7 @@ def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
             value = _value(opt, args[0])
             if value is _NO:
                 return None
-            if opt.kind == MULTI:
+            if opt.kind in (MULTI, ENV):
                 values.setdefault(opt.name, []).append(value)  # type: ignore[union-attr]
             else:
                 values[opt.name] = value
@@ -112,7 +155,7 @@ def scan(words: list[str]) -> tuple[dict[str, object], set[str]] | None:
     params: dict[str, object] = {}
     for opt in RUN_OPTIONS:
         value = values.get(opt.name, _NO)
-        if opt.kind in (MULTI, PAIRS):
+        if opt.kind in (MULTI, PAIRS, ENV):
             params[opt.name] = tuple(value) if value is not _NO else ()  # type: ignore[arg-type]
         elif value is _NO:
             params[opt.name] = False if opt.kind == FLAG else opt.default

@@ -7,13 +7,16 @@ from this same table for --help, errors and job files.
 
 from __future__ import annotations
 
-# How an option takes its value: FLAG (none), VALUE (one), MULTI (one, repeatable), PAIRS (two, repeatable).
-FLAG, VALUE, MULTI, PAIRS = "flag", "value", "multi", "pairs"
+# How an option takes its value: FLAG (none), VALUE (one), MULTI (one, repeatable), PAIRS (two, repeatable),
+# ENV (hydra's NAME=VALUE or NAME VALUE, repeatable; one NAME=VALUE word once cli/dialect.canonical joined it).
+FLAG, VALUE, MULTI, PAIRS, ENV = "flag", "value", "multi", "pairs", "env"
 # What a value must be; the click command maps each to its type (see command.run_command).
 INT_MIN1, FLOAT_POS, FLOAT_NONNEG, CHOICE, RANK_CHOICE = "int>=1", "float>0", "float>=0", "choice", "stdin"
 # Numbers are plain ASCII decimals, finite, and at most `maximum` (docs/reference.md lists each).
 MAX_RANKS = 65536  # the largest job planned (plan/placement.MAX_RANKS): more is refused before any memory is spent
 MAX_SECONDS = 365 * 86400.0  # --timeout (and MPIEXEC_TIMEOUT): a year
+# hydra's launchers that mpilaunch has no engine of its own for: read as auto, with a note
+OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "sge", "ll", "cobalt", "persist", "manual")
 
 
 class Opt:
@@ -61,23 +64,77 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         maximum=MAX_RANKS,
         help="Number of ranks (default: every slot).",
     ),
-    Opt("hosts", ("-H", "--host", "-host", "-hosts", "--hosts"), MULTI, metavar="h1:N,h2:N", help="Hosts, slots."),
+    Opt("hosts", ("-H", "--host", "-host"), MULTI, metavar="h1:N,h2:N", help="Hosts, slots."),
+    Opt("hostfile", ("--hostfile", "-hostfile", "--machinefile", "-machinefile"), metavar="PATH", help="Hostfile."),
     Opt(
-        "hostfile", ("--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f"), metavar="PATH", help="Hostfile."
+        "map_by",
+        ("--map-by", "-map-by"),
+        default="slot",
+        metavar="slot|node|socket|ppr:N:node[:PE=M]",
+        help="Placement policy (Open MPI's; :PE=M gives each rank M cores).",
     ),
-    Opt("map_by", ("--map-by", "-map-by"), default="slot", metavar="slot|node|ppr:N:node", help="Placement policy."),
+    Opt("rank_by", ("--rank-by", "-rank-by"), metavar="slot|node", help="Rank order, when it differs from --map-by."),
     Opt(
         "npernode",
-        ("--npernode", "-npernode", "-ppn", "--ppn"),
+        ("--npernode", "-npernode", "-N"),
         check=INT_MIN1,
         maximum=MAX_RANKS,
         help="Ranks per node (ppr:N:node).",
     ),
+    Opt(
+        "npersocket",
+        ("--npersocket", "-npersocket"),
+        check=INT_MIN1,
+        maximum=MAX_RANKS,
+        help="Ranks per socket (ppr:N:socket).",
+    ),
+    Opt("bynode", ("--bynode", "-bynode"), FLAG, help="Open MPI's old --map-by node."),
+    Opt("byslot", ("--byslot", "-byslot"), FLAG, help="Open MPI's old --map-by slot."),
+    Opt(
+        "cpus_per_proc",
+        ("--cpus-per-proc", "-cpus-per-proc", "--cpus-per-rank", "-cpus-per-rank"),
+        check=INT_MIN1,
+        maximum=4096,
+        help="Open MPI's old --map-by ...:PE=N: N cores per rank.",
+    ),
+    Opt(
+        "use_hwthread_cpus",
+        ("--use-hwthread-cpus", "-use-hwthread-cpus"),
+        FLAG,
+        help="Hardware threads are the CPUs: slots, binding and PE count them instead of cores.",
+    ),
+    Opt(
+        "hydra_hosts",
+        ("-hosts", "--hosts"),
+        MULTI,
+        metavar="h1:N,h2",
+        help="hydra's hosts: round-robin, no slot limit.",
+    ),
+    Opt("hydra_hostfile", ("-f",), metavar="PATH", help="hydra's hostfile (host:N lines): round-robin, no slot limit."),
+    Opt(
+        "ppn",
+        ("-ppn", "--ppn"),
+        check=INT_MIN1,
+        maximum=MAX_RANKS,
+        help="hydra's ranks per host: blocks of N on each host in turn, wrapping.",
+    ),
     Opt("oversubscribe", ("--oversubscribe", "-oversubscribe"), FLAG, help="Allow more ranks than slots."),
+    Opt(
+        "nooversubscribe",
+        ("--nooversubscribe", "-nooversubscribe"),
+        FLAG,
+        help="Open MPI's default: no more ranks than slots.",
+    ),
+    Opt(
+        "display_allocation",
+        ("--display-allocation", "-display-allocation"),
+        FLAG,
+        help="Print the hosts and their slots, then launch.",
+    ),
     Opt("display_map", ("--display-map", "-display-map"), FLAG, help="Print the rank map, then launch."),
     Opt("dry_run", ("--dry-run", "-dry-run"), FLAG, help="Print the map and every rank's variables; start nothing."),
     Opt("exports", ("-x",), MULTI, metavar="VAR[=value]", help="Export a variable to every rank."),
-    Opt("genv", ("-genv", "--genv"), PAIRS, metavar="VAR VALUE", help="hydra's -x VAR=VALUE."),
+    Opt("genv", ("-genv", "--genv"), ENV, metavar="VAR=VALUE", help="hydra's -x VAR=VALUE (also as two words)."),
     Opt("genvlist", ("-genvlist", "--genvlist"), MULTI, metavar="A,B", help="hydra's -x A -x B."),
     Opt(
         "genvall",
@@ -93,7 +150,13 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="hydra's network interface: the ranks' MPI, NCCL and Gloo use IF (FI_TCP_IFACE, "
         "OMPI_MCA_btl_tcp_if_include, NCCL_SOCKET_IFNAME, ...; yours win).",
     ),
-    Opt("app_env", ("-env", "--env"), PAIRS, metavar="VAR VALUE", help="VAR=VALUE for this app context's ranks."),
+    Opt(
+        "app_env",
+        ("-env", "--env"),
+        ENV,
+        metavar="VAR=VALUE",
+        help="VAR=VALUE (also as two words) for this app context's ranks.",
+    ),
     Opt("app_envlist", ("-envlist", "--envlist"), MULTI, metavar="A,B", help="These variables for this app context."),
     Opt("wdir", ("--wdir", "-wdir", "--wd", "-wd"), metavar="DIR", help="Working directory of the ranks."),
     Opt(
@@ -200,13 +263,14 @@ RUN_OPTIONS: tuple[Opt, ...] = (
     ),
     Opt(
         "launcher",
-        ("--launcher", "-launcher"),
+        ("--launcher", "-launcher", "-bootstrap", "--bootstrap"),
         check=CHOICE,
-        choices=("auto", "ssh", "slurm", "local", "fork"),
+        choices=("auto", "ssh", "rsh", "slurm", "local", "fork", *OTHER_HYDRA_LAUNCHERS),
         default="auto",
-        help="How agents start: ssh (this machine's hosts locally, the others over SSH), slurm (one srun step of "
-        "agents), local (alias fork: every host's agent on this machine, as hydra's fork launcher), or auto: "
-        "slurm inside a Slurm allocation whose hosts the job uses, else ssh.",
+        help="How agents start: ssh (this machine's hosts locally, the others over SSH; rsh: the same), slurm (one "
+        "srun step of agents), local (alias fork: every host's agent on this machine, as hydra's fork launcher), "
+        "or auto: slurm inside a Slurm allocation whose hosts the job uses, else ssh. hydra's other launchers "
+        "are read as auto, said once.",
     ),
     Opt(
         "configfile",
@@ -214,12 +278,74 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="FILE",
         help="hydra's file of app contexts: one per line, options and program, as between ' : '.",
     ),
-    Opt("allow_run_as_root", ("--allow-run-as-root", "-allow-run-as-root"), FLAG, help="Allow running as root."),
+    Opt(
+        "allow_run_as_root",
+        ("--allow-run-as-root", "-allow-run-as-root"),
+        FLAG,
+        help="Accepted, as mpirun's; root needs no flag here.",
+    ),
+    Opt(
+        "quiet", ("-q", "--quiet", "-quiet"), FLAG, help="Silence mpilaunch's own notes (errors and the summary stay)."
+    ),
+    Opt("verbose", ("-v", "--verbose", "-verbose"), FLAG, help="Accepted; mpilaunch's notes are on unless -q."),
+    Opt(
+        "prefix",
+        ("--prefix", "-prefix"),
+        metavar="DIR",
+        help="Open MPI's install prefix: DIR/bin and DIR/lib lead PATH and LD_LIBRARY_PATH of remote ranks.",
+    ),
+    Opt("am", ("-am", "--am"), MULTI, metavar="FILE[,FILE]", help="Open MPI's files of MCA parameters (key = value)."),
+    Opt("tune", ("--tune", "-tune"), MULTI, metavar="FILE[,FILE]", help="Open MPI's files of -x and --mca options."),
+    Opt(
+        "rsh_agent",
+        ("-bootstrap-exec", "--bootstrap-exec", "-launcher-exec", "--launcher-exec"),
+        metavar="COMMAND",
+        help="hydra's: a command in place of ssh for other hosts (Open MPI's -mca plm_rsh_agent).",
+    ),
+    Opt(
+        "rsh_args",
+        ("-bootstrap-exec-args", "--bootstrap-exec-args", "-launcher-exec-args", "--launcher-exec-args"),
+        metavar="ARGS",
+        help="hydra's: more arguments for ssh (Open MPI's -mca plm_rsh_args).",
+    ),
+    Opt(
+        "outfile_pattern",
+        ("-outfile-pattern", "--outfile-pattern"),
+        metavar="PATTERN",
+        help="hydra's: each rank's stdout also to this file (%%r rank, %%h host, %%g 0, %%p its host's index).",
+    ),
+    Opt(
+        "errfile_pattern",
+        ("-errfile-pattern", "--errfile-pattern"),
+        metavar="PATTERN",
+        help="hydra's: each rank's stderr also to this file (as -outfile-pattern).",
+    ),
+    Opt(
+        "print_rank_map",
+        ("-print-rank-map", "--print-rank-map"),
+        FLAG,
+        help="hydra's: print which host has which ranks.",
+    ),
+    Opt(
+        "gpus_per_proc",
+        ("-gpus-per-proc", "--gpus-per-proc"),
+        check=INT_MIN1,
+        maximum=1024,
+        metavar="N",
+        help="hydra's --devices-per-rank N.",
+    ),
+    Opt(
+        "rmk", ("-rmk", "--rmk"), metavar="user|slurm|pbs|lsf", help="hydra's resource manager: where hosts come from."
+    ),
+    Opt("binding", ("-binding", "--binding"), metavar="cpu:cores|...", help="hydra's old -bind-to."),
+    Opt(
+        "demux", ("-demux", "--demux"), metavar="poll|select", help="hydra's I/O engine: accepted, ignored (said once)."
+    ),
 )
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
 VERSION_FLAGS = ("--version", "-V", "-version")
-SUBCOMMANDS = ("check", "allrun")  # first words that are not a job: hostcli's commands
+SUBCOMMANDS = ("check", "allrun", "shims")  # first words that are not a job: cli/main.SUBCOMMAND
 APP_PARAMS = ("np", "wdir", "argv", "app_env", "app_envlist")  # per app context; the rest are the job's
 
 

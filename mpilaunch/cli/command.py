@@ -58,7 +58,7 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
     kwargs: dict[str, object] = {"metavar": opt.metavar, "help": opt.help, "show_default": opt.show_default}
     if opt.kind == cliopts.FLAG:
         kwargs["is_flag"] = True
-    if opt.kind in (cliopts.MULTI, cliopts.PAIRS):
+    if opt.kind in (cliopts.MULTI, cliopts.PAIRS, cliopts.ENV):
         kwargs["multiple"] = True
     if opt.kind == cliopts.PAIRS:
         kwargs["nargs"] = 2

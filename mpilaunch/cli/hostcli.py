@@ -6,11 +6,9 @@ everywhere; click is imported only when one of them runs.
 
 from __future__ import annotations
 
-import os
-
 from mpilaunch.cli.cliopts import RUN_OPTIONS
 from mpilaunch.cli.command import click_option
-from mpilaunch.cli.parse import check_root, exports_of
+from mpilaunch.cli.parse import exports_of
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import Options
 
@@ -78,7 +76,6 @@ def run_subcommand(name: str, args: list[str]) -> int:
     )
     if name == "check":
         return hostcmds.run_check(options, params["program"], params["port"])
-    check_root(options, os.environ)
     return hostcmds.run_allrun(options, tuple(params["argv"]), params["wdir"], exports_of(params["exports"]))
 
 

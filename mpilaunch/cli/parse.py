@@ -31,26 +31,16 @@ def _env_timeout() -> float | None:
 def unknown_word(words: list[str]) -> str | None:
     """The first single-dash word before the program that is no option: click would read
     `-genvx` as -g -e -n -v -x and name a letter of it."""
-    by_flag = argscan.BY_FLAG
     eager = {*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--" or len(word) < 2 or word[0] != "-" or word in eager:
-            return None
-        name, eq, _ = word.partition("=")
-        opt = by_flag.get(name)
-        if opt is None and word.startswith("--"):
+    for item in argscan.option_words(words):
+        word = item.word
+        if word in eager or (item.opt is None and word.startswith("--")):
             return None  # click names an unknown long option whole
-        if opt is None:
-            opt = by_flag.get(word[:2])  # a value glued to a short option: -n4, -xFOO=1, -Hnode1
-            numeric = opt is not None and opt.check == cliopts.INT_MIN1
-            if opt is None or opt.kind == cliopts.FLAG or (numeric and not word[2:].isdigit()):
-                return word
-            i += 1
-            continue
-        taken = {cliopts.FLAG: 0, cliopts.PAIRS: 2}.get(opt.kind, 1)
-        i += 1 + max(taken - (1 if eq else 0), 0)
+        if item.opt is None:
+            return word
+        glued = word.partition("=")[0] not in item.opt.flags  # -n4, -xFOO=1
+        if glued and item.opt.check == cliopts.INT_MIN1 and not word[2:].isdigit():
+            return word
     return None
 
 
@@ -84,9 +74,9 @@ def _names(values: tuple[str, ...]) -> list[str]:
     return [name for value in values for name in value.split(",") if name]
 
 
-def _checked(pairs: tuple[tuple[str, str | None], ...]) -> tuple[tuple[str, str | None], ...]:
+def _checked(pairs: tuple[tuple[str, str | None], ...], option: str) -> tuple[tuple[str, str | None], ...]:
     """-env and -genv names are variable names, as -x's are."""
-    return exports_of(tuple(name if value is None else f"{name}={value}" for name, value in pairs))
+    return exports_of(tuple(name if value is None else f"{name}={value}" for name, value in pairs), option)
 
 
 NOT_CARRIED = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_"})  # this shell's, not the job's (-genvall)
@@ -105,7 +95,7 @@ def hydra_exports(globals_: dict[str, object], env: Mapping[str, str]) -> tuple[
 
         names = [n for n in inherited(env) if n not in NOT_CARRIED and not n.startswith("SSH_")]
         pairs = tuple((name, None) for name in names) + pairs
-    return _checked(pairs)
+    return _checked(pairs, "-genv")
 
 
 IFACE_NAMES = (  # what each library reads to pick the network interface of its traffic
@@ -162,7 +152,7 @@ def _with_configfile(words: list[str], path: str) -> list[str]:
     return out
 
 
-def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+def exports_of(values: tuple[str, ...], option: str = "-x") -> tuple[tuple[str, str | None], ...]:
     from mpilaunch.plan.rank_env import valid_env_name
 
     out = []
@@ -171,13 +161,28 @@ def exports_of(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
         if not valid_env_name(name):
             from mpilaunch.plan.hosts import shown
 
-            raise LaunchError(f"-x {shown(item)}: {shown(name)} is not a variable name")
+            raise LaunchError(f"{option} {shown(item)}: {shown(name)} is not a variable name")
         out.append((name, value if eq else None))
     return tuple(out)
 
 
-def parse_args(argv: list[str]) -> JobSpec:
-    """argv (without the program name) -> JobSpec; global options may appear in any app context."""
+def _pairs(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    """hydra's -genv/-env values, NAME=VALUE each (cli/dialect joined NAME VALUE): as pairs."""
+    out: list[tuple[str, str | None]] = []
+    for value in values:
+        name, eq, text = value.partition("=")
+        if not eq:
+            raise LaunchError(f"-genv/-env {value!r}: expected NAME=VALUE or NAME VALUE")
+        out.append((name, text))
+    return tuple(out)
+
+
+def parse_args(argv: list[str], name: str = "mpilaunch") -> JobSpec:
+    """argv (without the program name) -> JobSpec; global options may appear in any app context.
+    name: what mpilaunch was started as (mpirun, mpiexec, ...: cli/dialect)."""
+    from mpilaunch.cli.dialect import canonical
+
+    argv, side = canonical(argv, name)
     apps = []
     globals_: dict[str, object] = {}
     given_anywhere: set[str] = set()
@@ -187,22 +192,22 @@ def parse_args(argv: list[str]) -> JobSpec:
         if params["configfile"] is not None:
             if len(segments) > 1 or params["argv"]:
                 raise LaunchError("-configfile: the file gives the programs; give none on the command line")
-            return parse_args(_with_configfile(words, str(params["configfile"])))
+            return parse_args(_with_configfile(words, str(params["configfile"])), name)
         given_anywhere |= given
         if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""
             raise LaunchError(f"no program given{where}; usage: mpilaunch [options] program [args]")
         if params["wdir"] == "":
             raise LaunchError("--wdir: the directory name is empty")
-        own = (*params["app_env"], *((name, None) for name in _names(params["app_envlist"])))
+        own = (*_pairs(params["app_env"]), *((name, None) for name in _names(params["app_envlist"])))
         apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"], exports=own))
-        for name, value in params.items():
-            if name in cliopts.APP_PARAMS:
+        for key, value in params.items():
+            if key in cliopts.APP_PARAMS:
                 continue
-            if index == 0 or name in given:
-                if name in ("hosts", "mca", "exports") and index and name in globals_:
-                    value = tuple(globals_[name]) + tuple(value)  # type: ignore[arg-type]
-                globals_[name] = value
+            if index == 0 or key in given:
+                if key in MERGED and index and key in globals_:
+                    value = tuple(globals_[key]) + tuple(value)  # type: ignore[arg-type]
+                globals_[key] = value
     globals_.pop("configfile")
     config = globals_.pop("config")
     if config:  # pyyaml only now: a plain run does not pay for it
@@ -210,49 +215,90 @@ def parse_args(argv: list[str]) -> JobSpec:
         from mpilaunch.cli.jobfile import apply_job_file, read_job_file
 
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
-    exports = hydra_exports(globals_, os.environ) + exports_of(globals_.pop("exports"))  # type: ignore[arg-type]
+    if side == "hydra" and not given_anywhere & {"genvall", "genvnone", "genvlist"}:
+        globals_["genvall"] = True  # hydra's default: every rank gets the launcher's environment
+    options = _options(globals_, given_anywhere, apps)  # gives apps their exports too
+    return JobSpec(tuple(apps), options)
+
+
+MERGED = ("hosts", "hydra_hosts", "mca", "exports", "genv", "am", "tune")  # added up over app contexts
+
+
+def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext]) -> Options:
+    """The job-wide options, and the programs' exports, from what the command line gave."""
+    from mpilaunch.cli import launcher_words as words
+    from mpilaunch.cli.dialect import HYDRA_PLACEMENT
+
+    notes: list[str] = []
+    mca = tuple(globals_.pop("mca"))  # type: ignore[arg-type]
+    tune = globals_.pop("tune")
+    tuned = words.tune_file_words(tune) if tune else []  # type: ignore[arg-type]
+    mca = (
+        *words.mca_file_params(globals_.pop("am"), "-am"),  # type: ignore[arg-type]
+        *((k, v) for kind, text in tuned if kind == "mca" for k, v in [text.split("\0", 1)]),
+        *mca,
+    )
+    globals_["genv"] = _pairs(globals_["genv"])  # type: ignore[arg-type]
+    exports = hydra_exports(globals_, os.environ)
+    exports += exports_of(tuple(text for kind, text in tuned if kind == "x") + tuple(globals_.pop("exports")))  # type: ignore[arg-type]
     iface = globals_.pop("iface")
     if iface is not None:
         exports = iface_exports(str(iface), os.environ, exports) + exports
-    apps = [AppContext(a.argv, a.np, exports + _checked(a.exports), a.wdir) for a in apps]
+    apps[:] = [AppContext(a.argv, a.np, exports + _checked(a.exports, "-env"), a.wdir) for a in apps]
     env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")
     if env_abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
-        globals_["mca"] = (("orte_abort_on_non_zero_status", env_abort), *globals_["mca"])  # type: ignore[misc]
+        mca = (("orte_abort_on_non_zero_status", env_abort), *mca)
+    agent, extra = words.remote_shell(globals_.pop("rsh_agent"), globals_.pop("rsh_args"), mca, os.environ)  # type: ignore[arg-type]
     timeout = globals_.pop("timeout") or _env_timeout()
-    map_by = str(globals_.pop("map_by"))
+    fields = words.mapping_options(globals_, given)
+    hydra, hydra_notes = words.hydra_options(globals_, given)
+    fields.update(hydra)
+    notes += hydra_notes
     oversubscribe = bool(globals_.pop("oversubscribe"))
-    if map_by.upper().endswith(":OVERSUBSCRIBE"):
-        map_by, oversubscribe = map_by[: -len(":OVERSUBSCRIBE")], True
+    oversubscribe = bool(fields.pop("oversubscribe", oversubscribe))  # --map-by ...:OVERSUBSCRIBE
+    if globals_.pop("nooversubscribe"):
+        oversubscribe = False
     mpi = str(globals_.pop("mpi")).lower()
     if mpi == "pmi2" and globals_.get("pmi_tcp"):
         raise LaunchError(
             "--mpi pmi2 with --pmi-tcp: MPICH's PMI-2 client skips the PMI_ID handshake over TCP, "
             "so mpilaunch would refuse its connection; drop --pmi-tcp to serve PMI-2 over PMI_FD"
         )
-    bind_to = str(globals_.pop("bind_to")).split(":", 1)[0].lower()
-    if bind_to == "none" and "bind_to" not in given_anywhere:
+    bind_to = str(fields.pop("bind_to", None) or globals_.pop("bind_to")).split(":", 1)[0].lower()
+    globals_.pop("bind_to", None)
+    if bind_to == "none" and "bind_to" not in given and "binding" not in given:
         bind_to = ""  # not asked for: each MPI family's launcher default (plan/build.launch_messages)
-    if bind_to not in ("", "none", "core", "socket", "hwthread"):
-        raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket or hwthread")
-    hydra_words = {"-hosts", "--hosts", "-ppn", "--ppn"}
-    options = Options(
-        hydra_spelled=any(word.split("=", 1)[0] in hydra_words for word in argv),
+    if bind_to not in BIND_LEVELS:
+        raise LaunchError(f"--bind-to {bind_to!r}: expected none, core, socket, numa or hwthread")
+    launcher = str(globals_.pop("launcher")).lower()
+    if launcher in cliopts.OTHER_HYDRA_LAUNCHERS:
+        notes.append(f"-bootstrap {launcher}: mpilaunch starts agents over ssh (or srun in Slurm): read as auto")
+        launcher = "auto"
+    elif launcher == "rsh":
+        launcher = "ssh"
+    placement = "hydra" if given & HYDRA_PLACEMENT else "openmpi"
+    hosts, hostfile = globals_.pop("hosts"), globals_.pop("hostfile")
+    hydra_hosts, hydra_hostfile = globals_.pop("hydra_hosts"), globals_.pop("hydra_hostfile")
+    if placement == "hydra":
+        hosts, hostfile = hydra_hosts, hydra_hostfile
+    for dropped in ("verbose", "rmk", *fields):  # fields: what the launchers' words set instead
+        globals_.pop(dropped, None)
+    return Options(
         timeout=timeout,  # type: ignore[arg-type]
-        map_by=map_by,
         oversubscribe=oversubscribe,
         bind_to=bind_to,
         mpi=mpi,
+        mca=mca,
+        launcher=launcher,
+        hosts=hosts,  # type: ignore[arg-type]
+        hostfile=hostfile,  # type: ignore[arg-type]
+        placement=placement,
+        rsh_agent=agent,
+        rsh_args=extra,
+        notes=tuple(notes),
+        **fields,  # type: ignore[arg-type]
         **globals_,  # type: ignore[arg-type]
     )
-    return JobSpec(tuple(apps), options)
 
 
-def check_root(options: Options, env: dict[str, str] | os._Environ[str]) -> None:
-    if os.geteuid() != 0 or options.allow_run_as_root:
-        return
-    if env.get("OMPI_ALLOW_RUN_AS_ROOT") == "1" and env.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1":
-        return
-    raise LaunchError(
-        "refusing to run as root: pass --allow-run-as-root (or set OMPI_ALLOW_RUN_AS_ROOT=1 and "
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1) if you really mean it"
-    )
+BIND_LEVELS = ("", "none", "core", "socket", "numa", "hwthread")

@@ -15,10 +15,16 @@ from mpilaunch.host.programs import find_program, program_family
 from mpilaunch.plan.pmi import BOTH, served_mpi
 
 
-def pmix_guess(words: list[str]) -> tuple[str | None, str | None] | None:
+def pmix_guess(words: list[str], name: str = "mpilaunch") -> tuple[str | None, str | None] | None:
     """(--pmix-lib, the programs' own libpmix) when the job will likely be served PMIx, as the
     launch will decide it (plan/pmi.served_mpi) from this machine's programs; else None, also
     for anything the fast scanner leaves to click."""
+    from mpilaunch.cli.dialect import canonical
+
+    try:
+        words = canonical(words, name)[0]
+    except LaunchError:  # refused: the launch says so
+        return None
     scanned = [scan(context) for context in split_apps(words)]
     if any(s is None or not s[0]["argv"] for s in scanned):
         return None

@@ -13,15 +13,40 @@ def _topology_value(cpu: int, name: str) -> int:
         return cpu if name == "core_id" else 0
 
 
+def numa_nodes() -> dict[int, int]:
+    """cpu -> its NUMA node, from /sys (empty where the kernel shows none)."""
+    nodes: dict[int, int] = {}
+    base = "/sys/devices/system/node"
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("node") and n[4:].isdigit()]
+    except OSError:
+        return nodes
+    for name in names:
+        try:
+            with open(f"{base}/{name}/cpulist") as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        for part in filter(None, text.split(",")):
+            first, _, last = part.partition("-")
+            for cpu in range(int(first), int(last or first) + 1):
+                nodes[cpu] = int(name[4:])
+    return nodes
+
+
 def cpu_groups(level: str, cpus: list[int] | None = None) -> list[list[int]]:
-    """The host's usable CPUs grouped by hwthread, core or socket, in CPU order."""
+    """The host's usable CPUs grouped by hwthread, core, socket or NUMA node, in CPU order."""
     usable = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     if level == "hwthread":
         return [[c] for c in usable]
+    numa = numa_nodes() if level == "numa" else {}
     groups: dict[tuple[int, ...], list[int]] = {}
     for cpu in usable:
         package = _topology_value(cpu, "physical_package_id")
-        key = (package,) if level == "socket" else (package, _topology_value(cpu, "core_id"))
+        if level == "numa":
+            key: tuple[int, ...] = (numa.get(cpu, package),)
+        else:
+            key = (package,) if level == "socket" else (package, _topology_value(cpu, "core_id"))
         groups.setdefault(key, []).append(cpu)
     return sorted(groups.values())
 
@@ -34,11 +59,13 @@ def domains(count: int, cpus: list[int] | None = None) -> list[list[int]]:
     return [usable[i * size : (i + 1) * size] for i in range(min(count, len(usable)))]
 
 
-def cpus_for(level: str, local_rank: int, groups: list[list[int]]) -> list[int] | None:
-    """Local rank i gets group i (wrapping around when ranks outnumber groups)."""
+def cpus_for(level: str, local_rank: int, groups: list[list[int]], per: int = 1) -> list[int] | None:
+    """Local rank i gets group i (wrapping around when ranks outnumber groups); with per > 1
+    (Open MPI's PE=per), the per groups i*per to i*per+per-1 together."""
     if level == "none" or not groups:
         return None
-    return groups[local_rank % len(groups)]
+    first = local_rank * per
+    return [cpu for k in range(first, first + per) for cpu in groups[k % len(groups)]]
 
 
 def report(cpus: list[int] | None, usable: list[int] | None = None) -> str:

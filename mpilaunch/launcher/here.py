@@ -1,4 +1,4 @@
-"""This machine's answers to the planner (plan.build.Here): a free port, and its facts."""
+"""This machine's answers to the planner (plan.build.Here): a free port, its facts and sockets."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ class ThisMachine(Here):
         if request.get("hccn"):
             info["address"] = this_machine_address()
         return info
+
+    def sockets(self) -> int:
+        from mpilaunch.host.binding import cpu_groups
+
+        return max(1, len(cpu_groups("socket")))
 
     def in_job_step(self) -> bool:
         from mpilaunch.host.procfs import has_ancestor

@@ -9,11 +9,12 @@ from collections.abc import Mapping
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.here import ThisMachine
-from mpilaunch.launcher.output import Console, OutputSink
+from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import (
     LaunchPlan,
     build_plan,
+    cores_short,
     host_checks,
     intel_note,
     launch_messages,
@@ -26,6 +27,7 @@ from mpilaunch.plan.pmi import served_mpi
 from mpilaunch.plan.rank_env import inherited
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import MPI4PY_HINT, AppCheck, Check, Probe, Put, PutDone, encode
+from mpilaunch.protocol.wire import STDERR, STDOUT
 from mpilaunch.transport.base import Link, Transport, transport_class
 from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
 
@@ -79,10 +81,17 @@ def remote_transport(options: Options, hosts: int) -> Transport:
     relays with --ssh-tree-width when there are more hosts than that."""
     from mpilaunch.transport.sshcommon import SshOptions, ssh_client  # a local job never needs them
 
-    ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
+    ssh = SshOptions(
+        config=options.ssh_config, accept_new=options.ssh_accept_new, command=options.rsh_agent, extra=options.rsh_args
+    )
     if options.launcher == "slurm":
         return transport_class("slurm")(ssh)  # type: ignore[call-arg]
-    transport = transport_class(ssh_client(options.ssh_client))(ssh)  # type: ignore[call-arg]
+    client = ssh_client(options.ssh_client)
+    if options.rsh_agent or options.rsh_args:  # a command line of the user's: only a command can take it
+        if options.ssh_client == "paramiko":
+            raise LaunchError("plm_rsh_agent/plm_rsh_args (-bootstrap-exec/-exec-args) need --ssh-client openssh")
+        client = "openssh"
+    transport = transport_class(client)(ssh)  # type: ignore[call-arg]
     width = options.ssh_tree_width
     if width and hosts > width:
         return transport_class("tree")(transport, ssh, width)  # type: ignore[call-arg]
@@ -97,6 +106,10 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     rank0 = plan.job.ranks[0].host
     pick_port = rank0 in remote and not env.get("MASTER_PORT", "").isdigit()
     carried = carried_environment(dict(env))
+    if options.prefix:  # Open MPI's --prefix: its bin and lib first on every remote host (where they exist)
+        prefix = os.path.abspath(options.prefix)
+        for name, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+            carried[name] = os.pathsep.join(p for p in (os.path.join(prefix, sub), carried.get(name)) if p)
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, plan.exports)
 
     def check(index: int) -> bytes:
@@ -199,9 +212,9 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
     servers = len({r.host for r in plan.job.ranks})
     what = f"{servers} server{'s' if servers > 1 else ''}, {len(plan.job.ranks)} devices"
     where = f" (and on {', '.join(plan.hosts[i].name for i in remote)})" if remote else ""
-    print(f"mpilaunch: rank table ({what}) written to {path}{where}", file=sys.stderr, flush=True)
+    say(plan.options, f"rank table ({what}) written to {path}{where}")
     for note in notes:
-        print(f"mpilaunch: rank table: {note}", file=sys.stderr, flush=True)
+        say(plan.options, f"rank table: {note}")
 
 
 def run_job(spec: JobSpec) -> int:
@@ -209,7 +222,9 @@ def run_job(spec: JobSpec) -> int:
     plan = None
     try:
         plan, source = build_plan(spec, os.environ, ThisMachine())
-        if options.dry_run or options.display_map:
+        for note in plan.notes:
+            say(options, note)
+        if options.dry_run or options.display_map or options.display_allocation or options.print_rank_map:
             show_plan(plan, source)
         if options.dry_run:
             return 0
@@ -236,12 +251,18 @@ def launcher_command() -> list[str]:
 
 
 def show_plan(plan: LaunchPlan, source: str) -> None:
-    """--display-map and --dry-run: the map, and (dry run) every rank's variables and the rank table."""
-    from mpilaunch.launcher.report import dry_run_env, rank_map
+    """--display-allocation, --display-map, -print-rank-map and --dry-run: the hosts, the map, and
+    (dry run) every rank's variables and the rank table."""
+    from mpilaunch.launcher.report import allocation, dry_run_env, hydra_rank_map, rank_map
 
     options = plan.options
     job = plan.job
-    print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
+    if options.display_allocation:
+        print(allocation(plan.hosts), flush=True)
+    if options.print_rank_map:
+        print(hydra_rank_map(plan.hosts, job.ranks), flush=True)
+    if options.display_map or options.dry_run:
+        print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
     if options.dry_run:
         print(dry_run_env(job.ranks, plan.hosts, job.envs), flush=True)
         if plan.options.rank_table:
@@ -264,14 +285,25 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
         if host_tags:
             console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
     sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
+    patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
+    if patterns:
+        used = sorted({r.host for r in plan.job.ranks})
+        places = [(plan.hosts[r.host].name, used.index(r.host)) for r in plan.job.ranks]
+        sink.patterns = PatternFiles(patterns, places)
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))))
     except BaseException:
         sink.unlock()
         raise
     if root:
-        print(f"mpilaunch: rank output goes to {root}/rank.N", file=sys.stderr, flush=True)
+        say(options, f"rank output goes to {root}/rank.N")
     return sink
+
+
+def say(options: Options, note: str) -> None:
+    """One of mpilaunch's own notes on stderr, unless it is empty or -q asked for none."""
+    if note and not options.quiet:
+        print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
 
 
 def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
@@ -293,6 +325,9 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
             discard_early_agent()  # reaps the early agent told to stop above: it has left by now
             families.update({i: plan.host_info.get(i, {}).get("families") or {} for i in remote})
         plan = choose_mpi(plan, families)
+        short = cores_short(plan)
+        if short:
+            raise LaunchError(short)
         if plan.options.rank_table:
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
@@ -300,21 +335,17 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
         _close_and_wait(links)
         raise
     job = plan.job
-    if not plan.options.bind_to and serves_open_mpi(job) and open_mpi_binding(len(job.ranks), False) != "none":
+    options = plan.options
+    if not options.bind_to and serves_open_mpi(job) and open_mpi_binding(len(job.ranks), False) != "none":
         level = open_mpi_binding(len(job.ranks), False)
-        print(
-            f"mpilaunch: Open MPI ranks are bound to a {level} each, as mpirun binds them (not on a host with more "
-            "ranks than slots); --bind-to none leaves them unbound",
-            file=sys.stderr,
-            flush=True,
+        say(
+            options,
+            f"Open MPI ranks are bound to a {level} each, as mpirun binds them (not on a host with more ranks than "
+            "slots); --bind-to none leaves them unbound",
         )
     launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
-    said = intel_note(plan, launches) if plan.intel_mpi else ""
-    if said:
-        print(f"mpilaunch: {said}", file=sys.stderr, flush=True)
-    note = devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports)
-    if note:
-        print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
+    say(options, intel_note(plan, launches) if plan.intel_mpi else "")
+    say(options, devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports))
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
     # agents answer waits in their links until the controller reads it.
     try:

@@ -92,17 +92,19 @@ class LogTree:
         self.fds.clear()
 
 
-def _open_log(name: str, parent: int) -> int:
-    """Create or truncate a regular log file in `parent`, never waiting and never following a
-    link: a FIFO planted there would block the open (or the writes) for ever, a device would
-    take the output somewhere else, so anything but a regular file is refused."""
+def _open_log(name: str, parent: int | None = None) -> int:
+    """Create or truncate a regular log file, never waiting: a FIFO planted there would block
+    the open (or the writes) for ever, a device would take the output somewhere else, so
+    anything but a regular file is refused. In `parent` (the log tree): a link is not followed
+    either; a path of the user's own (hydra's -outfile-pattern) may be one."""
+    follow = parent is None
     try:
-        found = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        found = os.stat(name, dir_fd=parent, follow_symlinks=follow)
     except FileNotFoundError:
         found = None
     if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
         raise OSError(errno.EINVAL, f"{kind_of(found.st_mode)}, not a regular file")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(name, flags, 0o644, dir_fd=parent)
     try:
         opened = os.fstat(fd)
@@ -128,6 +130,67 @@ def _subdir(parent: int, name: str) -> int:
         if stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode):
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
         raise
+
+
+def expand_pattern(pattern: str, rank: int, host: str, job: int, proxy: int) -> str:
+    """hydra's -outfile-pattern: %r the rank, %h its host, %g its job (0 for the launched one),
+    %p its host's place among the job's hosts, %% a percent sign."""
+    out, at = [], 0
+    while at < len(pattern):
+        char = pattern[at]
+        if char == "%" and at + 1 < len(pattern):
+            code = pattern[at + 1]
+            fields = {"r": str(rank), "h": host, "g": str(job - 1), "p": str(proxy), "%": "%"}
+            if code in fields:
+                out.append(fields[code])
+                at += 2
+                continue
+        out.append(char)
+        at += 1
+    return "".join(out)
+
+
+PATTERN_OPTIONS = {STDOUT: "-outfile-pattern", STDERR: "-errfile-pattern"}
+
+
+class PatternFiles:
+    """hydra's -outfile-pattern and -errfile-pattern: a stream of each rank of the launched job
+    goes to its own file instead of the console (the log tree, if any, still gets it)."""
+
+    def __init__(self, patterns: dict[int, str], places: list[tuple[str, int]]) -> None:
+        """patterns: stream -> pattern; places: (host name, host's place) of each rank."""
+        self.fds: dict[tuple[int, int], int] = {}
+        self.paths: dict[tuple[int, int], str] = {}
+        try:
+            for stream, pattern in patterns.items():
+                for rank, (host, proxy) in enumerate(places):
+                    path = expand_pattern(pattern, rank, host, 1, proxy)
+                    fd = self.fds.get((rank, STDOUT)) if stream == STDERR and self._same(rank, path) else None
+                    self.fds[(rank, stream)] = fd if fd is not None else _open_log(path)
+                    self.paths[(rank, stream)] = path
+        except OSError as exc:
+            self.close()
+            option = PATTERN_OPTIONS[stream]
+            raise LaunchError(f"{option} {pattern}: cannot write {path}: {exc.strerror}") from None
+
+    def _same(self, rank: int, path: str) -> bool:
+        return self.paths.get((rank, STDOUT)) == path
+
+    def write(self, rank: int, stream: int, data: bytes) -> bool:
+        """Write to the rank's file for this stream: False if it has none (the console has it)."""
+        fd = self.fds.get((rank, stream))
+        if fd is None:
+            return False
+        try:
+            _write_all(fd, data)
+        except OSError:
+            pass  # a full disk: what does not fit is lost from this file, as hydra loses it
+        return True
+
+    def close(self) -> None:
+        for fd in set(self.fds.values()):
+            os.close(fd)
+        self.fds.clear()
 
 
 class Console:
@@ -252,6 +315,7 @@ class OutputSink:
         self.trees: dict[int, LogTree] = {}
         self.where: dict[int, tuple[int, int]] = {}
         self.tails: dict[int, bytearray] = {}
+        self.patterns: PatternFiles | None = None  # hydra's -outfile-pattern/-errfile-pattern (job 1)
 
     def add_job(self, job: int, procs: list[int]) -> str | None:
         """Register a job's process ids (rank order); returns its log directory, if any."""
@@ -276,7 +340,8 @@ class OutputSink:
                 for path, why in tree.failed:
                     self.say(f"mpilaunch: cannot write {path}: {why}; the rest of that output is not kept")
                 tree.failed.clear()
-        if self.console is not None:
+        redirected = job == 1 and self.patterns is not None and self.patterns.write(rank, stream, data)
+        if self.console is not None and not redirected:
             self.console.feed(proc, stream, data, now)
         if stream == STDERR or self.merged:
             tail = self.tails.setdefault(proc, bytearray())
@@ -308,6 +373,8 @@ class OutputSink:
             self.console.finish()
         for tree in self.trees.values():
             tree.close()
+        if self.patterns is not None:
+            self.patterns.close()
         self.unlock()
 
     def unlock(self) -> None:

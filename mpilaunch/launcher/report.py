@@ -52,6 +52,26 @@ def rank_map(hosts: Sequence[Host], ranks: Sequence[Rank], apps: Sequence[Sequen
     return "\n".join(lines)
 
 
+def allocation(hosts: Sequence[Host]) -> str:
+    """--display-allocation: the hosts and their slots, in mpirun's layout."""
+    lines = ["", "======================   ALLOCATED NODES   ======================"]
+    for host in hosts:
+        cap = host.max_slots if host.max_slots is not None else 0
+        lines.append(f"\t{host.name}: slots={host.slots} max_slots={cap} slots_inuse=0")
+    lines.append("=================================================================")
+    return "\n".join(lines)
+
+
+def hydra_rank_map(hosts: Sequence[Host], ranks: Sequence[Rank]) -> str:
+    """hydra's -print-rank-map: `(host:0,1,4)` per host that has ranks, in host order."""
+    lines = []
+    for index, host in enumerate(hosts):
+        mine = [str(r.rank) for r in ranks if r.host == index]
+        if mine:
+            lines.append(f"({host.name}:{','.join(mine)})")
+    return "\n".join(lines) + "\n"
+
+
 def dry_run_env(ranks: Sequence[Rank], hosts: Sequence[Host], envs: Sequence[Mapping[str, str]]) -> str:
     lines = []
     for r, env in zip(ranks, envs):

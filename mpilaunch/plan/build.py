@@ -15,7 +15,7 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.plan import devices
 from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
-from mpilaunch.plan.placement import Rank, place
+from mpilaunch.plan.placement import Rank, place, place_round_robin
 from mpilaunch.plan.pmi import BOTH, pmi_job, pmix_job, services
 from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES, JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.plan.spec import JobSpec, Options
@@ -54,6 +54,9 @@ class LaunchPlan(Record):
     launcher_env: Mapping[str, str] = MappingProxyType({})
     heartbeat: float = 30.0  # seconds of silence on a remote link before its host counts as lost
     host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
+    notes: tuple[str, ...] = ()  # said once before the job starts (unless -q)
+    may_oversubscribe: bool = False  # --oversubscribe, hydra's placement, or this machine alone: spawns too
+    sockets: int = 1  # of each host, for ppr:N:socket (this machine's)
 
 
 def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tuple[list[Host], str]:
@@ -82,7 +85,10 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
         found = from_environment(env)
         if found is not None:
             return hostlib.merge_local_aliases(found[0]), found[1]
-    return hostlib.localhost_default(), "localhost (no hosts given)"
+    return hostlib.localhost_default(), LOCAL_SOURCE
+
+
+LOCAL_SOURCE = "localhost (no hosts given)"
 
 
 LOCAL_LAUNCHERS = ("local", "fork")  # --launcher values that start every host's agent on this machine
@@ -126,6 +132,10 @@ class Here:
         """Whether this process runs inside a Slurm job step (a batch script's)."""
         return False
 
+    def sockets(self) -> int:
+        """This machine's sockets (ppr:N:socket counts them for every host: a cluster's are alike)."""
+        return 1
+
 
 def master_address(options: Options, hosts: list[Host], used: set[int], rank0_host: int) -> str:
     if not over_ssh(options, hosts[rank0_host]):
@@ -168,6 +178,23 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
         app_exports=plan.app_exports,
     )
     return plan._replace(job=rebuilt, master=master)
+
+
+def cores_short(plan: LaunchPlan) -> str:
+    """Why Open MPI's PE=M cannot be honoured (a host with fewer CPUs than its ranks times M, as
+    mpirun refuses it), or ""; known once every host said how many CPUs it has."""
+    per = plan.options.cpus_per_rank
+    if per <= 1:
+        return ""
+    for index in sorted({r.host for r in plan.job.ranks}):
+        count = sum(1 for r in plan.job.ranks if r.host == index)
+        cpus = (plan.host_info.get(index) or {}).get("cpus") or 0
+        if cpus and count * per > cpus:
+            return (
+                f"{plan.hosts[index].name}: {count} ranks of {per} cores each (PE={per}) need {count * per} "
+                f"cores, and it has {cpus}; place fewer ranks there or give each fewer cores"
+            )
+    return ""
 
 
 def open_mpi_binding(size: int, oversubscribed: bool) -> str:
@@ -245,6 +272,11 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
         if job.pmix is not None:
             pmix = job.pmix._replace(node=node, oversubscribed=over)
         bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if serves_open_mpi(job) else "none")
+        pe = options.cpus_per_rank or 1
+        if options.cpus_per_rank and not options.bind_to:  # PE=M binds to M cores (hwthreads) per rank
+            bind_to = "hwthread" if options.use_hwthread_cpus else "core"
+        elif options.use_hwthread_cpus and bind_to == "core":
+            bind_to = "hwthread"
         if job.pmi is not None:
             ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
         launches[index] = Launch(
@@ -255,6 +287,7 @@ def launch_messages(plan: LaunchPlan, job: JobPlan, procs: Sequence[int], stdin:
             pmix=pmix,
             merge=options.merge_stderr_to_stdout,
             bind_to=bind_to,
+            cpus_per_rank=pe,
             report_bindings=options.report_bindings,
             drop_prefixes=LEAK_PREFIXES,
             drop_names=tuple(sorted(LEAK_NAMES)),
@@ -337,18 +370,66 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
     return value
 
 
+def hydra_hosts(options: Options, env: Mapping[str, str]) -> tuple[list[Host], list[tuple[int, int]], str]:
+    """hydra's host list (-hosts, -f, else the allocation or this machine), as the job's hosts and
+    its entries (host index, count: -ppn's if given) in list order; a host's slots are its counts."""
+    if options.hosts:
+        listed = [h for v in options.hosts for h in hostlib.parse_host_list(v, f"-hosts {hostlib.shown(v)}")]
+        source = "-hosts"
+    elif options.hostfile:
+        listed = hostlib.read_hostfile(options.hostfile, merge=False)
+        source = f"hostfile {options.hostfile}"
+    else:
+        listed, source = resolve_hosts(options, env)
+    counts = [options.ppn or h.slots or 1 for h in listed]
+    hosts, index = hostlib.entry_hosts([h._replace(slots=c, max_slots=None) for h, c in zip(listed, counts)])
+    return hosts, list(zip(index, counts)), source
+
+
+def place_job(
+    hosts: list[Host],
+    entries: list[tuple[int, int]] | None,
+    apps: list[tuple[int | None, str]],
+    options: Options,
+    source: str,
+    sockets: int = 1,
+) -> tuple[list[Rank], list[str]]:
+    """The job's ranks, and what to say about them: hydra's round-robin (entries), else Open
+    MPI's rules; a job on this machine alone may have more ranks than cores (said once)."""
+    nps = [np for np, _ in apps]
+    if entries is not None:
+        return place_round_robin(entries, nps, len(hosts), options.ppn), []
+    map_by = options.map_by
+
+    def placed(over: bool) -> list[Rank]:
+        return place(hosts, apps, map_by, options.npernode, over, rank_by=options.rank_by, sockets=sockets)
+
+    try:
+        return placed(options.oversubscribe), []
+    except LaunchError as exc:
+        if options.oversubscribe or source != LOCAL_SOURCE or "not enough slots" not in str(exc):
+            raise
+    ranks = placed(True)
+    cores = hosts[0].slots
+    return ranks, [f"{len(ranks)} ranks on this machine's {cores} cores: more ranks than cores (they take turns)"]
+
+
 def build_plan(
     spec: JobSpec, env: Mapping[str, str], here: Here, hosts: list[Host] | None = None
 ) -> tuple[LaunchPlan, str]:
     """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
     options = spec.options
-    if hosts is None:
-        hosts, source = resolve_hosts(options, env)
+    entries = None
+    if hosts is not None:
+        source = "the host list"
+    else:
+        if options.placement == "hydra":
+            hosts, entries, source = hydra_hosts(options, env)
+        else:
+            hosts, source = resolve_hosts(options, env)
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
         hosts = with_slots(hosts, source, options)
-    else:
-        source = "the host list"
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
@@ -357,21 +438,9 @@ def build_plan(
 
         nps[0] = mlp_np(env)
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
-    try:
-        ranks = place(
-            hosts,
-            [(np, app.argv[0]) for np, app in zip(nps, spec.apps)],
-            options.map_by,
-            options.npernode,
-            options.oversubscribe,
-        )
-    except LaunchError as exc:
-        if options.hydra_spelled and "not enough slots" in str(exc):  # the one word that differs
-            raise LaunchError(
-                f"{exc} (with -hosts or -ppn, hydra would place the extra ranks round-robin; mpilaunch "
-                "does as Open MPI does)"
-            ) from None
-        raise
+    sockets = here.sockets() if "socket" in options.map_by else 1
+    apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]
+    ranks, notes = place_job(hosts, entries, apps_np, options, source, sockets)
     job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
     port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
     master = (master_address(options, hosts, {r.host for r in ranks}, ranks[0].host), port)
@@ -410,6 +479,9 @@ def build_plan(
         launcher_env=dict(env),
         heartbeat=heartbeat_timeout(env),
         host_info=host_info,
+        notes=(*options.notes, *notes),
+        sockets=sockets,
+        may_oversubscribe=options.oversubscribe or source == LOCAL_SOURCE or entries is not None,
     )
     return plan, source
 
@@ -424,8 +496,10 @@ def spawn_plan(
         [(app.nprocs, app.argv[0]) for app in apps],
         options.map_by,
         None,
-        options.oversubscribe,
+        plan.may_oversubscribe,
         in_use=in_use,
+        rank_by=options.rank_by,
+        sockets=plan.sockets,
     )
     app_dirs = [(tuple(app.argv), app.wdir or plan.job.wdirs[0]) for app in apps]
     child = job_plan(

@@ -155,6 +155,11 @@ def merge_hosts(entries: list[Host]) -> list[Host]:
 
 def parse_hostfile(text: str, path: str) -> list[Host]:
     """Parse a whole hostfile; an error names the file and the line."""
+    return merge_hosts(hostfile_entries(text, path))
+
+
+def hostfile_entries(text: str, path: str) -> list[Host]:
+    """A hostfile's lines as hosts, in order, a repeated host not merged (hydra's list)."""
     entries = []
     for lineno, line in enumerate(text.splitlines(), 1):
         try:
@@ -165,14 +170,15 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
             entries.append(host)
     if not entries:
         raise LaunchError(f"{path}: no hosts in the hostfile")
-    return merge_hosts(entries)
+    return entries
 
 
-def read_hostfile(path: str) -> list[Host]:
+def read_hostfile(path: str, merge: bool = True) -> list[Host]:
+    """A hostfile's hosts, a repeated one merged (or, merge=False, hydra's list of its lines)."""
     from mpilaunch.plan.textfiles import read_text  # only a job with a hostfile reads one
 
     text = read_text(path, "hostfile", HOSTFILE_MAX)
-    return parse_hostfile(text, path)
+    return parse_hostfile(text, path) if merge else hostfile_entries(text, path)
 
 
 def parse_host_list(value: str, label: str | None = None) -> list[Host]:
@@ -221,6 +227,20 @@ def merge_local_aliases(hosts: list[Host]) -> list[Host]:
         h._replace(name=first_local) if h.user is None and h.port is None and is_local(h.name) else h for h in hosts
     ]
     return merge_hosts(renamed)
+
+
+def entry_hosts(entries: list[Host]) -> tuple[list[Host], list[int]]:
+    """hydra's host list, in which a host may come back (`a,b,a`): the job's hosts (merged, this
+    machine's names as one) and the index among them of each entry."""
+    hosts = merge_local_aliases(merge_hosts(entries))
+    local = next((h.name for h in hosts if h.user is None and h.port is None and is_local(h.name)), None)
+
+    def key(h: Host) -> tuple[str, str | None, int | None]:
+        here = h.user is None and h.port is None and is_local(h.name)
+        return (local if here and local else h.name, h.user, h.port)
+
+    index = {key(h): i for i, h in enumerate(hosts)}
+    return hosts, [index[key(e)] for e in entries]
 
 
 def with_core_counts(hosts: list[Host], cores_of: dict[str, int]) -> list[Host]:

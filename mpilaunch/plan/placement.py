@@ -21,21 +21,24 @@ class Rank(Record):
     node_rank: int  # index of the host among the hosts that run ranks
 
 
-def parse_map_by(map_by: str, npernode: int | None) -> tuple[str, int]:
-    """Normalise --map-by / --npernode to ("slot"|"node"|"ppr", per_node)."""
+def parse_map_by(map_by: str, npernode: int | None, sockets: int = 1) -> tuple[str, int]:
+    """Normalise --map-by / --npernode to ("slot"|"node"|"ppr", per_node); ppr:N:socket places
+    N per socket of a host that has `sockets` of them."""
     if npernode is not None:
         if npernode < 1:
             raise LaunchError(f"--npernode must be at least 1, not {npernode}")
         return "ppr", npernode
     policy = map_by.split(":", 1)[0].lower() if not map_by.lower().startswith("ppr") else map_by.lower()
-    if policy in ("slot", "core", "hwthread", "socket", "numa", "l3cache"):
+    if policy in ("slot", "core", "hwthread", "socket", "numa", "l3cache", "l2cache", "l1cache", "board"):
         return "slot", 0
     if policy == "node":
         return "node", 0
     parts = policy.split(":")
-    if parts[0] == "ppr" and len(parts) == 3 and parts[2] == "node" and parts[1].isdigit() and int(parts[1]) > 0:
-        return "ppr", int(parts[1])
-    raise LaunchError(f"--map-by {map_by!r}: expected slot, node or ppr:N:node")
+    if parts[0] == "ppr" and len(parts) == 3 and parts[2] in ("node", "socket") and parts[1].isdigit():
+        per = int(parts[1]) * (sockets if parts[2] == "socket" else 1)
+        if per > 0:
+            return "ppr", per
+    raise LaunchError(f"--map-by {map_by!r}: expected slot, node, ppr:N:node or ppr:N:socket")
 
 
 def _capacity(host: Host, used: int, oversubscribe: bool) -> int:
@@ -160,14 +163,19 @@ def place(
     npernode: int | None = None,
     oversubscribe: bool = False,
     in_use: list[int] | None = None,
+    rank_by: str | None = None,
+    sockets: int = 1,
 ) -> list[Rank]:
     """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun.
 
     in_use counts slots already taken per host (by the running jobs, when MPI_Comm_spawn asks).
+    rank_by (Open MPI's --rank-by) numbers a host's ranks in blocks (slot) or one host at a time
+    round the hosts (node); by default as the mapping does. sockets: of each host (ppr:N:socket).
     """
     if any(h.slots is None for h in hosts):
         raise ValueError("place() needs every host's slot count")
-    policy, per = parse_map_by(map_by, npernode)
+    policy, per = parse_map_by(map_by, npernode, sockets)
+    cyclic = (rank_by or ("node" if policy == "node" else "slot")) == "node"
     used = list(in_use) if in_use is not None else [0] * len(hosts)
     planned = sum(used)
     placed: list[tuple[int, int]] = []  # (app, host) in rank order
@@ -198,7 +206,7 @@ def place(
             counts[host] = r_counts[position]
             if counts[host] and host not in map_order:
                 map_order.append(host)
-        if policy == "node":
+        if cyclic:
             order = _cycle(counts, map_order)
         else:
             order = [i for i in map_order for _ in range(counts[i])]
@@ -207,6 +215,29 @@ def place(
         planned += len(order)
         placed.extend((app, i) for i in order)
     return number_ranks(placed, len(hosts))
+
+
+def place_round_robin(
+    entries: list[tuple[int, int]], apps: list[int | None], nhosts: int, ppn: int | None = None
+) -> list[Rank]:
+    """hydra's placement (-hosts, -ppn, -f): each entry of the host list, (host index, count), in
+    turn takes its count of consecutive ranks (every entry -ppn's, when given), round the list
+    and round again, with no slot limit; a later program continues where the last one stopped.
+    A program without -n has one rank per count of the list."""
+    counts = [ppn or count for _, count in entries]
+    placed: list[tuple[int, int]] = []
+    entry, taken = 0, 0
+    for app, np in enumerate(apps):
+        if np is not None and np < 1:
+            raise LaunchError(f"-n must be at least 1, not {np}")
+        np = sum(counts) if np is None else np
+        _check_size(len(placed) + np)
+        for _ in range(np):
+            if taken == counts[entry]:
+                entry, taken = (entry + 1) % len(entries), 0
+            placed.append((app, entries[entry][0]))
+            taken += 1
+    return number_ranks(placed, nhosts)
 
 
 def _check_size(total: int) -> None:

@@ -93,6 +93,8 @@ def rank_variables(rank: Rank) -> dict[str, str]:
         "OMPI_COMM_WORLD_LOCAL_SIZE": lsize,
         "OMPI_COMM_WORLD_NODE_RANK": local,
         "PMI_RANK": r,
+        "MPI_LOCALRANKID": local,  # hydra's
+        "MPI_LOCALNRANKS": lsize,
         "RANK": r,
         "LOCAL_RANK": local,
         "LOCAL_WORLD_SIZE": lsize,

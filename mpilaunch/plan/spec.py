@@ -21,12 +21,19 @@ class AppContext(Record):
 class Options(Record):
     """Job-wide options; defaults are mpirun's."""
 
-    hosts: tuple[str, ...] = ()  # -H values, each "a:2,b"
-    hostfile: str | None = None
-    map_by: str = "slot"  # slot | node | ppr:N:node
+    hosts: tuple[str, ...] = ()  # -H values, each "a:2,b" (or hydra's -hosts values)
+    hostfile: str | None = None  # (or hydra's -f)
+    placement: str = "openmpi"  # openmpi: by slot with Open MPI's rules; hydra (-hosts, -ppn, -f): round-robin
+    ppn: int | None = None  # hydra's -ppn
+    map_by: str = "slot"  # slot | node | ppr:N:node | ppr:N:socket
+    rank_by: str | None = None  # slot | node, when it differs from map_by's order
     npernode: int | None = None
+    cpus_per_rank: int = 0  # Open MPI's PE=M: each rank bound to M cores (hwthreads with use_hwthread_cpus)
+    use_hwthread_cpus: bool = False
     oversubscribe: bool = False
     display_map: bool = False
+    display_allocation: bool = False
+    print_rank_map: bool = False  # hydra's rank map: (host:(0,1))...
     dry_run: bool = False
     output_filename: str | None = None
     merge_stderr_to_stdout: bool = False
@@ -51,7 +58,13 @@ class Options(Record):
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
     ssh_client: str = "auto"  # openssh (an `ssh` process per host), paramiko (in the launcher), auto: openssh if found
     ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
-    hydra_spelled: bool = False  # -hosts or -ppn was given: where hydra and Open MPI differ, say so
+    quiet: bool = False  # -q: none of mpilaunch's own notes
+    prefix: str | None = None  # Open MPI's --prefix: DIR/bin and DIR/lib first on remote ranks' paths
+    rsh_agent: tuple[str, ...] = ()  # in place of `ssh` (plm_rsh_agent, -bootstrap-exec)
+    rsh_args: tuple[str, ...] = ()  # more arguments for it (plm_rsh_args, -bootstrap-exec-args)
+    outfile_pattern: str | None = None  # hydra's per-rank stdout file (%r rank, %h host, ...)
+    errfile_pattern: str | None = None
+    notes: tuple[str, ...] = ()  # options read and ignored, said once at the start
     launcher: str = "auto"  # auto, ssh, slurm, or local/fork (every host's agent on this machine)
     in_slurm_step: bool = False  # with slurm: the launcher runs in a job step (sbatch), its node's agent is forked
 

@@ -90,6 +90,8 @@ class SshSpec(Record):
 
     config: str | None = None  # --ssh-config, where that path exists on the relay
     accept_new: bool = False
+    command: tuple[str, ...] = ()  # in place of `ssh` (plm_rsh_agent, -bootstrap-exec)
+    extra: tuple[str, ...] = ()  # more arguments for it, before the host (plm_rsh_args)
 
 
 class RelayHost(Record):
@@ -149,6 +151,7 @@ class Launch(Record):
     pmix: PmixJob | None = None
     merge: bool = False
     bind_to: str = "none"
+    cpus_per_rank: int = 1  # Open MPI's PE: each rank bound to this many of bind_to's groups
     report_bindings: bool = False
     drop_prefixes: tuple[str, ...] = ()  # variables of an enclosing launcher that must not reach the ranks
     drop_names: tuple[str, ...] = ()

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import spawn
-from mpilaunch.host.sshcmd import ssh_argv, ssh_options, ssh_version
+from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.plan.hosts import Host
 from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import UP, Checked, Hello, SshSpec, decode
+from mpilaunch.protocol.messages import UP, Checked, Hello, decode
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
@@ -254,11 +254,14 @@ class OpensshTransport(Transport):
         if options.config and not os.path.isfile(options.config):
             raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
         env = dict(os.environ)
-        version = ssh_version(env)
-        if version == (0, 0):
+        spec = options.spec()
+        openssh = is_ssh(spec)
+        version = ssh_version(env, spec.command[0] if spec.command else "ssh") if openssh else (0, 0)
+        if openssh and version == (0, 0):
             raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
-        base = ssh_options(SshSpec(config=options.config, accept_new=options.accept_new), version)
-        base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
+        base = ssh_options(spec, version)
+        if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
+            base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
         command = agent_command(options.python)
         results = {index: HostResult(index) for index in sorted(hosts)}
         starting: dict[int, _Start] = {}
@@ -272,7 +275,11 @@ class OpensshTransport(Transport):
             try:
                 for index in sorted(hosts):
                     host = hosts[index]
-                    argv = ssh_argv(base, host.name, host.user, host.port, command)
+                    if not openssh and (host.user or host.port):
+                        why = f"{spec.command[0]} is not ssh: it takes no user or port (give them to it yourself)"
+                        results[index].error = TransportError("connect", why)
+                        continue
+                    argv = ssh_argv(base, host.name, host.user, host.port, command, openssh)
                     try:
                         started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
                     except OSError as exc:

@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Callable
 
+    from mpilaunch.protocol.messages import SshSpec
+
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
 
 
@@ -21,6 +23,19 @@ class SshOptions(Record):
     config: str | None = None  # --ssh-config; None means ~/.ssh/config when it exists
     accept_new: bool = False  # --ssh-accept-new
     python: str | None = None  # interpreter for the agent where that path exists (default: ours)
+    command: tuple[str, ...] = ()  # in place of `ssh` (plm_rsh_agent, -bootstrap-exec)
+    extra: tuple[str, ...] = ()  # more arguments for it (plm_rsh_args, -bootstrap-exec-args)
+
+    def spec(self, config: str | None = None) -> SshSpec:
+        """What a relay (or OpenSSH's transport) needs of these options to start its ssh clients."""
+        from mpilaunch.protocol.messages import SshSpec
+
+        return SshSpec(
+            config=self.config if config is None else config,
+            accept_new=self.accept_new,
+            command=self.command,
+            extra=self.extra,
+        )
 
 
 def ssh_client(requested: str, path: str | None = None) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from mpilaunch.plan.hosts import Host
 from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import Checked, Drop, Gone, Hello, Note, RelayHost, RelayHosts, SshSpec, encode
+from mpilaunch.protocol.messages import Checked, Drop, Gone, Hello, Note, RelayHost, RelayHosts, encode
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command
@@ -108,7 +108,7 @@ class TreeTransport(Transport):
             return RelayHost(host, where.name, where.user, where.port, frame.decode("latin-1"), below)
 
         options = self.options
-        ssh = SshSpec(config=os.path.abspath(options.config) if options.config else None, accept_new=options.accept_new)
+        ssh = options.spec(os.path.abspath(options.config) if options.config else None)
         command = agent_command(options.python)
 
         def first_of_head(head: int) -> bytes:

@@ -5,6 +5,8 @@ named whole, not as a split of its letters (issue "Every MPI at full speed")."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,24 +34,105 @@ def test_genv_env_and_genvlist_reach_the_ranks_they_name(launcher: Launcher) -> 
     ]
 
 
-def test_genvall_sends_the_launchers_variables_and_genvnone_is_the_default(launcher: Launcher) -> None:
+def test_genvall_sends_the_launchers_variables_and_is_hydras_default(launcher: Launcher) -> None:
+    """-genvall exports the launcher's environment (remote ranks get it too); a line in hydra's
+    words does so unless -genvnone or -genvlist says otherwise; Open MPI's line does not."""
     env = {**os.environ, "KEPT": "yes"}
     shown = launcher.run("--dry-run", "-genvall", "-n", "1", "true", env=env)
     assert shown.returncode == 0, shown.stderr.decode()
     assert "KEPT=yes" in shown.stdout.decode()  # an export now: remote ranks get it too
-    plain = launcher.run("--dry-run", "-genvnone", "-n", "1", "true", env=env)
-    assert plain.returncode == 0 and "KEPT=yes" not in plain.stdout.decode()
+    for words, kept in (
+        (["-genv", "A=1"], True),
+        (["-hosts", "localhost"], True),
+        (["-genv", "A=1", "-genvnone"], False),
+        (["-genvlist", "A"], False),
+        (["-x", "A=1"], False),
+        ([], False),
+    ):
+        plain = launcher.run("--dry-run", *words, "-n", "1", "true", env=env)
+        assert plain.returncode == 0 and ("KEPT=yes" in plain.stdout.decode()) == kept, words
     both = launcher.run("-genvall", "-genvnone", "-n", "1", "true")
     assert both.returncode == 2 and both.stderr.decode() == "mpilaunch: -genvall and -genvnone: give one of them\n"
 
 
-def test_ppn_and_hosts_place_as_npernode_and_host(launcher: Launcher) -> None:
-    hydra = launcher.run("--dry-run", "-hosts", "a:2,b:2", "-ppn", "1", "-n", "2", "true")
-    ompi = launcher.run("--dry-run", "-H", "a:2,b:2", "--npernode", "1", "-n", "2", "true")
+HYDRA = Path(sys.executable).parent / "mpiexec.hydra"  # the mpich wheel's (the test extra)
+SHAPES = [  # hydra's placement words, as MPICH's mpiexec reads them
+    ["-hosts", "h1,h2", "-ppn", "2", "-n", "6"],
+    ["-hosts", "h1:3,h2", "-n", "6"],
+    ["-hosts", "h1:3,h2", "-ppn", "1", "-n", "5"],
+    ["-hosts", "h1,h2", "-n", "3"],
+    ["-hosts", "h1,h2,h1", "-n", "4"],
+    ["-hosts", "h1:2,h2:2", "-n", "5"],
+    ["-hosts", "h1,h2"],
+    ["-hosts", "h1:2,h2", "-ppn", "3"],
+    ["-f", "HOSTFILE", "-n", "7"],
+    ["-f", "HOSTFILE", "-ppn", "1", "-n", "3"],
+    ["-hosts", "h1:2,h2:2", "-n", "2", "PROG", ":", "-n", "3"],
+]
+
+
+def _with_program(args: list[str], program: list[str]) -> list[str]:
+    """The shape's words with the program after each app context (PROG marks an inner one)."""
+    return [w for a in args for w in (program if a == "PROG" else [a])] + program
+
+
+def _hydra_map(args: list[str], tmp_path: Path) -> list[str]:
+    """rank:host of each rank as hydra places them (its fork launcher: nothing leaves this machine)."""
+    words = _with_program(args, ["sh", "-c", "echo $PMI_RANK $PMI_HOSTNAME"])
+    proc = subprocess.run([str(HYDRA), "-launcher", "fork", *words], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pairs = sorted((int(rank), host) for rank, host in (line.split() for line in proc.stdout.splitlines()))
+    return [f"{rank}:{host}" for rank, host in pairs]
+
+
+def _our_map(launcher: Launcher, args: list[str]) -> list[str]:
+    """rank:host of each rank as mpilaunch places them (-print-rank-map of a dry run)."""
+    proc = launcher.run("-print-rank-map", "--dry-run", *_with_program(args, ["true"]))
+    assert proc.returncode == 0, proc.stderr.decode()
+    placed = []
+    for line in proc.stdout.decode().splitlines():
+        if line.startswith("(") and line.endswith(")"):
+            host, ranks = line[1:-1].split(":")
+            placed += [(int(r), host) for r in ranks.split(",")]
+    return [f"{rank}:{host}" for rank, host in sorted(placed)]
+
+
+@pytest.mark.skipif(not HYDRA.exists(), reason="MPICH's hydra (the mpich wheel of the test extra) is not installed")
+@pytest.mark.parametrize("args", SHAPES, ids=[" ".join(a) for a in SHAPES])
+def test_hosts_ppn_and_f_place_as_hydra_does(launcher: Launcher, tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "hosts").write_text("h1:2\nh2:3\n")
+    args = [str(tmp_path / "hosts") if a == "HOSTFILE" else a for a in args]
+    assert _our_map(launcher, args) == _hydra_map(args, tmp_path)
+
+
+def test_hydra_placement_has_no_slot_limit_and_open_mpis_keeps_it(launcher: Launcher) -> None:
+    hydra = launcher.run("-hosts", "localhost:1", "-n", "2", "sh", "-c", "echo $PMI_RANK")
     assert hydra.returncode == 0, hydra.stderr.decode()
-    job_map = hydra.stdout.split(b"rank 0 on")[0]
-    assert job_map == ompi.stdout.split(b"rank 0 on")[0] and b"Rank 1" in job_map
-    assert b"Data for node: b\tNum slots: 2\tMax slots: 0\tNum procs: 1" in job_map
+    assert sorted(hydra.stdout.split()) == [b"0", b"1"]
+    ppn = launcher.run("-hosts", "localhost", "-ppn", "4", "-np", "4", "true")
+    assert ppn.returncode == 0, ppn.stderr.decode()
+    ompi = launcher.run("-H", "localhost:1", "-n", "2", "true")
+    assert ompi.returncode == 2 and b"not enough slots" in ompi.stderr and b"hydra" not in ompi.stderr
+
+
+@pytest.mark.parametrize(
+    ("words", "first", "second"),
+    [
+        (["-H", "a:2", "-ppn", "1"], "-H", "-ppn"),
+        (["--npernode", "1", "-hosts", "a,b"], "--npernode", "-hosts"),
+        (["--map-by", "node", "-f", "HOSTFILE"], "--map-by", "-f"),
+        (["-hosts", "a", "--rank-by", "node"], "--rank-by", "-hosts"),
+    ],
+)
+def test_open_mpi_and_hydra_placement_together_is_one_line(
+    launcher: Launcher, tmp_path: Path, words: list[str], first: str, second: str
+) -> None:
+    (tmp_path / "hosts").write_text("a\n")
+    words = [str(tmp_path / "hosts") if w == "HOSTFILE" else w for w in words]
+    proc = launcher.run(*words, "-n", "1", "true")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.count("\n") == 1, err
+    assert f"{first} places ranks as Open MPI's mpirun does and {second} as hydra's mpiexec does" in err
 
 
 def test_l_prefixes_every_line_with_its_rank(launcher: Launcher) -> None:
@@ -114,11 +197,3 @@ def test_iface_names_the_interface_to_every_library_and_yours_win(launcher: Laun
     bad = launcher.run("-iface", "eth0;reboot", "-n", "1", "true")
     assert bad.returncode == 2
     assert bad.stderr.decode() == "mpilaunch: -iface 'eth0;reboot': not a network interface name\n"
-
-
-def test_where_hydra_and_open_mpi_differ_the_refusal_says_so(launcher: Launcher) -> None:
-    hydra = launcher.run("-hosts", "localhost:1", "-n", "2", "true")
-    assert hydra.returncode == 2
-    assert "hydra would place the extra ranks round-robin; mpilaunch does as Open MPI does" in hydra.stderr.decode()
-    ompi = launcher.run("-H", "localhost:1", "-n", "2", "true")
-    assert ompi.returncode == 2 and b"hydra" not in ompi.stderr

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.plan.build import build_plan
@@ -45,20 +46,17 @@ def _hosts(scenario: dict) -> list[Host]:
 
 
 def _options(args: list[str]) -> tuple[dict, int | None]:
-    opts: dict = {"map_by": "slot", "npernode": None, "oversubscribe": False}
+    """The scenario's mpirun options as mpilaunch's own parser reads them (cli/parse.py)."""
+    options = parse_args([*args, "prog"], "mpirun").options
     np = None
-    it = iter(args)
-    for word in it:
-        if word == "--map-by":
-            opts["map_by"] = next(it)
-        elif word == "--npernode":
-            opts["npernode"] = int(next(it))
-        elif word == "--oversubscribe":
-            opts["oversubscribe"] = True
-        elif word == "-np":
-            np = int(next(it))
-        else:
-            raise AssertionError(f"unexpected option {word}")
+    if "-np" in args:
+        np = int(args[args.index("-np") + 1])
+    opts = {
+        "map_by": options.map_by,
+        "npernode": options.npernode,
+        "oversubscribe": options.oversubscribe,
+        "rank_by": options.rank_by,
+    }
     return opts, np
 
 

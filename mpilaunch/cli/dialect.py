@@ -1,0 +1,113 @@
+"""Whose words a command line speaks: mpilaunch reads Open MPI's `mpirun` and hydra's `mpiexec`,
+and runs under their names too (`mpilaunch shims`).
+
+Most words mean the same to both launchers and are read the same whatever the name. Three are
+spelled alike but place ranks differently (`-host`, `-hostfile`, `-machinefile`): they take the
+meaning of the launcher the line speaks. That is the one mpilaunch was started as (`mpirun`,
+`orterun`: Open MPI; `mpiexec.hydra`: hydra), or, for `mpiexec` and `mpilaunch`, the one whose
+own words the line uses. This pass, before the line is parsed, rewrites those three to an
+unambiguous spelling, joins hydra's two-word `-genv NAME VALUE` (and `-env`) into `NAME=VALUE`,
+and refuses a line that places ranks both ways.
+"""
+
+from __future__ import annotations
+
+from mpilaunch.cli.argscan import OptionWord, option_words, split_apps
+from mpilaunch.cli.cliopts import ENV
+from mpilaunch.errors import LaunchError
+
+OPENMPI, HYDRA = "openmpi", "hydra"
+BY_NAME = {  # names whose launcher is known; mpiexec and mpilaunch go by the words
+    "mpirun": OPENMPI,
+    "orterun": OPENMPI,
+    "oshrun": OPENMPI,
+    "mpirun.openmpi": OPENMPI,
+    "mpiexec.openmpi": OPENMPI,
+    "mpiexec.hydra": HYDRA,
+    "mpirun.mpich": HYDRA,
+    "mpiexec.mpich": HYDRA,
+}
+AMBIGUOUS = {  # spelling -> (Open MPI's meaning, hydra's meaning), each an unambiguous spelling
+    "-host": ("--host", "-hosts"),
+    "-hostfile": ("--hostfile", "-f"),
+    "-machinefile": ("--machinefile", "-f"),
+}
+OPENMPI_PLACEMENT = frozenset({"hosts", "hostfile", "rank_by", "npernode", "npersocket", "bynode", "byslot"})
+HYDRA_PLACEMENT = frozenset({"hydra_hosts", "hydra_hostfile", "ppn"})
+HYDRA_ONLY = HYDRA_PLACEMENT | {  # options no Open MPI mpirun has: a line with one speaks hydra
+    "genv",
+    "genvlist",
+    "genvall",
+    "genvnone",
+    "app_env",
+    "app_envlist",
+    "iface",
+    "configfile",
+    "prepend_rank",
+    "rsh_agent",
+    "rsh_args",
+    "outfile_pattern",
+    "errfile_pattern",
+    "print_rank_map",
+    "gpus_per_proc",
+    "rmk",
+    "binding",
+    "demux",
+}
+
+
+def dialect_of(name: str) -> str | None:
+    """The launcher a program name stands for, or None (mpiexec, mpilaunch: by the words)."""
+    return BY_NAME.get(name)
+
+
+def _places_across_hosts(param: str, value: str) -> bool:
+    """--map-by node or ppr: Open MPI's placement; hydra's -map-by names binding objects."""
+    if param != "map_by":
+        return param in OPENMPI_PLACEMENT
+    return value.lower().startswith(("node", "ppr"))
+
+
+def canonical(argv: list[str], name: str = "mpilaunch") -> tuple[list[str], str]:
+    """(argv with every ambiguous word in its unambiguous spelling and -genv/-env one word each,
+    the launcher whose words it speaks: OPENMPI or HYDRA); LaunchError for a line that places
+    ranks both as Open MPI and as hydra."""
+    segments = split_apps(argv)
+    found = [list(option_words(words)) for words in segments]
+    params = [
+        (w.opt.name, w.word, w.values)
+        for per in found
+        for w in per
+        if w.opt is not None and w.word.partition("=")[0] not in AMBIGUOUS  # those follow the others
+    ]
+    omp = [word for param, word, values in params if _places_across_hosts(param, values[0] if values else "")]
+    hyd = [word for param, word, _ in params if param in HYDRA_PLACEMENT]
+    if omp and hyd:
+        raise LaunchError(
+            f"{omp[0]} places ranks as Open MPI's mpirun does and {hyd[0]} as hydra's mpiexec does; "
+            "give the options of one of them"
+        )
+    side = HYDRA if hyd else OPENMPI if omp else dialect_of(name)
+    if side is None:
+        side = HYDRA if any(param in HYDRA_ONLY for param, _, _ in params) else OPENMPI
+    out: list[str] = []
+    for words, per in zip(segments, found):
+        if out:
+            out.append(":")
+        out.extend(_rewritten(words, per, side))
+    return out, side
+
+
+def _rewritten(words: list[str], found: list[OptionWord], side: str) -> list[str]:
+    """One app context's words, its ambiguous options respelled and hydra's pairs joined."""
+    out = list(words)
+    for item in reversed(found):  # from the end: an earlier index stays valid
+        if item.opt is None:
+            continue
+        head, eq, glued = item.word.partition("=")
+        if head in AMBIGUOUS:
+            respelled = AMBIGUOUS[head][side == HYDRA]
+            out[item.index] = f"{respelled}={glued}" if eq else respelled
+        if item.opt.kind == ENV and not eq and len(item.values) == 2:
+            out[item.index + 1 : item.index + 3] = [f"{item.values[0]}={item.values[1]}"]
+    return out

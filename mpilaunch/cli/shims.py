@@ -1,0 +1,78 @@
+"""`mpilaunch shims DIR`: small programs named as other launchers (mpirun, mpiexec, orterun,
+mpiexec.hydra, ompi_info) that run mpilaunch, for the tools that look for those names on PATH:
+
+    export PATH="$(mpilaunch shims ~/.mpilaunch/bin):$PATH"
+
+Each is a Python script for this interpreter that starts mpilaunch's entry point, which reads
+the name it was started as (entry.invoked_as). Installing the package puts none of them on
+PATH; a file of that name that is not one of these is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mpilaunch import __version__
+from mpilaunch.errors import LaunchError
+
+NAMES = ("mpirun", "mpiexec", "orterun", "mpiexec.hydra", "ompi_info")
+MARK = "# written by `mpilaunch shims`"
+USAGE = "usage: mpilaunch shims DIR  (writes mpirun, mpiexec, orterun, mpiexec.hydra, ompi_info into DIR)"
+
+
+def script(name: str, python: str) -> str:
+    return (
+        f"#!{python}\n"
+        f"{MARK} (mpilaunch {__version__}): mpilaunch started as {name}; delete this file to undo\n"
+        "from mpilaunch.entry import main\n"
+        "\n"
+        "main()\n"
+    )
+
+
+def run_shims(args: list[str]) -> int:
+    """Write the shims into DIR (made if missing), then print DIR for PATH."""
+    if args in (["--help"], ["-h"]):
+        print(USAGE)
+        return 0
+    if len(args) != 1 or not args[0] or args[0].startswith("-"):
+        raise LaunchError(USAGE)
+    folder = os.path.abspath(os.path.expanduser(args[0]))
+    python = sys.executable
+    if not python or not os.access(python, os.X_OK):
+        raise LaunchError("shims: this Python's own path is unknown; run mpilaunch with a Python that has one")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"shims: cannot make {folder}: {exc.strerror}") from None
+    for name in NAMES:
+        write_shim(os.path.join(folder, name), script(name, python))
+    print(folder)
+    return 0
+
+
+def write_shim(path: str, text: str) -> None:
+    """One shim, replacing an older one of ours but nothing else."""
+    try:
+        with open(path, "rb") as old:
+            ours = MARK.encode() in old.read(4096)
+    except FileNotFoundError:
+        ours = True
+    except OSError as exc:
+        raise LaunchError(f"shims: cannot read {path}: {exc.strerror}") from None
+    if not ours:
+        raise LaunchError(f"shims: {path} exists and is not an mpilaunch shim; it is left as it is")
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+        os.fchmod(fd, 0o755)
+        with open(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise LaunchError(f"shims: cannot write {path}: {exc.strerror}") from None
