@@ -308,3 +308,19 @@ def test_a_killed_jobs_lock_does_not_block_the_next(launcher: Launcher, tmp_path
         assert refused.stderr.decode() == f"mpilaunch: --output-filename logs: cannot write {lock}: {words}\n"
         assert not (tmp_path / "victim").exists() and not (tmp_path / "ran").exists()
         lock.unlink()
+
+
+def test_a_fifo_at_a_hydra_pattern_file_is_refused(launcher: Launcher, tmp_path: Path) -> None:
+    """hydra's -outfile-pattern files are log files too: a FIFO there is one line, not a hang;
+    a link of the user's own is followed (the path is theirs, as with hydra)."""
+    os.mkfifo(tmp_path / "out.0")
+    proc = launcher.run("-outfile-pattern", "out.%r", "-n", "1", "touch", "ran", timeout=30)
+    assert proc.returncode == 2 and not (tmp_path / "ran").exists()
+    said = "mpilaunch: -outfile-pattern out.%r: cannot write out.0: a FIFO, not a regular file\n"
+    assert proc.stderr.decode() == said
+    (tmp_path / "out.0").unlink()
+    (tmp_path / "kept.txt").write_text("old\n")
+    (tmp_path / "out.0").symlink_to(tmp_path / "kept.txt")
+    proc = launcher.run("-outfile-pattern", "out.%r", "-n", "1", "echo", "new", timeout=30)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert (tmp_path / "kept.txt").read_text() == "new\n"
