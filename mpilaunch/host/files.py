@@ -134,10 +134,10 @@ def read_kept(path: str, limit: int) -> tuple[bytes | None, str | None]:
     (a FIFO planted there is not opened for reading as a file would be)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing kept (or no folder to keep it in)
         return None, None
     except OSError as exc:
-        return None, exc.strerror or str(exc)
+        return None, f"unreadable ({exc.strerror or exc})"
     try:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
@@ -154,7 +154,7 @@ def read_kept(path: str, limit: int) -> tuple[bytes | None, str | None]:
             size += len(chunk)
         return None, f"more than {limit} bytes"
     except OSError as exc:
-        return None, exc.strerror or str(exc)
+        return None, f"unreadable ({exc.strerror or exc})"
     finally:
         os.close(fd)
 

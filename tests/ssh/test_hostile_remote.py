@@ -113,13 +113,14 @@ def test_the_agents_write_the_rank_table_through_a_device(launcher: Launcher, be
 
 
 def test_bytes_that_are_not_utf8_reach_a_remote_rank_and_its_summary(launcher: Launcher, bed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A remote rank's arguments and -x value with such bytes: the rank gets them, and its
+    """A remote rank's arguments and -x value with such bytes: the ranks get them, and rank 0's
     failure is summed up (the bytes as they came) and reported (losslessly) with its status."""
     word, value = b"caf\xe9-\xff\xfe.txt", b"v\xc3\x28\xed\xa0\x80"
     report = tmp_path / "report.json"
     proc = launcher.run(
         "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", "--report-json", str(report),
-        "-x", b"VALUE=" + value, "sh", "-c", 'printf %s "$VALUE" > got.$RANK; exit $((RANK + 3))', "sh", word,
+        "-x", b"VALUE=" + value, "sh", "-c", 'printf %s "$VALUE" > got.$RANK; [ $RANK = 1 ] || { sleep 1; exit 3; }',
+        "sh", word,
         env={"PYTHONIOENCODING": "utf-8:strict"},
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr.decode(errors="replace")
