@@ -49,10 +49,13 @@ def main(quick_exit: bool = True) -> None:
     if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
         import _signal
 
-        for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
-            if _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):  # ignored stays so (nohup)
-                _signal.signal(sig, _stopped_by)
+        from mpilaunch.launcher.signal_table import ACTIONS, FAULTS
+
+        for sig in ACTIONS:  # the faults keep their default until the run's one-shot handlers (signals.py)
+            if sig not in FAULTS and _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):
+                _signal.signal(sig, _stopped_by)  # ignored stays so (nohup)
     reopen_closed_std_streams()
+    console_keeps_bytes()
     early = step = False
     try:
         from mpilaunch.cli.cmdline import read
@@ -108,7 +111,8 @@ def _pmix_guess(line: CommandLine) -> tuple[str | None, str | None] | None:
 
 
 def _stopped_by(signum: int, frame: object) -> None:
-    """SIGINT, SIGTERM or SIGHUP before the run's own handling starts (or after it ends): leave
+    """A signal that would end the launcher (SIGINT, SIGTERM, SIGALRM...: signal_table.ACTIONS)
+    before the run's own handling starts (or after it ends): leave
     at once with the shell's 128 + signal, as after it. Not by raising (KeyboardInterrupt): an
     exception raised in the middle of an import is printed and dropped, and the job then ran to
     its end with status 0. Leaving closes every descriptor, so each agent (the early one, those
@@ -136,6 +140,17 @@ def reopen_closed_std_streams() -> None:
         name = ("stdin", "stdout", "stderr")[fd]
         if getattr(sys, name) is None:  # Python found it closed and left None there
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+
+
+def console_keeps_bytes() -> None:
+    """Text that came as bytes that are not UTF-8 (an argument, a file name, an environment
+    value: Python holds them as surrogate escapes) is printed as those bytes, as `ls` and the
+    shell print them, not refused with a UnicodeEncodeError in the middle of a run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+        except (AttributeError, ValueError):  # not a TextIOWrapper (a caller's own stream)
+            pass
 
 
 def leave(status: int) -> None:

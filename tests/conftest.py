@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -126,6 +127,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(FOLDER_MARKS[folder])
         if BED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker("sshbed")
+
+
+def partial_cache_files() -> set[str]:
+    """Files left beside the user's kept files (`agent-KEY.bin.PID...`, `hwloc-...xml.PID...`) by
+    writers that are gone: a cache write that failed or was cut short."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(home, "mpilaunch")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return set()
+    left = set()
+    for name in names:
+        found = re.fullmatch(r"(?:agent-\w+\.bin|hwloc-.+\.xml)\.(\d+)\D?.*", name)
+        if found and not os.path.exists(f"/proc/{found.group(1)}"):
+            left.add(name)
+    return left
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_partial_cache_file_is_left() -> Iterator[None]:
+    """After the whole run of the tests, no cache file is left half written (issue 27): none that
+    was not there before it."""
+    before = partial_cache_files()
+    yield
+    left = partial_cache_files() - before
+    assert not left, f"partial cache files left: {sorted(left)}"
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
 from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
-from mpilaunch.host import hostinfo, spawn
+from mpilaunch.host import files, hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for, domains
 from mpilaunch.host.binding import report as binding_report
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
@@ -198,7 +198,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
 
     def put(self, message: Put) -> None:
         """A file the ranks read (the rank table), before they start."""
-        self.send(PutDone(error=hostinfo.write_file(message.path, message.data)))
+        self.send(PutDone(error=files.write_file(message.path, message.data)))
 
     def launch(self, message: Launch) -> None:
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)

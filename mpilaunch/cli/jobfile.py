@@ -25,6 +25,7 @@ from mpilaunch.plan.spec import AppContext
 from mpilaunch.plan.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
+EXPANDED_MAX = 4 * JOBFILE_MAX  # characters a job file may stand for once its aliases are expanded
 NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's words are not keys (it speaks Open MPI's)
     {"config", "configfile", "am", "tune", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
     | {"hydra_hosts", "hydra_hostfile", "ppn", "rsh_agent", "rsh_args", "outfile_pattern", "errfile_pattern"}
@@ -312,6 +313,40 @@ def _compose(text: str, path: str):  # type: ignore[no-untyped-def]
         raise LaunchError(f"{path}: YAML: nested too deeply") from None
 
 
+def expanded_size(root, limit: int) -> int | None:  # type: ignore[no-untyped-def]
+    """The characters a composed document stands for with every alias expanded (a node counts
+    each time it is used), as soon as that is more than limit; None when an alias sits inside
+    the node it names (it would expand without end). YAML's aliases let a file of 1 MiB stand
+    for gigabytes; the nodes are shared, so this walks each one once (iteratively: any depth)."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()  # the nodes being walked (a loop is an alias to one of them)
+    pending: list[tuple[object, bool]] = [(root, False)]
+    while pending:
+        node, children_done = pending.pop()
+        key = id(node)
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []  # type: ignore[attr-defined]
+        if children_done:
+            on_path.discard(key)
+            own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0  # type: ignore[attr-defined]
+            sizes[key] = 1 + own + sum(sizes[id(child)] for child in children)
+            if sizes[key] > limit:
+                return sizes[key]
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            return None
+        on_path.add(key)
+        pending.append((node, True))
+        pending.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
 def parse_job_file(text: str, path: str, params: Sequence[click.Parameter]) -> JobFile:
     """Job file text -> JobFile; params are the command's (for the keys and their types)."""
     import yaml
@@ -319,6 +354,11 @@ def parse_job_file(text: str, path: str, params: Sequence[click.Parameter]) -> J
     root = _compose(text, path)
     if root is None:
         raise LaunchError(f"{path}: the job file is empty")
+    size = expanded_size(root, EXPANDED_MAX)
+    if size is None:
+        raise LaunchError(f"{path}: YAML: an alias inside the node it names (it expands without end)")
+    if size > EXPANDED_MAX:
+        raise LaunchError(f"{path}: YAML: its aliases expand it beyond {EXPANDED_MAX >> 20} MiB of text; refused")
     keys = option_keys(params)
     try:
         if not isinstance(root, yaml.MappingNode):

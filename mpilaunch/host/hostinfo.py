@@ -75,25 +75,6 @@ def probe(gpus: bool, hccn: str | None, path: str) -> dict:
     return info
 
 
-def write_file(path: str, data: str) -> str | None:
-    """Write a file the ranks read (the rank table) atomically: a rank, or another host sharing
-    the file system, never sees it half written. None, or why it failed."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        return f"cannot write {path}: {exc.strerror or exc}"
-    return None
-
-
 def this_machine_address() -> str:
     """This machine's address on its default route (no packet is sent), for a rank table's
     server_id when every rank runs here; 127.0.0.1 without a network."""

@@ -238,23 +238,24 @@ class Controller:
             except wire.FrameError as exc:  # that host is not to be trusted; its relay and neighbours still are
                 self._garbled(below, exc)
 
-    def link_closed(self, link: HostLink, why: str = "", tell_relay: bool = True) -> None:
+    def link_closed(self, link: HostLink, why: str = "", tell_relay: bool = True, confirmed: bool = True) -> None:
         """The agent's link ended (or was given up): its ranks are lost, and so is every host
-        it relayed to. A host behind relays is cut off by its relay when tell_relay."""
+        it relayed to. A host behind relays is cut off by its relay when tell_relay. Not
+        confirmed: given up after a silence, the agent may still run its ranks (HostLost)."""
         why = why or link.link.lost_because()
         below = self.links.close(link, tell_relay)
         host = self.plan.hosts[link.index].name
-        self.policy.take(HostLost(link.index, host, why))
+        self.policy.take(HostLost(link.index, host, why, confirmed))
         for other in below:
             if other.open:
-                self.link_closed(other, f"its relay {host} was lost", tell_relay=False)
+                self.link_closed(other, f"its relay {host} was lost", tell_relay=False, confirmed=confirmed)
 
     def give_up_silent(self, now: float) -> None:
         """A network cut that sends no reset would otherwise leave the job waiting for ever.
         Pings to the agents go from a thread of each link, so a launcher stuck on a full
         console pipe does not make the agents give up."""
         for link in self.links.silent(now, self.heartbeat, lambda connection: self.read_link(connection, now)):
-            self.link_closed(link, f"no word from it for {self.heartbeat:g} s")
+            self.link_closed(link, f"no word from it for {self.heartbeat:g} s", confirmed=False)
 
     def kill_groups(self, states: list[RankState]) -> None:
         self.links.kill_local([(state.rank.host, state.pid) for state in states])
@@ -267,6 +268,7 @@ class Controller:
             self.links.close_all()
             self.kill_groups([s for s in self.procs if not s.done])
             self.links.wait_all()
+            self.output.unlock()
             self.signals.release()  # a launcher embedded in a longer-lived process runs many jobs
             self.sel.close()
 

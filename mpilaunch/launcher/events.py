@@ -24,11 +24,13 @@ class SignalReceived(Record):
 
 
 class HostLost(Record):
-    """An agent's link ended (EOF, a garbled frame, silence, its relay lost): its ranks are lost."""
+    """An agent's link ended (EOF, a garbled frame, silence, its relay lost): its ranks are lost.
+    confirmed: the link's end says the agent (or its guardian) stops them; not after a silence."""
 
     host: int
     name: str
     why: str = ""
+    confirmed: bool = True
 
 
 # -- decisions ---------------------------------------------------------------------------------
@@ -84,11 +86,13 @@ class TimedOut(Record):
 
 
 class AgentLost(Record):
-    """An agent's link ended while it had ranks; procs were running there."""
+    """An agent's link ended while it had ranks; procs were running there (and may still be,
+    unless confirmed)."""
 
     host: int
     why: str
     procs: tuple[int, ...]
+    confirmed: bool = True
 
 
 class Garbled(Record):

@@ -188,7 +188,7 @@ def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
 def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
     """--rank-table: the file here, and at the same path on every remote host (by its agent), so
     each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
-    from mpilaunch.host.hostinfo import write_file
+    from mpilaunch.host.files import write_file
     from mpilaunch.transport.gather import gather
 
     path = plan.options.rank_table
@@ -284,13 +284,17 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
         console = Console(options.tag_output or host_tags, options.timestamp_output, rank_label=options.prepend_rank)
         if host_tags:
             console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
-    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout)
+    sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
     if patterns:
         used = sorted({r.host for r in plan.job.ranks})
         places = [(plan.hosts[r.host].name, used.index(r.host)) for r in plan.job.ranks]
         sink.patterns = PatternFiles(patterns, places)
-    root = sink.add_job(1, list(range(len(plan.job.ranks))))
+    try:
+        root = sink.add_job(1, list(range(len(plan.job.ranks))))
+    except BaseException:
+        sink.unlock()
+        raise
     if root:
         say(options, f"rank output goes to {root}/rank.N")
     return sink

@@ -8,7 +8,9 @@ import stat
 import time
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.host.files import kind_of
 from mpilaunch.launcher.console_writer import ConsoleWriter
+from mpilaunch.launcher.treelock import TreeLock
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
 IDLE_FLUSH = 0.25  # seconds a partial line waits before it is shown anyway
@@ -43,7 +45,6 @@ class LogTree:
         self.paths: dict[tuple[int, int], str] = {}
         self.failed: list[tuple[str, str]] = []  # (file, why) of writes that failed, each file once
         streams = (STDOUT,) if merge else (STDOUT, STDERR)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         where = os.path.abspath(base)
         held: list[int] = []
         try:
@@ -60,7 +61,7 @@ class LogTree:
                 try:
                     for stream in streams:
                         where = os.path.join(self.root, name, _STREAM_NAMES[stream])
-                        self.fds[(rank, stream)] = os.open(_STREAM_NAMES[stream], flags, 0o644, dir_fd=rank_fd)
+                        self.fds[(rank, stream)] = _open_log(_STREAM_NAMES[stream], rank_fd)
                         self.paths[(rank, stream)] = where
                 finally:
                     os.close(rank_fd)
@@ -89,6 +90,32 @@ class LogTree:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+
+
+def _open_log(name: str, parent: int | None = None) -> int:
+    """Create or truncate a regular log file, never waiting: a FIFO planted there would block
+    the open (or the writes) for ever, a device would take the output somewhere else, so
+    anything but a regular file is refused. In `parent` (the log tree): a link is not followed
+    either; a path of the user's own (hydra's -outfile-pattern) may be one."""
+    follow = parent is None
+    try:
+        found = os.stat(name, dir_fd=parent, follow_symlinks=follow)
+    except FileNotFoundError:
+        found = None
+    if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
+        raise OSError(errno.EINVAL, f"{kind_of(found.st_mode)}, not a regular file")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(name, flags, 0o644, dir_fd=parent)
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # put there since it was looked at
+            raise OSError(errno.EINVAL, f"{kind_of(opened.st_mode)}, not a regular file")
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _subdir(parent: int, name: str) -> int:
@@ -134,13 +161,12 @@ class PatternFiles:
         """patterns: stream -> pattern; places: (host name, host's place) of each rank."""
         self.fds: dict[tuple[int, int], int] = {}
         self.paths: dict[tuple[int, int], str] = {}
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
             for stream, pattern in patterns.items():
                 for rank, (host, proxy) in enumerate(places):
                     path = expand_pattern(pattern, rank, host, 1, proxy)
                     fd = self.fds.get((rank, STDOUT)) if stream == STDERR and self._same(rank, path) else None
-                    self.fds[(rank, stream)] = fd if fd is not None else os.open(path, flags, 0o644)
+                    self.fds[(rank, stream)] = fd if fd is not None else _open_log(path)
                     self.paths[(rank, stream)] = path
         except OSError as exc:
             self.close()
@@ -253,7 +279,7 @@ class Console:
             parts.append(f"[{rank}] " if job == 1 else f"[{job}:{rank}] ")
         elif self.timestamp:
             parts.append(f"<{_STREAM_NAMES[stream]}>:")
-        return "".join(parts).encode()
+        return "".join(parts).encode("utf-8", "surrogateescape")
 
     def _show(self, key: tuple[int, int], data: bytes) -> None:
         continuing = self.open_line == key
@@ -277,8 +303,11 @@ class OutputSink:
     and rank each id is.
     """
 
-    def __init__(self, console: Console | None, log_dir: str | None, merged: bool) -> None:
+    def __init__(self, console: Console | None, log_dir: str | None, merged: bool, owner: str = "") -> None:
+        """owner: the run's job id, which the log tree's lock names to a run it refuses."""
         self.console = console
+        self.owner = owner
+        self.lock: TreeLock | None = None
         self.writer = console.writer if console is not None else ConsoleWriter()  # the launcher's own lines
         self.writer.logs = log_dir is not None
         self.log_dir = log_dir
@@ -296,6 +325,8 @@ class OutputSink:
                 self.console.labels[proc] = (job, rank)
         if self.log_dir is None:
             return None
+        if self.lock is None:  # before any file of the tree is opened (and truncated)
+            self.lock = TreeLock(self.log_dir, self.owner)
         tree = LogTree(self.log_dir, len(procs), self.merged, job)
         self.trees[job] = tree
         return tree.root
@@ -320,7 +351,7 @@ class OutputSink:
 
     def say(self, text: str) -> None:
         """A line of the launcher's own on stderr, in order with the rank output shown there."""
-        self.writer.write(STDERR, (text + "\n").encode(), notice=True)
+        self.writer.write(STDERR, (text + "\n").encode("utf-8", "surrogateescape"), notice=True)  # bytes as they came
 
     def last_lines(self, proc: int, count: int = 10) -> list[str]:
         text = bytes(self.tails.get(proc, b"")).decode("utf-8", "replace")
@@ -344,3 +375,10 @@ class OutputSink:
             tree.close()
         if self.patterns is not None:
             self.patterns.close()
+        self.unlock()
+
+    def unlock(self) -> None:
+        """The log tree is free for another run (also on the way out of a run that failed)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

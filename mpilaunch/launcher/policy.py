@@ -27,6 +27,7 @@ from mpilaunch.launcher.events import (
     SignalReceived,
     TimedOut,
 )
+from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, STOP
 from mpilaunch.launcher.states import (
     ABORTING,
     DONE,
@@ -47,7 +48,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see prot
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-HARD_STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second one kills at once
 TIMEOUT_STATUS = 124
 FINISH_GRACE = 0.5  # what the agents give leftovers (a rank's daemon) once every rank ended
 
@@ -61,7 +61,7 @@ class Policy:
         self.phase = RUNNING
         self.aborted = False  # a kill went out to every agent
         self.timed_out = False
-        self.stop_signal: int | None = None  # the first forwarded SIGINT/SIGTERM/SIGHUP
+        self.stop_signal: int | None = None  # the first signal that stops the run (SIGINT, SIGTERM...)
         self.abort_at: float | None = None  # after a stop signal and a failure: when ranks still running are killed
         self.deadline: float | None = None  # --timeout
         self.signals_seen: dict[int, int] = {}
@@ -128,27 +128,38 @@ class Policy:
         self.mpi_failure(self.procs[event.proc], 1, event.error)
 
     def signal(self, event: SignalReceived) -> None:
+        """A signal's row of signal_table.ACTIONS: forwarded, or the run stopped by it (a second
+        one of the same kills every rank at once)."""
         sig = event.sig
+        action, sent = ACTIONS.get(sig, (FORWARD, sig))
         count = self.signals_seen.get(sig, 0) + 1
         self.signals_seen[sig] = count
-        if sig in HARD_STOP and count > 1:
+        if action == STOP and count > 1:
             self.publish(HardStop(sig))
             self.abort(0)
             return
-        if sig in HARD_STOP and self.stop_signal is None:
+        if action == STOP and self.stop_signal is None:
             self.stop_signal = sig
             if self.phase == RUNNING:
                 self.move(INTERRUPTED)
-        self.publish(Forward(sig))
+        self.publish(Forward(sent))
 
     def host_lost(self, event: HostLost) -> None:
-        """Its ranks are gone (killed there by the agent or its guardian, here by the controller)."""
+        """Its ranks are gone: killed there by the agent or its guardian, here by the controller.
+        A host lost to silence (a frozen agent, a network cut) may still run them: they end here
+        with no status, as not confirmed ended, and none of them counts as killed by the run."""
         lost = [s for s in self.procs if s.rank.host == event.host and not s.done]
         if not lost:
             return
-        self.publish(AgentLost(event.host, event.why, tuple(s.proc for s in lost)))
+        self.publish(AgentLost(event.host, event.why, tuple(s.proc for s in lost), event.confirmed))
+        if event.confirmed:
+            for state in lost:
+                self.rank_ended(state, -signal.SIGKILL, reason=f"agent of host {event.name} lost")
+            return
         for state in lost:
-            self.rank_ended(state, -signal.SIGKILL, reason=f"agent of host {event.name} lost")
+            self.rank_ended(state, None, reason=f"host {event.name} lost; its ranks could not be confirmed ended")
+        for state in lost:
+            state.killed = False  # the abort the first one started could not reach them
 
     def tick(self) -> None:
         """Time passed: the grace after a stop signal, the --timeout, and the end of the ranks."""
@@ -188,6 +199,7 @@ class Policy:
             if state.abort_code is None:
                 state.reason = "exited without MPI_Finalize while other ranks run"
                 state.abort_code = 1
+                state.unfinalized = True
             state.move(FAILED)
             self.publish(RankEnded(state.proc))
             self.count_failure(state)

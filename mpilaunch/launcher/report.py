@@ -27,6 +27,17 @@ def ranges(numbers: Sequence[int]) -> str:
     return ",".join(out)
 
 
+def rank_list(numbers: Sequence[int], others: int = 0) -> str:
+    """`rank 0`, `ranks 0-2,5` (never a bare number, which reads as a count), and the ranks of
+    spawned jobs: `ranks 0,2 and 1 rank of spawned jobs`."""
+    parts = []
+    if numbers:
+        parts.append(f"rank{'s' if len(numbers) > 1 else ''} {ranges(numbers)}")
+    if others:
+        parts.append(f"{others} rank{'s' if others > 1 else ''} of spawned jobs")
+    return " and ".join(parts) or "none"
+
+
 def rank_map(hosts: Sequence[Host], ranks: Sequence[Rank], apps: Sequence[Sequence[str]], source: str) -> str:
     """The job map, one block per host, in the spirit of mpirun --display-map."""
     total = sum(h.slots or 0 for h in hosts)
@@ -69,8 +80,13 @@ def dry_run_env(ranks: Sequence[Rank], hosts: Sequence[Host], envs: Sequence[Map
     return "\n".join(lines)
 
 
-def describe_status(status: int) -> str:
-    """Exit status as subprocess reports it (negative: killed by that signal)."""
+def describe_status(status: int | None, before_finalizing: bool = False) -> str:
+    """Exit status as subprocess reports it (negative: killed by that signal; None: not known,
+    its host was lost); an MPI rank that exited 0 without MPI_Finalize says so."""
+    if status is None:
+        return "Status:    not known (its host was lost)"
+    if before_finalizing:
+        return f"Exit code: {status}, but it ended before finalizing (no MPI_Finalize)"
     if status < 0:
         try:
             name = signal.Signals(-status).name
@@ -86,7 +102,7 @@ def failure_summary(
     job: int = 1,
     host: str,
     pid: int | None,
-    status: int,
+    status: int | None,
     argv: Sequence[str],
     last_lines: Sequence[str],
     killed: Sequence[int],
@@ -94,6 +110,7 @@ def failure_summary(
     aborted: bool,
     failed_total: int,
     reason: str | None = None,
+    before_finalizing: bool = False,
 ) -> str:
     if aborted:
         head = (
@@ -108,7 +125,7 @@ def failure_summary(
     where = f"{rank}" if job == 1 else f"{rank} of spawned job {job}"
     lines = [RULE, head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
     lines.append(f"  Command:   {shown_command(argv)}")
-    lines.append(f"  {describe_status(status)}")
+    lines.append(f"  {describe_status(status, before_finalizing)}")
     if reason:
         lines.append(f"  Reason:    {reason}")
     if last_lines:
@@ -116,8 +133,7 @@ def failure_summary(
         lines.extend(f"    {line}" for line in last_lines)
     if killed or killed_other:
         lines.append("")
-        spawned = f" (and {killed_other} rank(s) of spawned jobs)" if killed_other else ""
-        lines.append(f"Ranks killed by mpilaunch: {ranges(killed) or 'none of job 1'}{spawned}")
+        lines.append(f"Killed by mpilaunch: {rank_list(killed, killed_other)}")
     lines.append(RULE)
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ import time
 from mpilaunch import __version__
 from mpilaunch.launcher.events import RunEnded, table
 from mpilaunch.launcher.policy import Policy
+from mpilaunch.launcher.signal_table import name_of
 from mpilaunch.launcher.states import RankState
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -115,15 +116,20 @@ class JsonReport:
             "exit_status": status,
             "outcome": outcome,
             "aborted": policy.aborted,
-            "stop_signal": signal.Signals(policy.stop_signal).name if policy.stop_signal is not None else None,
+            "stop_signal": name_of(policy.stop_signal) if policy.stop_signal is not None else None,
             "first_failure": first,
             "ranks": [self.rank(state) for state in policy.procs],
         }
 
     def write(self, event: RunEnded) -> None:
-        from mpilaunch.host.hostinfo import write_file
+        from mpilaunch.host.files import console_stream, write_file
 
-        error = write_file(self.path, json.dumps(self.document(event.status), indent=1) + "\n")
+        text = json.dumps(self.document(event.status), indent=1) + "\n"  # ASCII: other bytes as \udcXX
+        stream = console_stream(self.path)
+        if stream is not None:  # /dev/stdout: after the rank output queued for it, not before
+            self.output.writer.write(stream, text.encode(), notice=True)
+            return
+        error = write_file(self.path, text)
         if error:  # the run's status stays the run's; the report's loss is said once
             print(f"mpilaunch: --report-json: {error}", file=sys.stderr)
 
@@ -131,7 +137,7 @@ class JsonReport:
 def write_refused(path: str, plan: LaunchPlan | None, command: Sequence[str], error: Exception) -> None:
     """The report of a run refused before any rank started (bad input, a host that fails its
     checks): the error, status 2, no ranks."""
-    from mpilaunch.host.hostinfo import write_file
+    from mpilaunch.host.files import write_file
 
     document = {
         "mpilaunch": __version__,

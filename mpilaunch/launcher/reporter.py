@@ -7,8 +7,6 @@ end of a failed or stopped run into its summary.
 
 from __future__ import annotations
 
-import signal
-
 from mpilaunch.launcher.events import (
     AgentLost,
     AgentNote,
@@ -22,6 +20,7 @@ from mpilaunch.launcher.events import (
     table,
 )
 from mpilaunch.launcher.policy import Policy, abort_status
+from mpilaunch.launcher.signal_table import ACTIONS, name_of
 from mpilaunch.launcher.states import RankState
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
@@ -58,7 +57,7 @@ class ConsoleReporter:
             {
                 RankNotStarted: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} could not start: {e.error}"),
                 MpiFailure: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} {e.reason}"),
-                HardStop: lambda e: self.say(f"{signal.Signals(e.sig).name} again: killing every rank"),
+                HardStop: lambda e: self.say(f"{name_of(e.sig)} again: killing every rank"),
                 TimedOut: lambda e: self.say(f"the job exceeded --timeout {e.timeout:g} s; killing every rank"),
                 AgentLost: self.agent_lost,
                 Garbled: lambda e: self.say(f"garbled message from the agent of {self.hosts[e.host].name}: {e.why}"),
@@ -78,31 +77,35 @@ class ConsoleReporter:
 
     def agent_lost(self, event: AgentLost) -> None:
         because = f" ({event.why})" if event.why else ""
-        self.say(f"lost the agent of host {self.hosts[event.host].name}{because}; its ranks are killed")
+        fate = "its ranks are killed" if event.confirmed else "its ranks could not be confirmed ended"
+        self.say(f"lost the agent of host {self.hosts[event.host].name}{because}; {fate}")
 
     def run_ended(self, event: RunEnded) -> None:
         policy = self.policy
         failure = policy.first_failure
         ended = [policy.procs[p] for p in policy.failed if policy.procs[p] is not failure]
         if failure is None and ended and policy.stop_signal is not None:
-            from mpilaunch.launcher.report import ranges  # only a failed or stopped run reports
+            from mpilaunch.launcher.report import rank_list  # only a failed or stopped run reports
 
-            name = signal.Signals(policy.stop_signal).name
-            first_job = ranges([s.rank.rank for s in ended if s.job == 1]) or "none of job 1"
-            others = sum(1 for s in ended if s.job != 1)
-            spawned = f" and {others} rank(s) of spawned jobs" if others else ""
-            self.say(f"stopped by {name} (forwarded to every rank); ranks {first_job}{spawned} ended")
+            stop = policy.stop_signal
+            sent = ACTIONS.get(stop, ("", stop))[1]
+            how = "forwarded to every rank" if sent == stop else f"{name_of(sent)} sent to every rank"
+            which = rank_list([s.rank.rank for s in ended if s.job == 1], sum(1 for s in ended if s.job != 1))
+            self.say(f"stopped by {name_of(stop)} ({how}); {which} ended")
         if failure is not None and self.summary:
             from mpilaunch.launcher.report import failure_summary
 
             killed = [s for s in policy.procs if s.killed and s is not failure]
-            status = abort_status(failure.abort_code) if failure.abort_code is not None else failure.status
+            unfinalized = failure.unfinalized
+            status = failure.status
+            if failure.abort_code is not None and not unfinalized:
+                status = abort_status(failure.abort_code)
             text = failure_summary(
                 rank=failure.rank.rank,
                 job=failure.job,
                 host=self.hosts[failure.rank.host].name,
                 pid=failure.pid,
-                status=status if status is not None else 1,
+                status=status,
                 argv=self.jobs[failure.job].argvs[failure.rank.app],
                 last_lines=self.output.last_lines(failure.proc),
                 killed=[s.rank.rank for s in killed if s.job == 1],
@@ -110,5 +113,6 @@ class ConsoleReporter:
                 aborted=policy.options.abort_on_failure or policy.aborted,
                 failed_total=len(policy.failed),
                 reason=failure.reason,
+                before_finalizing=unfinalized,
             )
             self.output.say(text)

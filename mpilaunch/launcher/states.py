@@ -61,6 +61,7 @@ class RankState:
         "started_at",
         "state",
         "status",
+        "unfinalized",
     )
 
     def __init__(self, proc: int, job: int, rank: Rank) -> None:
@@ -73,6 +74,7 @@ class RankState:
         self.reason: str | None = None
         self.abort_code: int | None = None  # from MPI_Abort or a PMI failure
         self.killed = False  # still running when a kill was sent
+        self.unfinalized = False  # exited 0 after MPI_Init without MPI_Finalize while other ranks ran
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.cpu: float | None = None

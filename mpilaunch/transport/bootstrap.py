@@ -103,27 +103,51 @@ def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
     """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
     magic is the bytecode version the precompiled modules are for (tests give another one to
     exercise the path of a host whose Python differs). Built once per version of the code and
-    kept in the user's cache (30 ms to build here, 0.3 ms to read): every remote start pays it."""
+    kept in the user's cache (30 ms to build here, 0.3 ms to read): every remote start pays it.
+
+    What the cache holds is checked before it is sent (its key, then the payload's own digest):
+    a file cut short or damaged made every SSH job fail later, blamed on the hosts. Such a file
+    is replaced in the same run, said once; a cache that cannot be written is no error."""
     key, cache = _cache_file(magic)
     if cache is not None:
-        try:
-            with open(cache, "rb") as handle:
-                data = handle.read()
-            if data[:40] == key:
-                return data[40:]
-        except OSError:
-            pass
+        from mpilaunch.host.files import read_kept
+
+        data, why = read_kept(cache, CACHE_MAX)
+        if data is not None:
+            payload = data[80:]
+            if data[:40] == key and data[40:80] == _digest(payload) and _whole(payload):
+                return payload
+            why = "not this code's" if len(data) >= 80 and data[:40] != key else "cut short or damaged"
+        if why is not None:
+            print(f"mpilaunch: the kept agent code {cache} was {why}: built and kept again", file=sys.stderr)
     payload = _build_payload(magic)
     if cache is not None:
-        try:
-            os.makedirs(os.path.dirname(cache), exist_ok=True)
-            partial = f"{cache}.{os.getpid()}"
-            with open(partial, "wb") as handle:
-                handle.write(key + payload)
-            os.replace(partial, cache)  # whole or not at all, for a run that reads it at once
-        except OSError:
-            pass  # a read-only or full home: build it each time
+        from mpilaunch.host.files import discard, keep
+
+        if why is not None:
+            discard(cache)
+        keep(cache, key + _digest(payload) + payload)  # a read-only or full home: built each time
     return payload
+
+
+CACHE_MAX = 64 << 20  # bytes: the payload is about 130 KB
+
+
+def _digest(payload: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.sha1(payload).hexdigest().encode()  # 40 bytes
+
+
+def _whole(payload: bytes) -> bool:
+    """Stage 2 and the bundle, each behind its 10-digit length, and nothing after them."""
+    at = 0
+    for _ in range(2):
+        head = payload[at : at + 10]
+        if len(head) != 10 or not head.isdigit():
+            return False
+        at += 10 + int(head)
+    return at == len(payload)
 
 
 def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
@@ -132,7 +156,7 @@ def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
     import hashlib
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest = hashlib.sha1(b"payload 1" + magic)
+    digest = hashlib.sha1(b"payload 2" + magic)  # 2: key, the payload's digest, the payload
     for name in shipped_modules():
         path = os.path.join(package, *name.split(".")[1:])
         path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"

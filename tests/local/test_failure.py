@@ -42,7 +42,7 @@ def test_rank_exiting_3_aborts_the_job_within_a_second(launcher: Launcher, tmp_p
     assert elapsed < 0.5 + 1.0 + 1.0, elapsed  # the failure, then under a second (plus start-up)
     assert "The first process to do so was" in err
     assert "Rank:      2" in err and "Exit code: 3" in err and "bad input on rank 2" in err
-    assert "Ranks killed by mpilaunch: 0-1,3" in err
+    assert "Killed by mpilaunch: ranks 0-1,3" in err
     assert (tmp_path / "logs" / "1" / "rank.2" / "stderr").read_text() == "bad input on rank 2\n"
     assert not tagged_pids(launcher.tag)
 
@@ -56,7 +56,7 @@ def test_rank_killed_by_a_signal(launcher: Launcher, sig: int, name: str) -> Non
     )  # fmt: skip
     err = proc.stderr.decode()
     assert proc.returncode == 128 + sig, err
-    assert f"Signal:    {name} ({int(sig)})" in err and "Ranks killed by mpilaunch: 0" in err
+    assert f"Signal:    {name} ({int(sig)})" in err and "Killed by mpilaunch: rank 0\n" in err
 
 
 def test_abort_disabled_lets_the_others_finish_but_still_fails(launcher: Launcher, tmp_path: Path) -> None:

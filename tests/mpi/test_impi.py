@@ -102,7 +102,7 @@ def test_abort_ends_the_job_with_its_code(launcher: Launcher, impi: Impi) -> Non
     assert proc.returncode == 7, err
     assert time.monotonic() - start < 15
     assert "rank 1 called MPI_Abort with code 7" in err and "Rank:      1" in err
-    assert "Ranks killed by mpilaunch: 0,2" in err
+    assert "Killed by mpilaunch: ranks 0,2" in err
     assert not tagged_pids(launcher.tag)
 
 

@@ -84,7 +84,7 @@ def test_mpi_abort_ends_the_job_with_its_code(launcher: Launcher, tmp_path: Path
     assert proc.returncode == 7, err
     assert time.monotonic() - start < 10
     assert "rank 1 called MPI_Abort with code 7" in err and "Rank:      1" in err
-    assert "Ranks killed by mpilaunch: 0,2" in err
+    assert "Killed by mpilaunch: ranks 0,2" in err
     assert not tagged_pids(launcher.tag)
 
 
@@ -100,6 +100,7 @@ def test_rank_dying_before_a_barrier_aborts_instead_of_hanging(launcher: Launche
     err = proc.stderr.decode()
     assert proc.returncode == 1, err
     assert "exited without MPI_Finalize" in err and "Rank:      2" in err
+    assert "  Exit code: 0, but it ended before finalizing (no MPI_Finalize)\n" in err and "Exit code: 1" not in err
 
 
 def test_publish_and_lookup_name(launcher: Launcher, tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def test_remote_rank_killed_by_a_signal(launcher: Launcher, bed: SshBed, tmp_pat
     assert proc.returncode == 128 + sig, err  # 137, 139, 134
     assert "Rank:      1" in err and "Host:      node2" in err, err
     assert f"Signal:    {name} ({sig})" in err, err
-    assert "Ranks killed by mpilaunch: 0" in err, err
+    assert "Killed by mpilaunch: rank 0\n" in err, err
     assert not bed.wait_clean(CLEAN_WITHIN)
 
 

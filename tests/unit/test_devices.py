@@ -13,7 +13,7 @@ import pytest
 
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
-from mpilaunch.host import hostinfo
+from mpilaunch.host import files, hostinfo
 from mpilaunch.plan import devices
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import place
@@ -243,12 +243,12 @@ def test_probe_answers_only_what_is_asked(tmp_path: Path) -> None:
 
 def test_files_are_replaced_whole_and_errors_say_why(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "rt.json"
-    assert hostinfo.write_file(str(target), "one") is None
-    assert hostinfo.write_file(str(target), "two") is None
+    assert files.write_file(str(target), "one") is None
+    assert files.write_file(str(target), "two") is None
     assert target.read_text() == "two" and os.listdir(target.parent) == ["rt.json"]
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert hostinfo.write_file(str(blocker / "rt.json"), "x") == f"cannot write {blocker / 'rt.json'}: File exists"
+    assert files.write_file(str(blocker / "rt.json"), "x") == f"cannot write {blocker / 'rt.json'}: File exists"
 
 
 # -- the rank table -----------------------------------------------------------------------------

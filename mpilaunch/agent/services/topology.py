@@ -14,7 +14,11 @@ import ctypes
 import os
 import socket
 
+from mpilaunch.host import files
+
 KEEP_IMPORTANT = 3  # HWLOC_TYPE_FILTER_KEEP_IMPORTANT: the I/O devices MPI libraries look at
+HWLOC_OBJ_PU = 3
+MAX_DESCRIPTION = 64 << 20  # bytes: a machine of thousands of cores with every device is a few MB
 NAMES = ("HWLOC_XMLFILE", "HWLOC_THISSYSTEM", "HWLOC_THISSYSTEM_ALLOWED_RESOURCES")
 
 
@@ -45,18 +49,61 @@ def cache_path() -> str | None:
 class CachedTopology:
     """Around PMIx_server_init: `before` points hwloc at the kept file if there is one, `after`
     takes the variables back; `keep`, once the job is over, writes the description when the
-    machine was read (4 ms, off every job's path)."""
+    machine was read (4 ms, off every job's path).
+
+    A kept description is checked before PMIx is pointed at it: hwloc must load it, and it must
+    not describe more processing units than this machine has. One that fails (cut short,
+    `<topology/>`, another machine's, not a file) made every job of PMIx fail; it is discarded,
+    the machine is read instead, and the description is kept again at the end of this run;
+    `note` says so once. The topology loaded for the check is held until PMIx has read its own:
+    hwloc then loads its components once, not twice."""
 
     def __init__(self) -> None:
         self.path = None if os.environ.get("HWLOC_XMLFILE") else cache_path()
         self.used = False
+        self.note: str | None = None
+        self.held: ctypes.c_void_p | None = None
 
     def before(self) -> None:
-        if self.path is not None and os.path.isfile(self.path):
+        if self.path is None:
+            return
+        data, why = files.read_kept(self.path, MAX_DESCRIPTION)
+        if data is None and why is None:  # none kept yet
+            return
+        why = f"was {why}" if data is None else self.check(data)
+        if why is None:
             os.environ.update(dict(zip(NAMES, (self.path, "1", "1"))))
             self.used = True
+            return
+        files.discard(self.path)
+        self.note = f"the kept hwloc description {self.path} {why}: discarded, this machine is read instead"
+
+    def check(self, data: bytes) -> str | None:
+        """None if hwloc loads the description and it fits this machine, else what is wrong."""
+        hwloc = _hwloc()
+        if hwloc is None:
+            return None  # PMIx will say what it thinks
+        topology = ctypes.c_void_p()
+        if hwloc.hwloc_topology_init(ctypes.byref(topology)) != 0:
+            return None
+        self.held = topology
+        buffer = ctypes.create_string_buffer(data)  # with its ending \0, which the size counts
+        if hwloc.hwloc_topology_set_xmlbuffer(topology, buffer, len(data) + 1) or hwloc.hwloc_topology_load(topology):
+            return "is refused by hwloc"
+        hwloc.hwloc_get_nbobjs_by_depth.restype = ctypes.c_uint
+        depth = hwloc.hwloc_get_type_depth(topology, HWLOC_OBJ_PU)
+        units = hwloc.hwloc_get_nbobjs_by_depth(topology, depth) if depth >= 0 else 0
+        cpus = os.cpu_count() or 1
+        if not 1 <= units <= cpus:
+            return f"describes {units} processing units (this machine has {cpus})"
+        return None
 
     def after(self) -> None:
+        if self.held is not None:
+            hwloc = _hwloc()
+            if hwloc is not None:
+                hwloc.hwloc_topology_destroy(self.held)
+            self.held = None
         if self.used:
             for name in NAMES:
                 os.environ.pop(name, None)
@@ -67,7 +114,8 @@ class CachedTopology:
 
 
 def write_description(path: str) -> bool:
-    """Read the machine with hwloc and write it to path (whole or not at all)."""
+    """Read the machine with hwloc and keep its description at path (whole, or nothing: a full
+    disk or a directory in its place leave no partial file)."""
     hwloc = _hwloc()
     if hwloc is None:
         return False
@@ -78,13 +126,14 @@ def write_description(path: str) -> bool:
         hwloc.hwloc_topology_set_io_types_filter(topology, KEEP_IMPORTANT)
         if hwloc.hwloc_topology_load(topology) != 0:
             return False
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}"
-        if hwloc.hwloc_topology_export_xml(topology, partial.encode(), 0) != 0:
+        text = ctypes.c_void_p()
+        size = ctypes.c_int()
+        if hwloc.hwloc_topology_export_xmlbuffer(topology, ctypes.byref(text), ctypes.byref(size), 0) != 0:
             return False
-        os.replace(partial, path)
-        return True
-    except OSError:
-        return False
+        try:
+            data = ctypes.string_at(text.value, max(0, size.value - 1))  # without the ending \0
+        finally:
+            hwloc.hwloc_free_xmlbuffer(topology, text)
+        return files.keep(path, data)
     finally:
         hwloc.hwloc_topology_destroy(topology)
