@@ -72,8 +72,9 @@ class Relay:
 
     # -- starting ---------------------------------------------------------------------------
     def start(self, msg: RelayHosts, env: dict[str, str]) -> list[int]:
-        """Start one child per host of the message; its check and, where it relays in turn, its
-        own RelayHosts are queued behind its code. Returns the pids (for the guardian)."""
+        """Start one child per host of the message, its code queued; the launcher's frames for it
+        (its check, its own RelayHosts where it relays in turn) follow, routed to it. Returns the
+        pids (for the guardian)."""
         if self.version is None:
             self.version = ssh_version(env, msg.ssh.command[0] if msg.ssh.command else "ssh")
         options = ssh_options(msg.ssh, self.version)
@@ -102,10 +103,7 @@ class Relay:
                 assert child.stdin is not None
                 os.set_blocking(child.stdin, False)
                 self.by_fd[child.stdin] = child
-                queued = self.payload + spec.first.encode("latin-1")
-                if spec.below:
-                    queued += encode(msg._replace(hosts=spec.below))
-                self.write(child, queued)
+                self.write(child, self.payload)  # its check, and its own RelayHosts, come from the launcher
         finally:
             gate.release(len(started))
         return started
@@ -195,18 +193,13 @@ class Relay:
 
     def _frames(self, child: Child, data: bytes) -> None:
         child.inbox += data
-        if not child.greeted:
-            at = child.inbox.find(wire.MARKER)
-            if at < 0:
-                if len(child.inbox) > wire.MAX_NOISE + len(wire.MARKER):
-                    self._closed(child, f"the remote shell printed more than {wire.MAX_NOISE} bytes before the agent")
-                return
-            del child.inbox[: at + len(wire.MARKER)]
-            child.greeted = True
         try:
+            child.greeted = child.greeted or wire.past_marker(child.inbox)
+            if not child.greeted:
+                return
             frames = wire.split(child.inbox)
         except wire.FrameError as exc:
-            self._closed(child, f"garbled stream: {exc}")
+            self._closed(child, str(exc) if not child.greeted else f"garbled stream: {exc}")
             return
         up = []
         for kind, frame in frames:

@@ -39,8 +39,13 @@ class CommandLine:
     @property
     def names_hosts(self) -> bool:
         """Whether the line names its hosts or its engine (else, in an allocation, the hosts are
-        Slurm's and srun starts the agents); a context click must read counts as naming them."""
-        return any(seg is None or seg[1] & set(HOST_OPTIONS) for seg in self.segments)
+        Slurm's and srun starts the agents); in a context the scanner left to click, by its
+        options' spellings."""
+        for seg, words in zip(self.segments, split_apps(self.words)):
+            given = seg[1] if seg is not None else {w.opt.name for w in option_words(words) if w.opt is not None}
+            if given & set(HOST_OPTIONS):
+                return True
+        return False
 
 
 def read(argv: list[str], name: str = "mpilaunch") -> CommandLine:

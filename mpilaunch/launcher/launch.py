@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
+from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
 from mpilaunch.plan import devices
@@ -126,7 +127,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
         )
 
     hosts = {i: plan.hosts[i] for i in remote}
-    results = remote_transport(options, len(hosts)).start(hosts, check)
+    results = start_agents(remote_transport(options, len(hosts)), hosts, check)
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = []
     for index, result in sorted(results.items()):

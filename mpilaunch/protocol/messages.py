@@ -104,8 +104,7 @@ class RelayHost(Record):
     name: str
     user: str | None
     port: int | None
-    first: str  # its check frame (latin-1), queued behind its code
-    below: tuple[RelayHost, ...]
+    below: tuple[RelayHost, ...]  # the hosts it starts in turn (the relay routes their frames)
 
 
 class SpawnApp(Record):

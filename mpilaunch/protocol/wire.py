@@ -32,6 +32,19 @@ class FrameError(ValueError):
     """The peer sent something that is not a frame of this protocol."""
 
 
+def past_marker(inbox: bytearray) -> bool:
+    """Cut what a login script printed, and the MARKER after it, from the front of inbox: True
+    once the marker came (frames follow in inbox), False while it may still come; FrameError
+    when more than MAX_NOISE bytes came first."""
+    at = inbox.find(MARKER)
+    if at < 0:
+        if len(inbox) > MAX_NOISE + len(MARKER):
+            raise FrameError(f"the remote shell printed more than {MAX_NOISE} bytes before the agent")
+        return False
+    del inbox[: at + len(MARKER)]
+    return True
+
+
 def control(op: str, **fields: object) -> bytes:
     body = json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
     return _HEAD.pack(len(body) + 1, CONTROL) + body

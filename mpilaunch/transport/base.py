@@ -1,11 +1,12 @@
 """What every transport gives the launcher: links to agents, and a result per host started.
 
-A transport starts one agent per host and hands back a HostResult each: a Link and the
-agent's answer to its first message (the preflight Check), or the TransportError that says
-why the host cannot be used. A Link declares what it is through its attributes, the same on
-every kind (no attribute probing): whether the pids it reports are this machine's, whether
-it has a descriptor of its own or rides another host's connection (tree spawn), which host
-started its agent. Transports are found by name in REGISTRY and imported only when used, so
+A transport starts one agent per host and hands back a HostResult each: a Link, or the
+TransportError that says why the host cannot be used; the launcher greets the links
+(launcher/greeting.py), and the result then holds the agent's answer to its Check. A Link
+declares what it is through its attributes, the same on every kind (no attribute probing):
+whether the pids it reports are this machine's, whether it has a descriptor of its own or
+rides another host's connection (tree spawn), which host started its agent, whether a shell
+started it. Transports are found by name in REGISTRY and imported only when used, so
 a run on one machine never imports paramiko.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:  # messages: imported by the agent after the early fork, not before it
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
     from mpilaunch.plan.hosts import Host
     from mpilaunch.protocol.messages import Checked, Hello
@@ -37,6 +38,9 @@ class Link:
     parent: int | None = None  # tree spawn: the host whose agent started this one (None: the launcher)
     head_index: int | None = None  # tree spawn: the host whose connection carries this one's frames
     head: Link | None = None  # ... and its link
+    marked = True  # a shell started the agent: its stream opens with a login script's output and MARKER
+    await_hello = True  # the launcher waits for its Hello before it is used (not this machine's fork)
+    patience = 20.0  # seconds its greeting may take (launcher/greeting.py)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -44,6 +48,8 @@ class Link:
         self.peer = ""  # the address the host was reached at: what its ranks are known by
         self.local_address = ""  # this machine's address as the host sees it
         self.unread = b""  # read during start-up but not used there: the controller's
+        self.outbox = bytearray()  # to write before anything else: the agent's code, where a shell started it
+        self.follow: list[bytes] = []  # frames for the agent right behind its check (tree spawn: its RelayHosts)
 
     def fileno(self) -> int:
         raise NotImplementedError
@@ -58,6 +64,32 @@ class Link:
     def send(self, frame: bytes) -> None:
         raise NotImplementedError
 
+    def write_fileno(self) -> int | None:
+        """A descriptor the outbox is written to without blocking, or None: it is sent whole."""
+        return None
+
+    def write_outbox(self) -> bool:
+        """Write what the descriptor takes now: True while some is left."""
+        raise NotImplementedError
+
+    def read_diagnostics(self) -> None:
+        """Take what the process carrying the link wrote on stderr (a full pipe would stall it)."""
+
+    def last_words(self) -> str:
+        """Why the agent could not be greeted, from what carried it (ssh's last line), or ""."""
+        return ""
+
+    def ended_words(self) -> str:
+        """What to say when its stream ended before the greeting did, with no last words."""
+        return "the agent closed its stream"
+
+    def take_hello(self, hello: Hello) -> None:
+        """The agent greeted: where it was reached, where it sees this machine (a transport that
+        knew them from its connection keeps its own)."""
+        self.hello = hello
+        self.peer = self.peer or hello.addr or self.name
+        self.local_address = self.local_address or hello.client
+
     def ping_every(self, interval: float, frame: bytes) -> None:
         """Send frame every interval seconds from a thread, until closed (the launcher's loop may
         be blocked on a full console; the agent must not take that for a lost launcher)."""
@@ -68,13 +100,18 @@ class Link:
     def wait(self) -> None:
         """After close: wait for whatever process carried the link."""
 
+    def give_up(self) -> None:
+        """A link whose greeting failed: closed, and what carried it reaped (killed if it stays)."""
+        self.close()
+        self.wait()
+
     def lost_because(self) -> str:
         """Why the link ended, when the transport knows (a Slurm step that ended); else ""."""
         return ""
 
 
 class HostResult:
-    """What starting one host's agent gave: a link and its reply, or the error."""
+    """What starting one host's agent gave: a link (and, once greeted, its reply), or the error."""
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -85,14 +122,19 @@ class HostResult:
 
 
 class Transport:
-    """Starts agents on hosts: `start` connects to each host (index -> Host), ships and starts the
-    agent, queues first(index) behind it (the preflight Check) and reads the hello and the
-    answer. Failures are results, not exceptions: callers decide what they mean."""
+    """Starts agents on hosts, as hydra's launch backends do: `start` starts one agent per host
+    (index -> Host) and hands back its link, its code perhaps still queued in the link's outbox,
+    or the error that says why the host cannot be used. The launcher greets every link
+    (launcher/greeting.py). Failures are results, not exceptions: callers decide what they mean."""
 
     name = ""
 
-    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+    def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         raise NotImplementedError
+
+    def retry(self, error: TransportError) -> bool:
+        """Whether a host that failed so is worth starting again (a connection dropped early)."""
+        return False
 
 
 # name -> "module:class"; imported on first use (paramiko only with the ssh transport)

@@ -7,27 +7,23 @@ config itself (ProxyJump, Match, ControlMaster included) and applies its host-ke
 BatchMode: known_hosts, unknown hosts refused unless --ssh-accept-new, changed keys always
 refused. A host that cannot be used is named with ssh's own last words.
 
-The start-up is one selector loop over every client: write the agent's code and the check,
-skip what a login script prints before the agent's marker, read the hello and the check's
-answer. What comes after them stays in the link for the controller.
+Each client is started with the agent's code queued in its link's outbox; the launcher writes
+it and greets the agent (launcher/greeting.py).
 """
 
 from __future__ import annotations
 
 import os
 import select
-import selectors
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import spawn
 from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.plan.hosts import Host
-from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import UP, Checked, Hello, decode
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
@@ -38,7 +34,6 @@ HINTS = {
     "Host key verification failed.": "(its key is unknown: --ssh-accept-new records it; or it CHANGED: always refused)",
 }
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
-RETRIES = 3  # tries more for a connection dropped before the SSH banner
 # ssh's words for a connection closed before the key exchange began (sshd's MaxStartups)
 DROPPED = ("kex_exchange_identification", "Connection reset by", "Connection closed by")
 
@@ -63,21 +58,47 @@ class OpensshLink(Link):
         self._in_open = True
         os.set_blocking(self._out, False)
         os.set_blocking(self._err, False)
-
-    def take_hello(self, hello: Hello) -> None:
-        self.hello = hello
-        self.peer = hello.addr or self.name  # the address its sshd was reached at
-        self.local_address = hello.client
+        os.set_blocking(self._in, False)  # the code is written by the greeting, as the pipe takes it
 
     def fileno(self) -> int:
         return self._out
+
+    def write_fileno(self) -> int:
+        return self._in
+
+    def write_outbox(self) -> bool:
+        try:
+            del self.outbox[: os.write(self._in, self.outbox)]
+        except BlockingIOError:
+            return True
+        except OSError:  # ssh left before taking it all: its stderr says why
+            self.outbox.clear()
+        if not self.outbox:
+            os.set_blocking(self._in, True)  # frames from now on are sent whole (send)
+        return bool(self.outbox)
+
+    def read_diagnostics(self) -> None:
+        if self.hello is None:
+            self.read_stderr(show=False)
+
+    def ended_words(self) -> str:
+        status = self.reap(REAP_GRACE)
+        if status is None:
+            return "the agent closed its stream"
+        return f"ssh exited with status {status} before the agent answered"
+
+    def give_up(self) -> None:
+        self.close()
+        _kill_group(self.pid)
+        self.wait()
 
     def recv(self) -> bytes | None:
         """Data, None when there is nothing yet, b'' at end (the agent or its connection is gone)."""
         if self.unread:
             data, self.unread = self.unread, b""
             return data
-        self.read_stderr(show=True)
+        greeted = self.hello is not None  # before, ssh's words are kept for the host's error line
+        self.read_stderr(show=greeted)
         try:
             data = os.read(self._out, READ_SIZE)
         except BlockingIOError:
@@ -85,7 +106,7 @@ class OpensshLink(Link):
         except OSError:
             data = b""
         if not data:
-            self.read_stderr(show=True, final=True)
+            self.read_stderr(show=greeted, final=True)
         return data
 
     def read_stderr(self, show: bool, final: bool = False) -> None:
@@ -173,81 +194,18 @@ def _kill_group(pid: int) -> None:
             pass
 
 
-class _Start:
-    """One host's start-up: what is left to write, what was read, where it stands."""
-
-    def __init__(self, index: int, link: OpensshLink, first: bytes) -> None:
-        self.index = index
-        self.link = link
-        self.out = memoryview(agent_payload() + first)
-        self.inbox = bytearray()
-        self.marked = False  # the agent's marker was seen
-        self.frames: list[bytes] = []  # read after the hello and the reply
-        self.hello: Hello | None = None
-        self.reply: Checked | None = None
-        self.wants_reply = bool(first)
-
-    @property
-    def done(self) -> bool:
-        return not self.out and self.hello is not None and (self.reply is not None or not self.wants_reply)
-
-    def take(self, data: bytes) -> str | None:
-        """Bytes from the agent's stdout; an error in words, or None."""
-        self.inbox += data
-        if not self.marked:
-            at = self.inbox.find(wire.MARKER)
-            if at < 0:
-                if len(self.inbox) > wire.MAX_NOISE + len(wire.MARKER):
-                    return f"the remote shell printed more than {wire.MAX_NOISE} bytes before the agent"
-                return None
-            del self.inbox[: at + len(wire.MARKER)]
-            self.marked = True
-        try:
-            frames = wire.split(self.inbox)
-        except wire.FrameError as exc:
-            return f"the agent's stream is garbled: {exc}"
-        for kind, frame in frames:
-            if self.done or kind != wire.CONTROL:
-                self.frames.append(frame)
-                continue
-            try:
-                message = decode(wire.decode_frame(frame)[1], UP)  # type: ignore[arg-type]
-            except wire.FrameError as exc:
-                return f"the agent's stream is garbled: {exc}"
-            if self.hello is None:
-                if not isinstance(message, Hello):
-                    return "the agent did not say hello"
-                self.hello = message
-            elif isinstance(message, Checked):
-                self.reply = message
-            else:
-                self.frames.append(frame)
-        return None
-
-
 class OpensshTransport(Transport):
-    """One OpenSSH `ssh` client per host, every host's start-up in one selector loop."""
+    """One OpenSSH `ssh` client per host (or the command the user gave in its place)."""
 
     name = "openssh"
 
     def __init__(self, options: SshOptions) -> None:
         self.options = options
 
-    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
-        """Every host's agent; a connection an sshd dropped before its banner (MaxStartups under a
-        burst of logins) is tried again, up to RETRIES times, after a short random wait."""
-        results = self._start_once(hosts, first)
-        for attempt in range(1, RETRIES + 1):
-            again = {i: hosts[i] for i, r in results.items() if r.error is not None and _dropped(str(r.error))}
-            if not again:
-                break
-            import random
+    def retry(self, error: TransportError) -> bool:
+        return _dropped(str(error))
 
-            time.sleep(random.uniform(0.05, 0.25) * attempt)
-            results.update(self._start_once(again, first))
-        return results
-
-    def _start_once(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+    def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         if not hosts:
             return {}
         options = self.options
@@ -263,121 +221,34 @@ class OpensshTransport(Transport):
         if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
             base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
         command = agent_command(options.python)
+        payload = agent_payload()
         results = {index: HostResult(index) for index in sorted(hosts)}
-        starting: dict[int, _Start] = {}
-        sel = selectors.DefaultSelector()
         # Each client starts as a small shell waiting at a gate, released when all are spawned:
         # spawning waits for the child's exec, and once the first clients run their key exchange
         # that wait grew to 40-70 ms per host on 2 cores (the agent starts its ranks the same way).
         gate = spawn.Gate()
+        spawned = 0
         try:
-            spawned = False
-            try:
-                for index in sorted(hosts):
-                    host = hosts[index]
-                    if not openssh and (host.user or host.port):
-                        why = f"{spec.command[0]} is not ssh: it takes no user or port (give them to it yourself)"
-                        results[index].error = TransportError("connect", why)
-                        continue
-                    argv = ssh_argv(base, host.name, host.user, host.port, command, openssh)
-                    try:
-                        started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
-                    except OSError as exc:
-                        results[index].error = TransportError("connect", f"cannot run ssh: {exc.strerror or exc}")
-                        continue
-                    link = OpensshLink(host.name, started)
-                    results[index].link = link
-                    start = starting[index] = _Start(index, link, first(index) or b"")
-                    os.set_blocking(link._in, False)
-                    sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
-                    sel.register(link._out, selectors.EVENT_READ, (start, "out"))
-                spawned = True
-            finally:  # released with no line after a failure: the shells waiting there leave without running ssh
-                gate.release(len(starting) if spawned else 0)
-            _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
-        except BaseException:
-            for start in starting.values():
-                _give_up(start.link)
-            raise
-        finally:
-            sel.close()
-        for index, start in starting.items():
-            result = results[index]
-            if result.error is not None:
-                _give_up(start.link)
-                result.link = None
-                continue
-            os.set_blocking(start.link._in, True)
-            assert start.hello is not None
-            start.link.take_hello(start.hello)
-            start.link.unread = b"".join(start.frames) + bytes(start.inbox)
-            result.reply = start.reply
-        return results
-
-
-def _run(
-    sel: selectors.BaseSelector, starting: dict[int, _Start], results: dict[int, HostResult], deadline: float
-) -> None:
-    """Write the code, read the hellos and replies, until every host has answered or failed."""
-    waiting = set(starting)
-
-    def forget(start: _Start) -> None:
-        waiting.discard(start.index)
-        for fd in (start.link._in, start.link._out):
-            try:
-                sel.unregister(fd)
-            except (KeyError, ValueError):  # the payload was written: stdin is not watched any more
-                pass
-
-    def fail(start: _Start, why: str) -> None:
-        results[start.index].error = TransportError("agent", why)
-        forget(start)
-
-    while waiting:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            for index in sorted(waiting):
-                start = starting[index]
-                fail(start, start.link.last_words() or f"no answer in {CONNECT_TIMEOUT * 2:g} s")
-            return
-        for key, _ in sel.select(left):
-            start, stream = key.data
-            if start.index not in waiting:
-                continue
-            link = start.link
-            if stream == "in":
-                try:
-                    start.out = start.out[os.write(link._in, start.out) :]
-                except BlockingIOError:
+            for index in sorted(hosts):
+                host = hosts[index]
+                if not openssh and (host.user or host.port):
+                    why = f"{spec.command[0]} is not ssh: it takes no user or port (give them to it yourself)"
+                    results[index].error = TransportError("connect", why)
                     continue
-                except OSError:  # ssh left before taking it all: its stderr says why
-                    start.out = memoryview(b"")
-                if not start.out:
-                    sel.unregister(link._in)
-                continue
-            link.read_stderr(show=False)  # a full stderr pipe would stall the client
-            try:
-                data = os.read(link._out, READ_SIZE)
-            except BlockingIOError:
-                continue
-            if not data:
-                fail(start, link.last_words() or _status_words(link))
-                continue
-            problem = start.take(data)
-            if problem:
-                fail(start, problem)
-            elif start.done:
-                forget(start)
-
-
-def _status_words(link: OpensshLink) -> str:
-    status = link.reap(REAP_GRACE)
-    if status is None:
-        return "the agent closed its stream"
-    return f"ssh exited with status {status} before the agent answered"
-
-
-def _give_up(link: OpensshLink) -> None:
-    link.close()
-    _kill_group(link.pid)
-    link.wait()
+                argv = ssh_argv(base, host.name, host.user, host.port, command, openssh)
+                try:
+                    started = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
+                except OSError as exc:
+                    results[index].error = TransportError("connect", f"cannot run ssh: {exc.strerror or exc}")
+                    continue
+                link = results[index].link = OpensshLink(host.name, started)
+                link.outbox += payload
+                spawned += 1
+        except BaseException:
+            gate.release(0)  # the shells waiting there leave without running ssh
+            for result in results.values():
+                if result.link is not None:
+                    result.link.give_up()
+            raise
+        gate.release(spawned)
+        return results

@@ -6,8 +6,8 @@ accounting and limits apply to them, and `scancel` reaches them. `srun` mixes it
 stdio, so each agent connects back to the launcher over TCP, as hydra's proxies do: it presents
 a per-run secret that travels in the step's environment (never on a command line) and its node
 name; the listener takes exactly one connection per node of the step and then closes. The socket
-then is the agent's stdin and stdout, and the start-up is the OpenSSH client's: the agent's
-code, the check, the hello. The step's command line and its start before the launch are in
+then is the agent's stdin and stdout: the launcher writes the agent's code and greets it
+(launcher/greeting.py), as any other. The step's command line and its start before the launch are in
 slurm_step.py.
 """
 
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import os
 import select
-import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from mpilaunch.plan.hosts import Host
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_payload
-from mpilaunch.transport.openssh import _run, _Start  # here, not when the agents have connected back
 from mpilaunch.transport.slurm_step import (
     StartedStep,
     end_srun,
@@ -73,14 +71,24 @@ class SlurmLink(Link):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._in = sock.fileno()
-        self._out = os.dup(sock.fileno())  # the start-up loop watches reading and writing apart
+        self._out = os.dup(sock.fileno())  # the greeting watches reading and writing apart
         self.stderr_text = bytearray()
         with step.lock:
             step.open_links += 1
 
-    # what the shared start-up loop (transport/openssh._run) asks of a link
-    def read_stderr(self, show: bool = False) -> None:
-        """The agents' stderr goes through srun to the launcher's own."""
+    patience = CONNECT_TIMEOUT * 2
+
+    def write_fileno(self) -> int:
+        return self._in
+
+    def write_outbox(self) -> bool:
+        try:
+            del self.outbox[: self.sock.send(self.outbox, socket.MSG_DONTWAIT)]
+        except BlockingIOError:
+            return True
+        except OSError:  # the agent is gone: its stream's end says so
+            self.outbox.clear()
+        return bool(self.outbox)
 
     def last_words(self) -> str:
         status = self.step.poll()
@@ -152,7 +160,7 @@ class SlurmTransport(Transport):
     def __init__(self, options: SshOptions) -> None:
         self.options = options
 
-    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
+    def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         if not hosts:
             return {}
         by_name = {host.name: index for index, host in hosts.items()}
@@ -178,11 +186,13 @@ class SlurmTransport(Transport):
         for name, index in by_name.items():
             if name not in joined:
                 results[index].error = TransportError("agent", _missing(step))
-        links = {by_name[name]: SlurmLink(name, sock, step) for name, (sock, _) in joined.items()}
-        for index, link in links.items():
-            results[index].address = f"slurm:{link.name}"
-            results[index].link = link
-        _handshake(links, {by_name[name]: rest for name, (_, rest) in joined.items()}, first, results)
+        payload = agent_payload()
+        for name, (sock, rest) in joined.items():
+            link = SlurmLink(name, sock, step)
+            link.outbox += payload
+            link.unread = rest  # what the agent sent behind its first line: its marker, perhaps more
+            results[by_name[name]].address = f"slurm:{name}"
+            results[by_name[name]].link = link
         return results
 
 
@@ -292,38 +302,3 @@ def _send_away(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
-
-
-def _handshake(
-    links: Mapping[int, SlurmLink], early: Mapping[int, bytes], first: Callable[[int], bytes | None], results: dict
-) -> None:
-    """The agent's code, the check and the hello over each connection (openssh's loop); early:
-    what each agent sent behind its first line."""
-    sel = selectors.DefaultSelector()
-    starting = {}
-    for index, link in links.items():
-        link.sock.setblocking(False)
-        start = starting[index] = _Start(index, link, first(index) or b"")  # type: ignore[arg-type]
-        problem = start.take(early.get(index, b""))
-        if problem:
-            results[index].error = TransportError("agent", problem)
-        sel.register(link._in, selectors.EVENT_WRITE, (start, "in"))
-        sel.register(link._out, selectors.EVENT_READ, (start, "out"))
-    try:
-        _run(sel, starting, results, time.monotonic() + CONNECT_TIMEOUT * 2)
-    finally:
-        sel.close()
-    for index, start in starting.items():
-        result = results[index]
-        link = start.link
-        link.sock.setblocking(True)
-        if result.error is not None:
-            link.close()
-            result.link = None
-            continue
-        assert start.hello is not None
-        link.hello = start.hello
-        link.peer = start.hello.addr or link.name
-        link.local_address = start.hello.client
-        link.unread = b"".join(start.frames) + bytes(start.inbox)
-        result.reply = start.reply

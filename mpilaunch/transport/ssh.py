@@ -21,10 +21,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 
 from mpilaunch.plan.hosts import Host, HostSyntaxError, check_host_name, check_user_name
-from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import UP, Checked, Hello, decode
 from mpilaunch.protocol.record import Record
-from mpilaunch.protocol.wire import MARKER, MAX_NOISE
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
@@ -421,45 +418,10 @@ def open_connection(
         raise
 
 
-def skip_noise(chan, timeout: float) -> bytes | None:
-    """Read up to the agent's MARKER, one byte at a time so that nothing after it is consumed;
-    returns what came before it (a login script's output), or None if the stream ended first."""
-    chan.settimeout(timeout)
-    seen = bytearray()
-    try:
-        while not seen.endswith(MARKER):
-            byte = chan.recv(1)
-            if not byte:
-                return None
-            seen += byte
-            if len(seen) > MAX_NOISE + len(MARKER):
-                raise TransportError("agent", f"the remote shell printed more than {MAX_NOISE} bytes before the agent")
-    finally:
-        chan.settimeout(None)
-    return bytes(seen[: -len(MARKER)])
-
-
-def read_message(chan, timeout: float) -> Record | None:
-    """One control message, read exactly (nothing after it is consumed); None on EOF."""
-    chan.settimeout(timeout)
-    data = b""
-    decoder = wire.Decoder()
-    try:
-        while True:
-            need = 5 if len(data) < 5 else 4 + int.from_bytes(data[:4], "big") - len(data)
-            if need <= 0:
-                kind, value = decoder.feed(data)[0]
-                return decode(value, UP) if kind == wire.CONTROL else None  # type: ignore[arg-type]
-            chunk = chan.recv(need)
-            if not chunk:
-                return None
-            data += chunk
-    finally:
-        chan.settimeout(None)
-
-
 class SshLink(Link):
     """A connected agent on a remote host, over a paramiko channel."""
+
+    patience = CONNECT_TIMEOUT * 2
 
     def __init__(self, name: str, client: object, chan: object, jumps: list | None = None) -> None:
         super().__init__(name)
@@ -467,6 +429,7 @@ class SshLink(Link):
         self.chan = chan
         self.jumps = jumps if jumps is not None else []
         self._err = bytearray()
+        self._said = bytearray()  # stderr before the greeting: the host's error line takes it
         self._lock = threading.Lock()  # frames from two threads never interleave
         self._stop = threading.Event()
 
@@ -489,7 +452,25 @@ class SshLink(Link):
         return None
 
     def _stderr(self, data: bytes) -> None:
-        show_agent_lines(self.name, self._err, data)
+        if self.hello is None:
+            self._said += data
+        else:
+            show_agent_lines(self.name, self._err, data)
+
+    def read_diagnostics(self) -> None:
+        chan = self.chan
+        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
+            self._stderr(chan.recv_stderr(1 << 16))  # type: ignore[attr-defined]
+
+    def last_words(self) -> str:
+        """The agent's (or the remote shell's) last line on stderr, else its exit status."""
+        self.read_diagnostics()
+        last = bytes(self._said).decode(errors="replace").strip().splitlines()
+        chan = self.chan
+        if not last and not chan.exit_status_ready():  # type: ignore[attr-defined]
+            return ""
+        status = chan.recv_exit_status() if chan.exit_status_ready() else None  # type: ignore[attr-defined]
+        return f"the agent did not start: {last[-1] if last else f'it exited with status {status}'}"
 
     def readable(self) -> bool:
         chan = self.chan
@@ -511,8 +492,8 @@ class SshLink(Link):
                 pass
 
 
-def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | None) -> tuple[SshLink, Checked | None]:
-    """Connect, ship and start the agent with `first` queued behind it; return its hello and reply."""
+def start_agent(target: SshTarget, options: SshOptions, config) -> SshLink:  # type: ignore[no-untyped-def]
+    """Connect, start the agent and ship its code; the launcher greets it."""
     client, jumps = open_connection(target, options, config)
     link = SshLink(target.name, client, None, jumps)
     try:
@@ -527,37 +508,12 @@ def start_agent(target: SshTarget, options: SshOptions, config, first: bytes | N
             chan = transport.open_session(timeout=target.timeout)
             link.chan = chan
             chan.exec_command(agent_command(options.python))
-            chan.sendall(agent_payload() + (first or b""))  # the check waits in the pipe: no round trip
-            noise = skip_noise(chan, target.timeout)
-            hello = read_message(chan, target.timeout) if noise is not None else None
-        except TransportError:
-            raise
-        except wire.FrameError as exc:
-            raise TransportError("agent", f"the agent's stream is garbled: {exc}") from None
+            chan.sendall(agent_payload())
         except (socket.timeout, TimeoutError):
             raise TransportError("agent", f"the agent did not answer within {target.timeout:g} s") from None
         except Exception as exc:
             raise TransportError("agent", f"cannot start the agent: {exc}") from None
-        if not isinstance(hello, Hello):
-            text = b""
-            while chan.recv_stderr_ready():
-                text += chan.recv_stderr(1 << 16)
-            last = text.decode(errors="replace").strip().splitlines()
-            status = chan.recv_exit_status() if chan.exit_status_ready() else None
-            why = last[-1] if last else f"it exited with status {status}"
-            raise TransportError("agent", f"the agent did not start: {why}")
-        link.hello = hello
-        reply = None
-        if first is not None:
-            try:
-                reply = read_message(chan, target.timeout)
-            except wire.FrameError as exc:
-                raise TransportError("agent", f"the agent's stream is garbled: {exc}") from None
-            if reply is None:
-                raise TransportError("agent", "the agent closed the connection")
-            if not isinstance(reply, Checked):
-                raise TransportError("agent", f"the agent answered its check with {reply.op}")  # type: ignore[attr-defined]
-        return link, reply
+        return link
     except BaseException:
         link.close()
         raise
@@ -571,9 +527,8 @@ class ParamikoTransport(Transport):
     def __init__(self, options: SshOptions) -> None:
         self.options = options
 
-    def start(self, hosts: Mapping[int, Host], first: Callable[[int], bytes | None]) -> dict[int, HostResult]:
-        """Start one agent on each host; first(index) is a frame queued right behind the agent's
-        code (the pre-launch check), whose answer comes back in the result."""
+    def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
+        """Start one agent on each host, its code shipped, in threads."""
         if not hosts:
             return {}
         config = load_config(self.options.config)
@@ -586,7 +541,7 @@ class ParamikoTransport(Transport):
                 for directive in not_honoured(config(host.name)):
                     ignored.setdefault(directive, []).append(host.name)
                 result.address = target.where()
-                result.link, result.reply = start_agent(target, self.options, config, first(index))
+                result.link = start_agent(target, self.options, config)
             except TransportError as exc:
                 result.error = exc
             except Exception as exc:  # anything paramiko raises that is not classified above

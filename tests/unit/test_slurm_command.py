@@ -59,6 +59,8 @@ def test_the_step_starts_early_only_where_the_job_surely_runs_in_it() -> None:
     assert early_start(["-H", "a", "-ppn", "1", "true"], salloc) == 0  # refused as it is read
     assert early_start(["-hosts", "n1", "true"], salloc) == LOCAL_AGENT  # hydra's hosts, by hand
     assert early_start(["-n", "2", "sh", "-c", "x", "--dry-run"], salloc) == 3  # the program's own words
+    assert early_start(["-n", "2", "--no-such-option", "true"], salloc) == 3  # click refuses it: the step ends
+    assert early_start(["-H", "n1", "--no-such-option", "true"], salloc) == LOCAL_AGENT  # ... hosts by hand
     assert early_start(["true"], {**salloc, "MLP_MPI_HOSTS": "a,b"}) == 0  # those hosts come first
     assert early_start(["true"], {**salloc, "SLURM_JOB_NODELIST": ""}) == 0
     assert early_start(["true"], {**salloc, "SLURM_JOB_NUM_NODES": "x"}) == 0
