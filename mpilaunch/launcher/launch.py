@@ -190,7 +190,7 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
     """--rank-table: the file here, and at the same path on every remote host (by its agent), so
     each rank finds its RANK_TABLE_FILE; status 2 when a host cannot write it."""
     from mpilaunch.host.files import write_file
-    from mpilaunch.transport.gather import gather
+    from mpilaunch.launcher.gather import gather
 
     path = plan.options.rank_table
     assert path is not None

@@ -53,7 +53,7 @@ def test_nested_records_round_trip() -> None:
     tree = RelayHosts(
         ssh=SshSpec(config=None, accept_new=True),
         command="python3 -c x",
-        hosts=(RelayHost(3, "node3", None, 2222, "first", (RelayHost(5, "node5", "bob", None, "", ()),)),),
+        hosts=(RelayHost(3, "node3", None, 2222, (RelayHost(5, "node5", "bob", None, ()),)),),
     )
     assert round_trip(tree, DOWN) == tree
 

@@ -217,7 +217,7 @@ def test_an_inner_frame_must_fill_its_routed_frame_exactly() -> None:
 @given(st.integers(1, 300), st.integers(1, 12))
 @settings(max_examples=200)
 def test_tree_layout_is_breadth_first_with_at_most_width_children(hosts: int, width: int) -> None:
-    from mpilaunch.transport.tree import depth_of, tree_layout
+    from mpilaunch.transport.tree import path_up, tree_layout
 
     order = list(range(100, 100 + hosts))
     parents = tree_layout(order, width)
@@ -234,7 +234,7 @@ def test_tree_layout_is_breadth_first_with_at_most_width_children(hosts: int, wi
         reach *= width
         total += reach
         levels += 1
-    assert max(depth_of(parents, h) for h in order) == levels  # as shallow as the width allows
+    assert max(len(path_up(parents, h)) for h in order) == levels  # as shallow as the width allows
 
 
 def test_host_environment_takes_the_launchers_paths_that_exist(tmp_path: Path) -> None:
