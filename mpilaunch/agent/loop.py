@@ -29,9 +29,10 @@ class Timer:
 
 
 class Loop:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.sel = selectors.DefaultSelector()
         self.timers: list[Timer] = []
+        self.clock = clock
 
     def watch(self, fd: object, handler: Handler, events: int = selectors.EVENT_READ) -> None:
         """Call handler(fd) whenever fd (a descriptor or an object with fileno) is ready."""
@@ -52,10 +53,10 @@ class Loop:
     def turn(self) -> None:
         """Wait for a descriptor or the nearest deadline, run the handlers, then every timer."""
         deadlines = [when for when in (t.next_deadline() for t in self.timers) if when is not None]
-        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        timeout = max(0.0, min(deadlines) - self.clock()) if deadlines else None
         for key, _ in self.sel.select(timeout):
             key.data(key.fd)
-        now = time.monotonic()
+        now = self.clock()
         for timer in self.timers:
             timer.tick(now)
 

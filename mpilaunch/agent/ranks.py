@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import selectors
-import time
 
+from mpilaunch.agent.host_os import HostOS
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.services.base import ServiceError
 from mpilaunch.host import spawn
@@ -46,25 +46,6 @@ class RankProcess:
         self.reported = False
 
 
-class _Affinity:
-    """Bind the next child by binding ourselves around its spawn: the child inherits the mask, so
-    it is bound from its first instruction, and no Python runs in the child (which would cost a
-    full fork instead of vfork: 3 ms instead of 0.6 ms a rank)."""
-
-    def __init__(self, cpus: list[int] | None) -> None:
-        self.cpus = cpus
-        self.saved: set[int] | None = None
-
-    def __enter__(self) -> None:
-        if self.cpus:
-            self.saved = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, self.cpus)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.saved is not None:
-            os.sched_setaffinity(0, self.saved)
-
-
 class Ranks(Timer):
     def __init__(
         self,
@@ -72,8 +53,10 @@ class Ranks(Timer):
         send: Callable[[Record], None],
         send_frame: Callable[[bytes], None],
         watch: Callable[[int], None],
+        host_os: HostOS | None = None,
     ) -> None:
         self.loop = loop
+        self.os = host_os if host_os is not None else HostOS()  # spawn, signal: the seam tests replace
         self.send = send
         self.send_frame = send_frame
         self.watch = watch  # told each rank's pid (the guardian kills it if the agent dies)
@@ -104,10 +87,9 @@ class Ranks(Timer):
             self.send(Failed(proc=spec.proc, error=str(exc), code=126))
             return False
         try:
-            with _Affinity(cpus):
-                started = spawn.start(
-                    spec.argv, env, spec.wdir or None, stdin=spec.stdin, merge=merge, pass_fds=passed, gate=gate
-                )
+            started = self.os.start(
+                spec.argv, env, spec.wdir or None, stdin=spec.stdin, merge=merge, pass_fds=passed, gate=gate, cpus=cpus
+            )
         except (OSError, NotImplementedError) as exc:  # NotImplementedError: posix_spawn without setsid (glibc < 2.26)
             for service in services:
                 service.not_spawned(job, spec)
@@ -146,7 +128,7 @@ class Ranks(Timer):
         del self.fd_owner[fd]
         rp.open_fds.discard(fd)
         os.close(fd)
-        self.maybe_report(rp, time.monotonic())
+        self.maybe_report(rp, self.os.clock())
 
     def queue_stdin(self, ident: int, data: bytes) -> None:
         rp = self.by_ident.get(ident)
@@ -206,7 +188,7 @@ class Ranks(Timer):
         rp.status = os.waitstatus_to_exitcode(status)
         rp.cpu = round(usage.ru_utime + usage.ru_stime, 6)
         rp.rss = usage.ru_maxrss * 1024  # kilobytes on Linux
-        rp.reaped_at = time.monotonic()
+        rp.reaped_at = self.os.clock()
         if rp.stdin_fd is not None:
             dropped = sum(len(c) for c in rp.stdin_queue)
             rp.stdin_queue.clear()
@@ -244,7 +226,7 @@ class Ranks(Timer):
         for rp in self.by_ident.values():
             if rp.status is None:
                 try:
-                    os.killpg(rp.pid, sig)
+                    self.os.killpg(rp.pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
 

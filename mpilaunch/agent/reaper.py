@@ -17,12 +17,13 @@ import signal
 import time
 
 from mpilaunch.agent.loop import Timer
-from mpilaunch.host.procfs import children_of, start_time
+from mpilaunch.host.procfs import start_time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from mpilaunch.agent.host_os import HostOS
     from mpilaunch.agent.ranks import Ranks
     from mpilaunch.agent.relay import Relay
     from mpilaunch.host.cgroup import JobCgroup
@@ -170,8 +171,9 @@ class Reaper(Timer):
     is reached through the orphans' groups, whose pids cannot be reused while they are unreaped
     children of ours."""
 
-    def __init__(self, ranks: Ranks) -> None:
+    def __init__(self, ranks: Ranks, host_os: HostOS | None = None) -> None:
         self.ranks = ranks
+        self.os = host_os if host_os is not None else ranks.os  # reap, signal, look: the seam tests replace
         self.guardian: Guardian | None = None  # forked when the agent starts to run
         self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
         self.told: set[int] = set()  # processes below the ranks (not ranks) the guardian was told about
@@ -185,11 +187,12 @@ class Reaper(Timer):
     def reap(self) -> None:
         while True:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
+                ended = self.os.reap()
             except ChildProcessError:
                 return
-            if pid == 0:
+            if ended is None:
                 return
+            pid, status, usage = ended
             if self.relay is not None and self.relay.reaped(pid, status):  # an ssh client of tree spawn
                 self.forget(pid)
             elif self.ranks.reaped(pid, status, usage):
@@ -220,7 +223,7 @@ class Reaper(Timer):
         guardian = self.guardian.pid if self.guardian is not None else None
         return [
             pid
-            for pid in children_of(os.getpid())
+            for pid in self.os.children()
             if pid != guardian and pid not in relayed and not self.ranks.is_live(pid)
         ]
 
@@ -232,11 +235,11 @@ class Reaper(Timer):
         if self.guardian is not None:
             skip.add(self.guardian.pid)
         found: list[int] = []
-        todo = [pid for pid in children_of(os.getpid()) if pid not in skip]
+        todo = [pid for pid in self.os.children() if pid not in skip]
         while todo:
             pid = todo.pop()
             found.append(pid)
-            todo.extend(children_of(pid))
+            todo.extend(self.os.children(pid))
         if self.cgroup is not None:
             seen = set(found)
             found.extend(pid for pid in self.cgroup.pids() if pid not in seen)
@@ -245,13 +248,13 @@ class Reaper(Timer):
     # -- killing --------------------------------------------------------------------------
     def signal_orphans(self, sig: int) -> None:
         """Signal every adopted orphan and its process group."""
-        own = os.getpgrp()
+        own = self.os.getpgrp()
         for pid in self.adopted():
             try:
-                group = os.getpgid(pid)  # an unreaped child of ours: its pid is still its own
+                group = self.os.getpgid(pid)  # an unreaped child of ours: its pid is still its own
                 if group != own:
-                    os.killpg(group, sig)
-                os.kill(pid, sig)
+                    self.os.killpg(group, sig)
+                self.os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -259,7 +262,7 @@ class Reaper(Timer):
         """Signal every process below the ranks one by one (those that left every group we know)."""
         for pid in self.below_ranks():
             try:
-                os.kill(pid, sig)
+                self.os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -271,7 +274,7 @@ class Reaper(Timer):
         self.ranks.signal_all(signal.SIGTERM)
         self.signal_orphans(signal.SIGTERM)
         self.signal_below(signal.SIGTERM)
-        deadline = time.monotonic() + grace
+        deadline = self.os.clock() + grace
         if self.kill_deadline is None or deadline < self.kill_deadline:
             self.kill_deadline = deadline
 
@@ -290,14 +293,14 @@ class Reaper(Timer):
         """The last kill, in rounds: an orphan's descendants that left its process group (a
         daemon's worker in a session of its own) are re-parented to us only when it dies, so kill
         and reap until no child but the guardian is left (SWEEP_LIMIT seconds at most)."""
-        deadline = time.monotonic() + SWEEP_LIMIT
+        deadline = self.os.clock() + SWEEP_LIMIT
         if self.relay is not None:
             self.relay.close_all()
         while True:
             self.kill_all(relayed_too=True)
             self.reap()
             relaying = self.relay is not None and self.relay.running()
-            if (not self.ranks.any_live() and not relaying and not self.below_ranks()) or time.monotonic() >= deadline:
+            if (not self.ranks.any_live() and not relaying and not self.below_ranks()) or self.os.clock() >= deadline:
                 return
             time.sleep(0.005)
 

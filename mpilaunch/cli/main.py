@@ -12,9 +12,11 @@ from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
 
-def main(line: CommandLine | None = None) -> None:
-    """Run what the command line (read once, by cli/cmdline.read) asks for; leave with its status."""
-    line = read(sys.argv[1:]) if line is None else line
+def main(line: CommandLine | list[str] | None = None) -> None:
+    """Run what the command line (read once, by cli/cmdline.read; or words, as argv without the
+    program's name) asks for; leave with its status."""
+    if not isinstance(line, CommandLine):
+        line = read(sys.argv[1:] if line is None else line)
     args = line.args
     try:
         if line.kind == INFO:

@@ -66,6 +66,12 @@ from mpilaunch.protocol.messages import (
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.local import start_local_agent
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from mpilaunch.transport.base import Link
+
 PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
 
 
@@ -74,6 +80,11 @@ HOLD_LOOK = 0.02  # seconds between looks at a console that is behind, while the
 
 
 class Controller:
+    """The run's loop over what its world gives it: links to agents (those started before the
+    run, and `agents`, which starts this machine's agent for a host that has none yet), a clock,
+    a source of signals and a selector. The launcher gives the real ones; tests replay whole
+    runs through this loop with fakes (tests/unit/test_controller_replay.py)."""
+
     def __init__(
         self,
         plan: LaunchPlan,
@@ -81,6 +92,11 @@ class Controller:
         links: dict | None = None,
         summary: bool = True,
         launched: bool = False,
+        *,
+        agents: Callable[[], Link] = start_local_agent,
+        clock: Callable[[], float] = time.monotonic,
+        signals: SignalPipe | None = None,
+        selector: selectors.BaseSelector | None = None,
     ) -> None:
         """launched: job 1's Launch messages were sent before the controller was made (see
         launch.execute), so its ranks started while these modules were imported."""
@@ -88,13 +104,15 @@ class Controller:
         self.launched = launched
         self.options = plan.options
         self.output = output
+        self.agents = agents
+        self.clock = clock
         self.events = Events()
-        self.policy = Policy(plan.options, self.events.publish, time.monotonic)
+        self.policy = Policy(plan.options, self.events.publish, clock)
         self.jobs: dict[int, JobPlan] = {}
-        self.sel = selectors.DefaultSelector()
-        self.links = Links(self.sel)
-        self.pmi = JobWidePmi(self.links, self.mixed_families)
-        self.signals = SignalPipe()
+        self.sel = selector if selector is not None else selectors.DefaultSelector()
+        self.links = Links(self.sel, clock)
+        self.pmi = JobWidePmi(self.links, self.mixed_families, clock)
+        self.signals = signals if signals is not None else SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
         self.spawner = Spawner(plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch)
         self.stdin = StdinFeed(  # job 1's process ids are its ranks
@@ -160,7 +178,7 @@ class Controller:
         procs = [s.proc for s in sorted((s for s in self.procs if s.job == job.job), key=lambda s: s.rank.rank)]
         others = [j.pmix for j in self.jobs.values() if j.pmix is not None and j.job != job.job]
         for index, launch in launch_messages(self.plan, job, procs, set(self.stdin.procs), others).items():
-            link = self.links.get(index) or self.links.add(index, start_local_agent())
+            link = self.links.get(index) or self.links.add(index, self.agents())
             self.links.send(link, launch)
 
     # -- what agents send ------------------------------------------------------------------
@@ -274,7 +292,7 @@ class Controller:
 
     def start(self) -> None:
         self.signals.install(self.sel)
-        now = time.monotonic()
+        now = self.clock()
         for link in self.links:
             if link.link.unread:  # frames read during start-up, not used there
                 self.read_link(link, now)
@@ -288,7 +306,7 @@ class Controller:
         while self.links.any_open():
             self.policy.tick()
             read_stdin_now = self.stdin.update()
-            now = time.monotonic()
+            now = self.clock()
             silent_at = self.links.next_silence(self.heartbeat)
             if silent_at is not None and silent_at < now:  # a remote link went quiet too long: look closer
                 self.give_up_silent(now)
@@ -311,7 +329,7 @@ class Controller:
                 self.stdin.read()
                 timeout = 0.0
             events = self.sel.select(timeout)
-            now = time.monotonic()
+            now = self.clock()
             for key, _ in events:
                 if isinstance(key.data, HostLink):
                     self.read_link(key.data, now)

@@ -39,8 +39,9 @@ class HostLink:
 
 
 class Links:
-    def __init__(self, sel: selectors.BaseSelector) -> None:
+    def __init__(self, sel: selectors.BaseSelector, clock: Callable[[], float] = time.monotonic) -> None:
         self.sel = sel
+        self.clock = clock
         self.by_host: dict[int, HostLink] = {}
         self.relays: set[int] = set()  # tree spawn: hosts whose connection carries hosts below them
         self.held = False  # not read for now: the console is behind (launcher/console_writer.py)
@@ -58,7 +59,7 @@ class Links:
         return self.by_host.get(index)
 
     def add(self, index: int, agent: Link) -> HostLink:
-        link = self.by_host[index] = HostLink(index, agent, heard=time.monotonic())
+        link = self.by_host[index] = HostLink(index, agent, heard=self.clock())
         if agent.relayed:  # its frames come on its head's connection
             self.relays.add(agent.head_index)  # type: ignore[arg-type]
         elif not self.held:

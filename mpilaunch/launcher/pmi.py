@@ -112,9 +112,15 @@ class NameService:
 class JobWidePmi:
     """The controller's rows for barriers and names (spawning a job is the controller's own)."""
 
-    def __init__(self, links: Links, on_mixed: Callable[[int, int, str, int, str], None]) -> None:
+    def __init__(
+        self,
+        links: Links,
+        on_mixed: Callable[[int, int, str, int, str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.links = links
         self.on_mixed = on_mixed  # (job, host, protocol, other host, other protocol)
+        self.clock = clock
         self.both: set[int] = set()  # jobs served PMI and PMIx
         self.suspects: dict[int, float] = {}  # job -> when to look again at its open fences
         self.mixed: set[int] = set()
@@ -123,7 +129,7 @@ class JobWidePmi:
         self.names = NameService()
         self.nspaces: dict[int, str] = {}  # job -> its PMIx namespace
         self.joins = PmixJoins(self.fences.hosts_of)
-        self.pmix_names = PmixNameService(links, self.nspaces, time.monotonic)
+        self.pmix_names = PmixNameService(links, self.nspaces, clock)
 
     def rows(self) -> dict[type, object]:
         return {
@@ -190,7 +196,7 @@ class JobWidePmi:
         ever: if both are still open MIX_GRACE later, the job ends (one host with both is its
         agent's to see: agent/services/base.Services.spoke)."""
         if job in self.both and job not in self.mixed and job not in self.suspects and self.open_fences(job):
-            self.suspects[job] = time.monotonic() + MIX_GRACE
+            self.suspects[job] = self.clock() + MIX_GRACE
 
     def open_fences(self, job: int) -> tuple[int, int] | None:
         """(a host in the job's open PMI barrier, one in an open PMIx fence), or None."""

@@ -202,17 +202,22 @@ def test_a_script_rank_that_runs_no_mpi_is_not_held_by_either_server(launcher: L
 
 
 def test_the_early_agent_guesses_pmix_from_the_command_line(hello: str) -> None:
+    from mpilaunch.cli.cmdline import read
     from mpilaunch.cli.pmix_guess import pmix_guess
 
-    assert pmix_guess(["-n", "2", hello]) == (None, None)  # Debian's Open MPI: the host's libpmix
-    assert pmix_guess(["-n", "2", "sh", "-c", "x"]) == (None, None)
-    assert pmix_guess(["-n", "1", "true", ":", "-n", "1", "sh"]) == (None, None)
-    assert pmix_guess(["--pmix-lib", "/x/libpmix.so.2", "-n", "2", hello]) == ("/x/libpmix.so.2", None)
-    assert pmix_guess(["--mpi", "pmix", "-n", "2", "true"]) == (None, None)
-    assert pmix_guess(["-n", "2", "true"]) is None
-    assert pmix_guess(["-n", "2", PY]) is None  # the mpich wheel's mpi4py: PMI
-    assert pmix_guess(["--mpi", "pmi1", "-n", "2", "sh"]) is None
-    assert pmix_guess(["-n", "2", "--no-such-option", hello]) is None  # left to click: no guess
+    def guess(words: list[str]) -> tuple[str | None, str | None] | None:
+        return pmix_guess(read(words))
+
+    assert guess(["-n", "2", hello]) == (None, None)  # Debian's Open MPI: the host's libpmix
+    assert guess(["-n", "2", "sh", "-c", "x"]) == (None, None)
+    assert guess(["-n", "1", "true", ":", "-n", "1", "sh"]) == (None, None)
+    assert guess(["--pmix-lib", "/x/libpmix.so.2", "-n", "2", hello]) == ("/x/libpmix.so.2", None)
+    assert guess(["--mpi", "pmix", "-n", "2", "true"]) == (None, None)
+    assert guess(["-n", "2", "true"]) is None
+    assert guess(["-n", "2", PY]) is None  # the mpich wheel's mpi4py: PMI
+    assert guess(["--mpi", "pmi1", "-n", "2", "sh"]) is None
+    assert guess(["-n", "2", "--no-such-option", hello]) is None  # left to click: no guess
+    assert guess(["-H", "a", "-ppn", "1", hello]) is None  # refused as it is read: no guess
 
 
 def test_a_server_started_for_a_job_that_does_not_come_is_stopped(launcher: Launcher, hello: str) -> None:
