@@ -64,7 +64,7 @@ from mpilaunch.protocol.messages import (
     encode,
 )
 from mpilaunch.protocol.record import Record
-from mpilaunch.transport.local import start_local_agent
+from mpilaunch.transport.local import LocalTransport
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Controller:
         summary: bool = True,
         launched: bool = False,
         *,
-        agents: Callable[[], Link] = start_local_agent,
+        agents: Callable[[], Link] | None = None,
         clock: Callable[[], float] = time.monotonic,
         signals: SignalPipe | None = None,
         selector: selectors.BaseSelector | None = None,
@@ -104,7 +104,7 @@ class Controller:
         self.launched = launched
         self.options = plan.options
         self.output = output
-        self.agents = agents
+        self.agents = agents if agents is not None else LocalTransport().agent
         self.clock = clock
         self.events = Events()
         self.policy = Policy(plan.options, self.events.publish, clock)

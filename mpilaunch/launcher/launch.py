@@ -12,25 +12,16 @@ from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
 from mpilaunch.plan import devices
-from mpilaunch.plan.build import (
-    LaunchPlan,
-    build_plan,
-    cores_short,
-    host_checks,
-    intel_note,
-    launch_messages,
-    open_mpi_binding,
-    remote_hosts,
-    serves_open_mpi,
-    with_master,
-)
-from mpilaunch.plan.pmi import served_mpi
+from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts
+from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
 from mpilaunch.plan.rank_env import inherited
 from mpilaunch.plan.spec import JobSpec, Options
-from mpilaunch.protocol.messages import MPI4PY_HINT, AppCheck, Check, Probe, Put, PutDone, encode
+from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.protocol.wire import STDERR, STDOUT
-from mpilaunch.transport.base import Link, Transport, transport_class
-from mpilaunch.transport.local import discard_early_agent, raise_fd_limit, start_local_agent
+from mpilaunch.transport.base import HostResult, Link, Transport, transport_class
+from mpilaunch.transport.local import LocalTransport, discard_early_agent, raise_fd_limit
+
+LOCAL = LocalTransport()  # this machine's agents
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
@@ -51,30 +42,6 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) ->
         if found is not None and asks_families(plan.options):
             families[check["program"]] = " ".join(found)
     return families
-
-
-def refuses_open_mpi(options: Options) -> bool:
-    """A program linked with Open MPI is refused where the user asked for PMI-2 (it would run as
-    a singleton); by default its job is served PMIx instead, --mpi none lets it run alone."""
-    return options.mpi == "pmi2"
-
-
-def asks_families(options: Options) -> bool:
-    return options.mpi in ("auto", "pmi1", "pmix")
-
-
-def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
-    """What the job is served, now that each host said which MPI its programs are linked with
-    (plan/pmi.served_mpi); Intel MPI's ranks get its launcher's defaults."""
-    found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
-    if any(family == "impi" for _, family, _ in found) and not any(
-        family == "openmpi" and not lib.startswith(MPI4PY_HINT) for _, family, lib in found
-    ):
-        plan = plan._replace(intel_mpi=True)  # Intel's launcher's pinning and yield (plan/build.intel_defaults)
-    chosen = served_mpi(plan.options.mpi, found)
-    if chosen == plan.options.mpi:
-        return plan
-    return with_master(plan._replace(options=plan.options._replace(mpi=chosen)), plan.master)
 
 
 def remote_transport(options: Options, hosts: int) -> Transport:
@@ -99,9 +66,9 @@ def remote_transport(options: Options, hosts: int) -> Transport:
     return transport
 
 
-def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], LaunchPlan]:
-    """One agent on every remote host, each checked before anything starts; then MASTER_ADDR is
-    the address rank 0's host was reached at, and MASTER_PORT a port free there."""
+def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], dict[int, HostResult]]:
+    """One agent on every remote host, each checked before anything starts (the agent checks the
+    programs, answers the probe and, on rank 0's host, finds a free port for MASTER_PORT)."""
     options = plan.options
     env = plan.launcher_env
     rank0 = plan.job.ranks[0].host
@@ -139,27 +106,32 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     if problems:
         _close_and_wait(links)  # an agent's ssh or srun may not outlive the launcher
         raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
+    return links, results
+
+
+def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[int, HostResult]) -> Facts:
+    """What the remote hosts said of themselves, with this machine's facts: where each host was
+    reached, MASTER_ADDR the address rank 0's host was reached at (or this machine's as the
+    hosts see it), MASTER_PORT a port free there."""
+    rank0 = plan.job.ranks[0].host
     ours = next((link.local_address for link in links.values() if link.local_address), "")
     info = {i: {**h, "address": ours or h.get("address", "")} for i, h in plan.host_info.items()}
+    families: dict[int, dict[str, str]] = {}
     for index, link in links.items():  # what each host found out about itself, and where it was reached
         reply = results[index].reply
         info[index] = {"cpus": link.hello.cpus if link.hello else None, **((reply.info if reply else None) or {})}
-        if reply is not None and reply.families:
-            info[index]["families"] = reply.families  # which MPI each program is linked with there
+        families[index] = dict((reply.families if reply else None) or {})  # which MPI each program is linked with
+        if families[index]:
+            info[index]["families"] = families[index]
         info[index]["address"] = link.peer
-    plan = plan._replace(host_info=info)
-    master = plan.master
-    if rank0 in remote:
-        port = results[rank0].reply.port if pick_port else plan.master[1]  # type: ignore[union-attr]
+    master = None
+    if rank0 in links:
+        picked = not plan.launcher_env.get("MASTER_PORT", "").isdigit()
+        port = results[rank0].reply.port if picked else plan.master[1]  # type: ignore[union-attr]
         master = (links[rank0].peer, port)
     elif ours:
         master = (ours, plan.master[1])
-    try:
-        plan = with_master(plan, master)  # every rank's variables again, now that each host is known
-    except BaseException:
-        _close_and_wait(links)
-        raise
-    return links, plan
+    return Facts(host_info=info, families=families, master=master)
 
 
 def _close_and_wait(links: Mapping[int, Link]) -> None:
@@ -307,8 +279,10 @@ def say(options: Options, note: str) -> None:
         print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
 
 
-def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
-    """Check what can be checked, start the agents, open the output: a controller ready to run."""
+def probe(plan: LaunchPlan) -> tuple[dict[int, Link], Facts]:
+    """Check what can be checked here, start every host's agent (this machine's first, forked
+    before any SSH connection exists, so it holds none of them), and gather what each host said
+    of itself: the links, and the facts that finalize the plan."""
     job = plan.job
     remote = remote_hosts(plan.options, plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
@@ -316,48 +290,48 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     raise_fd_limit()
     if not local:
         discard_early_agent(wait=False)  # forked at start-up in case the job had local ranks; it has none
+    if not remote:
+        return {}, Facts(host_info=dict(plan.host_info), families=families)
     links: dict[int, Link] = {}
+    if local:
+        links[local[0]] = LOCAL.agent()
     try:
-        if remote:
-            if local:  # forked before any SSH connection exists, so it holds none of them
-                links[local[0]] = start_local_agent()
-            remote_links, plan = start_remote_agents(plan, remote)
-            links.update(remote_links)
-            discard_early_agent()  # reaps the early agent told to stop above: it has left by now
-            families.update({i: plan.host_info.get(i, {}).get("families") or {} for i in remote})
-        plan = choose_mpi(plan, families)
-        short = cores_short(plan)
-        if short:
-            raise LaunchError(short)
+        remote_links, results = start_remote_agents(plan, remote)
+    except BaseException:
+        _close_and_wait(links)
+        raise
+    links.update(remote_links)
+    discard_early_agent()  # reaps the early agent told to stop above: it has left by now
+    facts = remote_facts(plan, remote_links, results)
+    return links, facts._replace(families={**families, **facts.families})
+
+
+def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
+    """Plan, probe, finalize, run: the agents started and checked, the plan finished with what
+    the hosts said, the output opened, job 1's ranks started: a controller ready to run."""
+    links, facts = probe(plan)
+    try:
+        final = finalize(plan, facts)
+        plan = final.plan
         if plan.options.rank_table:
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
     except BaseException:
         _close_and_wait(links)
         raise
-    job = plan.job
-    options = plan.options
-    if not options.bind_to and serves_open_mpi(job) and open_mpi_binding(len(job.ranks), False) != "none":
-        level = open_mpi_binding(len(job.ranks), False)
-        say(
-            options,
-            f"Open MPI ranks are bound to a {level} each, as mpirun binds them (not on a host with more ranks than "
-            "slots); --bind-to none leaves them unbound",
-        )
-    launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
-    say(options, intel_note(plan, launches) if plan.intel_mpi else "")
-    say(options, devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports))
+    for note in final.notes:
+        say(plan.options, note)
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
     # agents answer waits in their links until the controller reads it.
     try:
-        for index, launch in launches.items():
+        for index, launch in final.launches.items():
             link = links.get(index)
             if link is None:
-                link = links[index] = start_local_agent()
+                link = links[index] = LOCAL.agent()
             link.send(encode(launch))
         from mpilaunch.launcher.controller import Controller
 
-        return Controller(plan, sink, links, summary=not host_tags, launched=True)
+        return Controller(plan, sink, links, summary=not host_tags, launched=True, agents=LOCAL.agent)
     except BaseException:
         _close_and_wait(links)
         raise

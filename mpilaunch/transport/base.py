@@ -139,6 +139,7 @@ class Transport:
 
 # name -> "module:class"; imported on first use (paramiko only with the ssh transport)
 REGISTRY = {
+    "local": "mpilaunch.transport.local:LocalTransport",
     "paramiko": "mpilaunch.transport.ssh:ParamikoTransport",
     "openssh": "mpilaunch.transport.openssh:OpensshTransport",
     "tree": "mpilaunch.transport.tree:TreeTransport",

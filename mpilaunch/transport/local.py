@@ -12,17 +12,21 @@ import os
 import select
 import sys
 
-from mpilaunch.transport.base import Link
+from mpilaunch.transport.base import HostResult, Link, Transport
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 
 class LocalLink(Link):
-    """A connected agent process on this machine, forked by the launcher."""
+    """A connected agent process on this machine, forked by the launcher: no shell started it,
+    it is sent no Check (the launcher checks this machine's programs itself), and its Hello is
+    not waited for (its launch goes right behind it, and the controller reads the Hello)."""
 
     local = True
+    marked = False
+    await_hello = False
 
     def __init__(self, sock: _socket.socket, pid: int) -> None:
         super().__init__("localhost")
@@ -60,6 +64,23 @@ class LocalLink(Link):
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+
+
+class LocalTransport(Transport):
+    """This machine's agents: forked children of the launcher (the one forked at start-up first)."""
+
+    name = "local"
+
+    def start(self, hosts: Mapping[int, object]) -> dict[int, HostResult]:
+        results = {}
+        for index in sorted(hosts):
+            results[index] = HostResult(index)
+            results[index].link = self.agent()
+        return results
+
+    def agent(self) -> LocalLink:
+        """One agent here: the one forked early, or a new one."""
+        return start_local_agent()
 
 
 def raise_fd_limit() -> None:
