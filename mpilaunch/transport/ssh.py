@@ -29,59 +29,26 @@ from mpilaunch.transport.sshconfig import not_honoured
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
 if TYPE_CHECKING:
-    import paramiko  # only for annotations: importing it costs 85 ms, paid only with remote hosts
+    import paramiko  # only for annotations: imported when paramiko is the SSH client
 
 MAX_PARALLEL = 32  # connections being opened at once
 ATTEMPTS = 5  # for connections dropped before the banner (sshd MaxStartups)
 STRICT_ACCEPTING = ("no", "off", "false", "accept-new")
 
 
-class _VersionOnlyMetadata(ModuleType):
-    """Stands in for importlib.metadata while paramiko is imported: paramiko asks it for its own
-    version only, and importing the real module (email, zipfile, pathlib, csv...) costs about
-    50 ms. Anything else asked of it comes from the real module."""
-
-    def version(self, name: str) -> str:
-        prefix, suffix = name + "-", ".dist-info"
-        for folder in sys.path:
-            try:
-                entries = os.listdir(folder or ".")
-            except OSError:
-                continue
-            for entry in entries:
-                if (
-                    entry.startswith(prefix)
-                    and entry.endswith(suffix)
-                    and entry[len(prefix) : len(prefix) + 1].isdigit()
-                ):
-                    return entry[len(prefix) : -len(suffix)]
-        return self.__getattr__("version")(name)
-
-    def __getattr__(self, attr: str) -> object:
-        if sys.modules.get("importlib.metadata") is self:
-            del sys.modules["importlib.metadata"]
-        import importlib.metadata
-
-        return getattr(importlib.metadata, attr)
-
-
 def import_paramiko() -> ModuleType:
-    """paramiko without `invoke` and without importlib.metadata. paramiko.config imports invoke
-    only to run `Match exec` (which is therefore not supported), and it costs about 100 ms, half
-    of paramiko's import; importlib.metadata, for paramiko's version string, costs 50 ms more."""
+    """paramiko, without `invoke`: paramiko.config would run a config's `Match exec` commands
+    through it; mpilaunch lets `ssh -G` do that where ssh exists, and without it says in one
+    line that it cannot (transport/sshconfig.py). paramiko logs a failed handshake with its
+    traceback from its own thread: with no handler configured, logging's last resort would
+    print that on stderr, and mpilaunch reports it in one line."""
     if "paramiko" not in sys.modules and "invoke" not in sys.modules:
-        stand_ins: dict[str, object] = {"invoke": None}  # None makes `import invoke` fail at once
-        if "importlib.metadata" not in sys.modules:
-            stand_ins["importlib.metadata"] = _VersionOnlyMetadata("importlib.metadata")
-        sys.modules.update(stand_ins)  # type: ignore[arg-type]
+        sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails at once
         try:
             import paramiko
         finally:
-            for name, module in stand_ins.items():
-                if sys.modules.get(name) is module:
-                    del sys.modules[name]
-    # paramiko logs a failed handshake with its traceback from its own thread; with no handler
-    # configured, logging's last resort prints that on stderr. mpilaunch reports it in one line.
+            if sys.modules.get("invoke", 0) is None:
+                del sys.modules["invoke"]
     import logging
 
     import paramiko
