@@ -28,6 +28,7 @@ from mpilaunch.host import files, hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for, domains
 from mpilaunch.host.binding import report as binding_report
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
+from mpilaunch.host.shm import SERVER_FOLDER, make_folder, remove_folder
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
     DOWN,
@@ -73,6 +74,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.finishing = False
         self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
+        self.errors: str | None = None  # the folder of the ranks' error files, once one is named
         self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
         self.shm = ShmWatch(self.ranks)
@@ -200,6 +202,13 @@ class Agent(ServiceHost, LinkOwner, Timer):
         """A file the ranks read (the rank table), before they start."""
         self.send(PutDone(error=files.write_file(message.path, message.data)))
 
+    def errors_folder(self) -> str:
+        """This agent's folder of its ranks' error files (torch's TORCHELASTIC_ERROR_FILE), made
+        on first use, with the PMIx server's prefix: the guardian removes it if the agent dies."""
+        if self.errors is None:
+            self.errors = make_folder(SERVER_FOLDER.format(pid=os.getpid()) + "errors-")
+        return self.errors
+
     def launch(self, message: Launch) -> None:
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)
         base = {k: v for k, v in self.host_env.items() if k not in drop_names and not k.startswith(drop_prefixes)}
@@ -214,6 +223,9 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 if message.report_bindings:  # in Open MPI's words
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **spec.env}
+                if "TORCHELASTIC_ERROR_FILE" not in spec.env:  # torch's @record writes the rank's exception there
+                    name = f"{message.job}.{spec.rank}.json"
+                    env["TORCHELASTIC_ERROR_FILE"] = os.path.join(self.errors_folder(), name)
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
         finally:
             gate.release(started)
@@ -342,6 +354,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
             self.reaper.release()
             self.services.close()  # a PMIx server and its files
             self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
+            if self.errors is not None:
+                remove_folder(self.errors)
         self.send(Bye())
         return 0
 

@@ -44,6 +44,19 @@ class RankProcess:
         self.rss: int | None = None  # peak resident set in bytes, from wait4
         self.reaped_at = 0.0
         self.reported = False
+        self.error_file: str | None = None  # TORCHELASTIC_ERROR_FILE: read when it ends
+
+
+ERROR_FILE_MAX = 1 << 20  # bytes of a rank's error file sent up (a traceback is far less)
+
+
+def read_error_file(path: str) -> str:
+    """What a failed rank left in its error file (torch's @record writes JSON there), or ""."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(ERROR_FILE_MAX).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 class Ranks(Timer):
@@ -101,6 +114,7 @@ class Ranks(Timer):
             service.spawned(job, spec, started.pid)
         self.watch(started.pid)
         rp = RankProcess(spec.proc, job, started.pid)
+        rp.error_file = env.get("TORCHELASTIC_ERROR_FILE")
         self.by_ident[spec.proc] = rp
         self.by_pid[started.pid] = rp
         for stream, fd in ((wire.STDOUT, started.stdout), (wire.STDERR, started.stderr)):
@@ -210,7 +224,9 @@ class Ranks(Timer):
             return
         rp.reported = True
         state = self.services.state_of(rp.job, rp.ident) if self.services is not None else "new"
-        self.send(Exited(proc=rp.ident, status=rp.status, mpi=state, cpu=rp.cpu, rss=rp.rss))
+        error = read_error_file(rp.error_file) if rp.status and rp.error_file else ""
+        exited = Exited(proc=rp.ident, status=rp.status, mpi=state, cpu=rp.cpu, rss=rp.rss)
+        self.send(exited._replace(error=error, error_file=rp.error_file if error else ""))
 
     def next_deadline(self) -> float | None:
         due = [rp.reaped_at for rp in self.by_ident.values() if rp.status is not None and not rp.reported]

@@ -15,6 +15,7 @@ from mpilaunch.cli.cliopts import (
     FLAG,
     FLOAT_NONNEG,
     FLOAT_POS,
+    INT_MIN0,
     INT_MIN1,
     MULTI,
     PAIRS,
@@ -32,11 +33,11 @@ def _number(text: str, opt: Opt) -> object:
     """Only plain decimal numbers in the option's range; click decides everything else (signs,
     '1_0', 'inf', spaces, too large), and gives the message."""
     check = opt.check
-    if check == INT_MIN1:
+    if check in (INT_MIN1, INT_MIN0):
         if not (text.isascii() and text.isdigit() and len(text) <= 18):
             return _NO
         value: float = int(text)
-        if value < 1:
+        if value < (1 if check == INT_MIN1 else 0):
             return _NO
     else:
         whole, _, frac = text.partition(".")
@@ -52,7 +53,7 @@ def _value(opt: Opt, text: str) -> object:
     check = opt.check
     if check is None:
         return text
-    if check in (INT_MIN1, FLOAT_POS, FLOAT_NONNEG):
+    if check in (INT_MIN1, INT_MIN0, FLOAT_POS, FLOAT_NONNEG):
         return _number(text, opt)
     if check == CHOICE:
         return text.lower() if text.isascii() and text.lower() in opt.choices else _NO

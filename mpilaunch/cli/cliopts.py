@@ -12,9 +12,17 @@ from __future__ import annotations
 FLAG, VALUE, MULTI, PAIRS, ENV = "flag", "value", "multi", "pairs", "env"
 # What a value must be; the click command maps each to its type (see command.run_command).
 INT_MIN1, FLOAT_POS, FLOAT_NONNEG, CHOICE, RANK_CHOICE = "int>=1", "float>0", "float>=0", "choice", "stdin"
+INT_MIN0 = "int>=0"
 # Numbers are plain ASCII decimals, finite, and at most `maximum` (docs/reference.md lists each).
 MAX_RANKS = 65536  # the largest job planned (plan/placement.MAX_RANKS): more is refused before any memory is spent
 MAX_SECONDS = 365 * 86400.0  # --timeout (and MPIEXEC_TIMEOUT): a year
+# torchrun's options that mean nothing here: accepted with their value, said once
+TORCHRUN_IGNORED = (
+    "--event-log-handler", "--event_log_handler", "--logs-specs", "--logs_specs", "--numa-binding",
+    "--numa_binding", "--signals-to-handle", "--signals_to_handle", "--shutdown-timeout", "--shutdown_timeout",
+    "--duplicate-stdout-filters", "--duplicate_stdout_filters", "--duplicate-stderr-filters",
+    "--duplicate_stderr_filters",
+)  # fmt: skip
 # hydra's launchers that mpilaunch has no engine of its own for: read as auto, with a note
 OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "sge", "ll", "cobalt", "persist", "manual")
 
@@ -284,6 +292,63 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         FLAG,
         help="Accepted, as mpirun's; root needs no flag here.",
     ),
+    # torchrun's words (2.13), with its underscore spellings (cli/torchrun_words.py reads them)
+    Opt(
+        "nproc_per_node",
+        ("--nproc-per-node", "--nproc_per_node"),
+        metavar="N|auto|cpu|gpu",
+        help="torchrun's ranks per node (with -H, a hostfile or an allocation: on each of its hosts).",
+    ),
+    Opt(
+        "nnodes", ("--nnodes",), metavar="N|N:N", help="torchrun's node count; with --node-rank, one launcher per node."
+    ),
+    Opt("node_rank", ("--node-rank", "--node_rank"), check=INT_MIN0, maximum=MAX_RANKS, help="torchrun's node rank."),
+    Opt("master_addr", ("--master-addr", "--master_addr"), metavar="HOST", help="torchrun's rendezvous host."),
+    Opt(
+        "master_port",
+        ("--master-port", "--master_port"),
+        check=INT_MIN1,
+        maximum=65535,
+        help="torchrun's rendezvous port.",
+    ),
+    Opt("standalone", ("--standalone",), FLAG, help="torchrun's single-node job on a free port."),
+    Opt("rdzv_backend", ("--rdzv-backend", "--rdzv_backend"), metavar="static|c10d", help="torchrun's rendezvous."),
+    Opt("rdzv_endpoint", ("--rdzv-endpoint", "--rdzv_endpoint"), metavar="HOST[:PORT]", help="torchrun's endpoint."),
+    Opt("rdzv_id", ("--rdzv-id", "--rdzv_id"), metavar="ID", help="torchrun's run id (TORCHELASTIC_RUN_ID)."),
+    Opt("rdzv_conf", ("--rdzv-conf", "--rdzv_conf"), metavar="K=V,...", help="torchrun's rendezvous settings."),
+    Opt(
+        "max_restarts",
+        ("--max-restarts", "--max_restarts", "-max-restarts"),
+        check=INT_MIN0,
+        maximum=10000,
+        help="Start the whole job again after a failure, up to N times (torchrun's and Open MPI's).",
+    ),
+    Opt(
+        "restart_delay",
+        ("--restart-delay", "-restart-delay"),
+        check=FLOAT_NONNEG,
+        maximum=3600.0,
+        help="Seconds between a failed attempt's end and the next (default 3).",
+    ),
+    Opt("monitor_interval", ("--monitor-interval", "--monitor_interval"), metavar="S", help="torchrun's: accepted."),
+    Opt("start_method", ("--start-method", "--start_method"), metavar="spawn|fork", help="torchrun's: accepted."),
+    Opt("role", ("--role",), metavar="NAME", help="torchrun's role (ROLE_NAME)."),
+    Opt("module", ("-m", "--module"), FLAG, help="torchrun's: the program is a Python module (python -m)."),
+    Opt(
+        "no_python", ("--no-python", "--no_python"), FLAG, help="torchrun's: run the program as it is, not with Python."
+    ),
+    Opt("run_path", ("--run-path", "--run_path"), FLAG, help="torchrun's: run the script with runpy.run_path."),
+    Opt("log_dir", ("--log-dir", "--log_dir"), metavar="DIR", help="torchrun's log folder."),
+    Opt("redirects", ("-r", "--redirects"), metavar="0-3|N:M,...", help="torchrun's: streams to files only."),
+    Opt("tee", ("-t", "--tee"), metavar="0-3|N:M,...", help="torchrun's: streams to files and the console."),
+    Opt(
+        "local_ranks_filter",
+        ("--local-ranks-filter", "--local_ranks_filter"),
+        metavar="0,1",
+        help="torchrun's: only these local ranks' output on the console.",
+    ),
+    Opt("local_addr", ("--local-addr", "--local_addr"), metavar="ADDR", help="torchrun's: this node's address."),
+    Opt("torch_ignored", TORCHRUN_IGNORED, MULTI, metavar="VALUE", help="torchrun's other options: accepted, said."),
     Opt(
         "quiet", ("-q", "--quiet", "-quiet"), FLAG, help="Silence mpilaunch's own notes (errors and the summary stay)."
     ),

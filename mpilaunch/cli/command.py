@@ -68,8 +68,8 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
         kwargs["type"] = click.Choice(opt.choices, case_sensitive=False)
     elif opt.check == cliopts.RANK_CHOICE:
         kwargs["callback"] = _stdin_callback
-    elif opt.check == cliopts.INT_MIN1:
-        kwargs["type"] = _ascii(click.IntRange)(min=1, max=opt.maximum)
+    elif opt.check in (cliopts.INT_MIN1, cliopts.INT_MIN0):
+        kwargs["type"] = _ascii(click.IntRange)(min=1 if opt.check == cliopts.INT_MIN1 else 0, max=opt.maximum)
     elif opt.check == cliopts.FLOAT_POS:
         kwargs["type"] = _ascii(click.FloatRange)(min=0, min_open=True, max=opt.maximum)
     elif opt.check == cliopts.FLOAT_NONNEG:

@@ -219,19 +219,22 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpe
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
     if side == "hydra" and not given_anywhere & {"genvall", "genvnone", "genvlist"}:
         globals_["genvall"] = True  # hydra's default: every rank gets the launcher's environment
-    options = _options(globals_, given_anywhere, apps)  # gives apps their exports too
+    options = _options(globals_, given_anywhere, apps, line.name)  # gives apps their exports too
     return JobSpec(tuple(apps), options)
 
 
 MERGED = ("hosts", "hydra_hosts", "mca", "exports", "genv", "am", "tune")  # added up over app contexts
 
 
-def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext]) -> Options:
+def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext], name: str) -> Options:
     """The job-wide options, and the programs' exports, from what the command line gave."""
     from mpilaunch.cli import launcher_words as words
     from mpilaunch.cli.dialect import HYDRA_PLACEMENT
+    from mpilaunch.cli.torchrun_words import torch_options
 
-    notes: list[str] = []
+    torch_fields, notes = torch_options(globals_, given, name, apps, os.environ)
+    for key in torch_fields:  # what torchrun's words set wins over the command line's defaults
+        globals_.pop(key, None)
     mca = tuple(globals_.pop("mca"))  # type: ignore[arg-type]
     tune = globals_.pop("tune")
     tuned = words.tune_file_words(tune) if tune else []  # type: ignore[arg-type]
@@ -285,6 +288,10 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         hosts, hostfile = hydra_hosts, hydra_hostfile
     for dropped in ("verbose", "rmk", *fields):  # fields: what the launchers' words set instead
         globals_.pop(dropped, None)
+    if globals_["restart_delay"] is None:
+        globals_["restart_delay"] = 3.0
+    if globals_["max_restarts"] is None:
+        globals_["max_restarts"] = 0
     return Options(
         timeout=timeout,  # type: ignore[arg-type]
         oversubscribe=oversubscribe,
@@ -298,6 +305,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         rsh_agent=agent,
         rsh_args=extra,
         notes=tuple(notes),
+        **torch_fields,  # type: ignore[arg-type]
         **fields,  # type: ignore[arg-type]
         **globals_,  # type: ignore[arg-type]
     )

@@ -1,5 +1,5 @@
 """`mpilaunch shims DIR`: small programs named as other launchers (mpirun, mpiexec, orterun,
-mpiexec.hydra, ompi_info) that run mpilaunch, for the tools that look for those names on PATH:
+mpiexec.hydra, ompi_info, torchrun) that run mpilaunch, for the tools that look for those names on PATH:
 
     export PATH="$(mpilaunch shims ~/.mpilaunch/bin):$PATH"
 
@@ -16,9 +16,9 @@ import sys
 from mpilaunch import __version__
 from mpilaunch.errors import LaunchError
 
-NAMES = ("mpirun", "mpiexec", "orterun", "mpiexec.hydra", "ompi_info")
+NAMES = ("mpirun", "mpiexec", "orterun", "mpiexec.hydra", "ompi_info", "torchrun")
 MARK = "# written by `mpilaunch shims`"
-USAGE = "usage: mpilaunch shims DIR  (writes mpirun, mpiexec, orterun, mpiexec.hydra, ompi_info into DIR)"
+USAGE = "usage: mpilaunch shims DIR  (writes mpirun, mpiexec, orterun, mpiexec.hydra, ompi_info, torchrun into DIR)"
 
 
 def script(name: str, python: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
@@ -191,32 +192,76 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
 
 
 def run_job(spec: JobSpec) -> int:
+    """The run: its attempts (the whole job started again after a failure, --max-restarts), each
+    planned, probed, finalized and run; the exit status is the last attempt's."""
+    options = spec.options
+    earlier: list[dict[str, object]] | None = [] if options.max_restarts else None
+    attempt = 0
+    while True:
+        status, stopped = run_attempt(spec_for_attempt(spec, attempt), attempt, earlier)
+        if status in (0, None) or stopped or attempt >= options.max_restarts:
+            return status or 0
+        delay = options.restart_delay
+        say(
+            options,
+            f"attempt {attempt} ended with status {status}: the job starts again in {delay:g} s "
+            f"(attempt {attempt + 1} of {options.max_restarts + 1})",
+        )
+        time.sleep(delay)  # Ctrl-C or SIGTERM meanwhile leaves at once, as before a run (entry.main)
+        attempt += 1
+
+
+def spec_for_attempt(spec: JobSpec, attempt: int) -> JobSpec:
+    """An attempt after the first writes its log tree under DIR/attempt.K (the first: DIR itself,
+    Open MPI's DIR/1/rank.N)."""
+    tree = spec.options.output_filename
+    if not attempt or tree is None:
+        return spec
+    base, nocopy = (tree[: -len(":nocopy")], ":nocopy") if tree.endswith(":nocopy") else (tree, "")
+    tree = os.path.join(base, f"attempt.{attempt}") + nocopy
+    return spec._replace(options=spec.options._replace(output_filename=tree))
+
+
+def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | None) -> tuple[int | None, bool]:
+    """One attempt of the run: (its status, whether the user stopped it: no restart then); a
+    dry run's status is None."""
     options = spec.options
     plan = None
     try:
-        plan, source = build_plan(spec, os.environ, ThisMachine())
-        for note in plan.notes:
-            say(options, note)
-        if options.dry_run or options.display_map or options.display_allocation or options.print_rank_map:
-            show_plan(plan, source)
+        plan, source = build_plan(spec, os.environ, ThisMachine(), attempt=attempt)
+        if not attempt:
+            for note in plan.notes:
+                say(options, note)
+            if options.dry_run or options.display_map or options.display_allocation or options.print_rank_map:
+                show_plan(plan, source)
         if options.dry_run:
-            return 0
-        controller = execute(plan)
+            return None, True
+        controller = execute(plan, notes=not attempt)
     except LaunchError as exc:
         if options.report_json:  # a CI system reads why the job never started, not only its status
             from mpilaunch.launcher.report_json import write_refused
 
             write_refused(options.report_json, plan, launcher_command(), exc)
         raise
+    report = None
     if options.report_json:
         from mpilaunch.launcher.report_json import JsonReport
 
-        controller.events.subscribe(
-            JsonReport(
-                options.report_json, plan, controller.policy, controller.jobs, controller.output, launcher_command()
-            )
+        report = JsonReport(
+            options.report_json,
+            plan,
+            controller.policy,
+            controller.jobs,
+            controller.output,
+            launcher_command(),
+            earlier,
         )
-    return controller.run()
+        controller.events.subscribe(report)
+    status = controller.run()
+    if earlier is not None and report is not None and report.last is not None:
+        earlier.append(report.last)
+    policy = controller.policy
+    return status, policy.stop_signal is not None or policy.timed_out
 
 
 def launcher_command() -> list[str]:
@@ -306,7 +351,7 @@ def probe(plan: LaunchPlan) -> tuple[dict[int, Link], Facts]:
     return links, facts._replace(families={**families, **facts.families})
 
 
-def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
+def execute(plan: LaunchPlan, host_tags: bool = False, notes: bool = True) -> Controller:
     """Plan, probe, finalize, run: the agents started and checked, the plan finished with what
     the hosts said, the output opened, job 1's ranks started: a controller ready to run."""
     links, facts = probe(plan)
@@ -319,7 +364,7 @@ def execute(plan: LaunchPlan, host_tags: bool = False) -> Controller:
     except BaseException:
         _close_and_wait(links)
         raise
-    for note in final.notes:
+    for note in final.notes if notes else ():  # said once in a run, not again for each restart
         say(plan.options, note)
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
     # agents answer waits in their links until the controller reads it.

@@ -112,6 +112,7 @@ class Policy:
     def exited(self, event: Exited) -> None:
         state = self.procs[event.proc]
         state.cpu, state.rss = event.cpu, event.rss
+        state.error, state.error_file = event.error, event.error_file
         self.rank_ended(state, event.status, mpi=event.mpi)
 
     def not_started(self, event: Failed) -> None:

@@ -6,6 +6,7 @@ import shlex
 import signal
 from collections.abc import Mapping, Sequence
 
+from mpilaunch.launcher.root_cause import FRAMES_SHOWN, RootCause
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.rank_env import mask
@@ -111,6 +112,7 @@ def failure_summary(
     failed_total: int,
     reason: str | None = None,
     before_finalizing: bool = False,
+    cause: RootCause | None = None,
 ) -> str:
     if aborted:
         head = (
@@ -123,11 +125,20 @@ def failure_summary(
             "(abort on failure was off, so the others ran on). The first process to do so was:"
         )
     where = f"{rank}" if job == 1 else f"{rank} of spawned job {job}"
-    lines = [RULE, head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
+    lines = [RULE]
+    if cause is not None:  # the rank's own words first: what most readers came for
+        lines += [f"rank {where} on {host} raised {cause.line}", ""]
+    lines += [head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
     lines.append(f"  Command:   {shown_command(argv)}")
     lines.append(f"  {describe_status(status, before_finalizing)}")
     if reason:
         lines.append(f"  Reason:    {reason}")
+    if cause is not None:
+        lines.append(f"  Error:     {cause.line}  (from {cause.source})")
+        if cause.frames:
+            lines.append("  Innermost frames:")
+            for frame in cause.frames[:FRAMES_SHOWN]:
+                lines.extend(f"    {part}" for part in frame.splitlines())
     if last_lines:
         lines.append("  Last stderr lines:")
         lines.extend(f"    {line}" for line in last_lines)

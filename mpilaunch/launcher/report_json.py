@@ -49,8 +49,13 @@ class JsonReport:
         jobs: Mapping[int, JobPlan],
         output: OutputSink,
         command: Sequence[str],
+        earlier: list[dict[str, object]] | None = None,
     ) -> None:
+        """earlier: the documents of the run's earlier attempts (--max-restarts), which the
+        report lists with this one."""
         self.path = path
+        self.earlier = earlier
+        self.last: dict[str, object] | None = None  # this attempt's document, once written
         self.plan = plan
         self.policy = policy
         self.jobs = jobs
@@ -68,6 +73,7 @@ class JsonReport:
 
     def rank(self, state: RankState) -> dict[str, object]:
         return {
+            "attempt": self.plan.attempt,
             "job": state.job,
             "rank": state.rank.rank,
             "app": state.rank.app,
@@ -94,6 +100,10 @@ class JsonReport:
                 "command": list(self.jobs[failure.job].argvs[failure.rank.app]),
                 "last_stderr": self.output.last_lines(failure.proc),
             }
+            from mpilaunch.launcher.root_cause import root_cause
+
+            cause = root_cause(failure.error, failure.error_file, self.output.last_lines(failure.proc, 200))
+            first["exception"] = cause.as_json() if cause is not None else None
         if policy.timed_out:
             outcome = "timeout"
         elif policy.stop_signal is not None:
@@ -121,10 +131,20 @@ class JsonReport:
             "ranks": [self.rank(state) for state in policy.procs],
         }
 
+    def with_attempts(self, document: dict[str, object]) -> dict[str, object]:
+        """A run with --max-restarts: every attempt in order, and the ranks of all of them."""
+        if self.earlier is None:
+            return document
+        runs = [*self.earlier, document]
+        keys = ("started", "ended", "seconds", "exit_status", "outcome", "stop_signal", "first_failure")
+        attempts = [{"attempt": n, "job_id": d["job_id"], **{k: d[k] for k in keys}} for n, d in enumerate(runs)]
+        ranks = [rank for d in runs for rank in d["ranks"]]  # type: ignore[attr-defined]
+        return {**document, "started": runs[0]["started"], "attempts": attempts, "ranks": ranks}
     def write(self, event: RunEnded) -> None:
         from mpilaunch.host.files import console_stream, write_file
 
-        text = json.dumps(self.document(event.status), indent=1) + "\n"  # ASCII: other bytes as \udcXX
+        document = self.last = self.document(event.status)
+        text = json.dumps(self.with_attempts(document), indent=1) + "\n"  # ASCII: other bytes as \udcXX
         stream = console_stream(self.path)
         if stream is not None:  # /dev/stdout: after the rank output queued for it, not before
             self.output.writer.write(stream, text.encode(), notice=True)

@@ -94,6 +94,7 @@ class ConsoleReporter:
             self.say(f"stopped by {name_of(stop)} ({how}); {which} ended")
         if failure is not None and self.summary:
             from mpilaunch.launcher.report import failure_summary
+            from mpilaunch.launcher.root_cause import root_cause
 
             killed = [s for s in policy.procs if s.killed and s is not failure]
             unfinalized = failure.unfinalized
@@ -114,5 +115,6 @@ class ConsoleReporter:
                 failed_total=len(policy.failed),
                 reason=failure.reason,
                 before_finalizing=unfinalized,
+                cause=root_cause(failure.error, failure.error_file, self.output.last_lines(failure.proc, 200)),
             )
             self.output.say(text)

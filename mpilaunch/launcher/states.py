@@ -51,6 +51,8 @@ class RankState:
         "abort_code",
         "cpu",
         "ended_at",
+        "error",
+        "error_file",
         "job",
         "killed",
         "pid",
@@ -73,6 +75,8 @@ class RankState:
         self.status: int | None = None  # exit code, or -signal
         self.reason: str | None = None
         self.abort_code: int | None = None  # from MPI_Abort or a PMI failure
+        self.error = ""  # its TORCHELASTIC_ERROR_FILE's text (torch's @record), and the file
+        self.error_file = ""
         self.killed = False  # still running when a kill was sent
         self.unfinalized = False  # exited 0 after MPI_Init without MPI_Finalize while other ranks ran
         self.started_at: float | None = None

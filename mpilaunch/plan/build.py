@@ -56,6 +56,7 @@ class LaunchPlan(Record):
     host_info: Mapping[int, dict] = MappingProxyType({})  # hostinfo.probe answers (+ "address"), by host index
     notes: tuple[str, ...] = ()  # said once before the job starts (unless -q)
     may_oversubscribe: bool = False  # --oversubscribe, hydra's placement, or this machine alone: spawns too
+    attempt: int = 0  # restarts of the run before this plan's job (--max-restarts)
     sockets: int = 1  # of each host, for ppr:N:socket (this machine's)
 
 
@@ -176,6 +177,7 @@ def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
         env=plan.launcher_env,
         host_info=plan.host_info,
         app_exports=plan.app_exports,
+        attempt=plan.attempt,
     )
     return plan._replace(job=rebuilt, master=master)
 
@@ -324,10 +326,13 @@ def job_plan(
     extra: Mapping[str, str] | None = None,
     host_info: Mapping[int, Mapping] | None = None,
     app_exports: Sequence[Sequence[tuple[str, str | None]]] = (),
+    attempt: int = 0,
 ) -> JobPlan:
     """Environments and PMI data of one job's ranks; app_exports, when given, are each app's
-    exports (hydra's -env), instead of exports."""
+    exports (hydra's -env), instead of exports; attempt: restarts of the run so far."""
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
+    torch = options.torch
+    per_node = torch is not None and torch.node_rank is not None  # one launcher per node: this one's ranks
     layout = JobLayout(
         ranks=ranks,
         app_sizes=app_sizes,
@@ -336,6 +341,16 @@ def job_plan(
         master_addr=master[0],
         master_port=master[1],
         mca=options.mca,
+        attempt=attempt,
+        max_restarts=options.max_restarts,
+        run_id=torch.run_id if torch is not None else "",
+        role=torch.role if torch is not None else "default",
+        agent_store=torch is not None and job == 1,
+        torch=torch is not None,
+        offset=torch.node_rank * torch.nproc_per_node if per_node else 0,  # type: ignore[operator, union-attr]
+        world=(torch.nnodes or 1) * torch.nproc_per_node if per_node else 0,  # type: ignore[union-attr]
+        node=torch.node_rank if per_node else 0,  # type: ignore[union-attr]
+        nodes=torch.nnodes or 1 if per_node else 0,  # type: ignore[union-attr]
     )
     common = job_variables(layout, env)
     if extra:
@@ -344,7 +359,7 @@ def job_plan(
         # MPICH picks its PMI client at run time (the user's choice wins); offered PMI and PMIx
         # both, it would refuse to guess
         common["MPIR_CVAR_PMI_VERSION"] = "2" if options.mpi == "pmi2" else "1"
-    envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env) for r in ranks]
+    envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env, layout) for r in ranks]
     first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
@@ -419,13 +434,18 @@ def place_job(
 
 
 def build_plan(
-    spec: JobSpec, env: Mapping[str, str], here: Here, hosts: list[Host] | None = None
+    spec: JobSpec, env: Mapping[str, str], here: Here, hosts: list[Host] | None = None, attempt: int = 0
 ) -> tuple[LaunchPlan, str]:
-    """The whole plan of job 1; hosts, when given, replace those of the options (allrun)."""
+    """The whole plan of job 1; hosts, when given, replace those of the options (allrun);
+    attempt: restarts of the run so far (--max-restarts)."""
     options = spec.options
     entries = None
+    torch = options.torch
     if hosts is not None:
         source = "the host list"
+    elif torch is not None and torch.node_rank is not None:  # torchrun's way: a launcher on each node
+        hosts = [Host("localhost", torch.nproc_per_node)]
+        source = f"node {torch.node_rank} of {torch.nnodes} (torchrun's --nnodes/--node-rank)"
     else:
         if options.placement == "hydra":
             hosts, entries, source = hydra_hosts(options, env)
@@ -446,8 +466,12 @@ def build_plan(
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]
     ranks, notes = place_job(hosts, entries, apps_np, options, source, sockets)
     job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
-    master = (master_address(options, hosts, {r.host for r in ranks}, ranks[0].host), port)
+    if torch is not None and torch.endpoint is not None:  # the nodes' launchers meet there; so do the ranks
+        master = torch.endpoint
+    else:
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
+        address = master_address(options, hosts, {r.host for r in ranks}, ranks[0].host)
+        master = ("localhost" if torch is not None and address == "127.0.0.1" else address, port)  # torchrun's
     exports = spec.apps[0].exports
     app_exports = tuple(app.exports for app in spec.apps)
     app_exports = app_exports if len(set(app_exports)) > 1 else ()
@@ -470,6 +494,7 @@ def build_plan(
         env=env,
         host_info=host_info,
         app_exports=app_exports,
+        attempt=attempt,
     )
     plan = LaunchPlan(
         hosts=hosts,
@@ -486,6 +511,7 @@ def build_plan(
         notes=(*options.notes, *notes),
         sockets=sockets,
         may_oversubscribe=options.oversubscribe or source == LOCAL_SOURCE or entries is not None,
+        attempt=attempt,
     )
     return plan, source
 
@@ -525,6 +551,7 @@ def spawn_plan(
         env=plan.launcher_env,
         extra={"PMI_SPAWNED": "1"},
         host_info=plan.host_info,
+        attempt=plan.attempt,
     )
     for rank in child.ranks:
         child.envs[rank.rank].update(apps[rank.app].env)

@@ -53,6 +53,16 @@ class JobLayout(Record):
     master_addr: str
     master_port: int
     mca: Sequence[tuple[str, str]] = ()
+    attempt: int = 0  # TORCHELASTIC_RESTART_COUNT: restarts of the job so far
+    max_restarts: int = 0
+    run_id: str = ""  # TORCHELASTIC_RUN_ID (job_id when empty)
+    role: str = "default"  # ROLE_NAME
+    agent_store: bool = False  # a store of the launcher's serves MASTER_ADDR:PORT (TORCHELASTIC_USE_AGENT_STORE)
+    torch: bool = False  # torchrun's command line: its knobs too (TORCH_NCCL_ASYNC_ERROR_HANDLING, ...)
+    offset: int = 0  # one launcher per node (torchrun --nnodes/--node-rank): the first rank of this node
+    world: int = 0  # ... the whole job's size then (0: these ranks are the job)
+    node: int = 0  # ... and this node's rank (GROUP_RANK)
+    nodes: int = 0  # ... of this many (GROUP_WORLD_SIZE; 0: the hosts of these ranks)
 
 
 def job_variables(layout: JobLayout, launcher_env: Mapping[str, str]) -> dict[str, str]:
@@ -61,6 +71,8 @@ def job_variables(layout: JobLayout, launcher_env: Mapping[str, str]) -> dict[st
     for size in layout.app_sizes:
         firsts.append(str(total))
         total += size
+    total = layout.world or total
+    nodes = layout.nodes or len({r.host for r in layout.ranks})
     env = {
         "OMPI_COMM_WORLD_SIZE": str(total),
         "OMPI_UNIVERSE_SIZE": str(layout.universe_size),
@@ -74,7 +86,17 @@ def job_variables(layout: JobLayout, launcher_env: Mapping[str, str]) -> dict[st
         "MASTER_ADDR": layout.master_addr,
         "MASTER_PORT": str(layout.master_port),
         "PYTHONUNBUFFERED": "1",
+        # torchrun's (torch.distributed.elastic): is_torchelastic_launched() and @record read them
+        "GROUP_WORLD_SIZE": str(nodes),
+        "ROLE_WORLD_SIZE": str(total),
+        "ROLE_NAME": layout.role,
+        "TORCHELASTIC_RUN_ID": layout.run_id or layout.job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(layout.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(layout.max_restarts),
+        "TORCHELASTIC_USE_AGENT_STORE": str(layout.agent_store),
     }
+    if layout.torch:
+        env.update(TORCH_NCCL_ASYNC_ERROR_HANDLING="1", TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
     for key, value in layout.mca:
         env[f"OMPI_MCA_{key}"] = value
     for name in _USER_DEFAULTS:
@@ -83,9 +105,11 @@ def job_variables(layout: JobLayout, launcher_env: Mapping[str, str]) -> dict[st
     return env
 
 
-def rank_variables(rank: Rank) -> dict[str, str]:
-    """Variables that name this rank (Open MPI, PMI, PyTorch and MindSpore spellings)."""
-    r, local, lsize, node = str(rank.rank), str(rank.local_rank), str(rank.local_size), str(rank.node_rank)
+def rank_variables(rank: Rank, offset: int = 0, node_offset: int = 0) -> dict[str, str]:
+    """Variables that name this rank (Open MPI, PMI, PyTorch and MindSpore spellings); offset:
+    the first rank of this launcher's node, when each node has its own (torchrun's way)."""
+    r, local, lsize = str(rank.rank + offset), str(rank.local_rank), str(rank.local_size)
+    node = str(rank.node_rank + node_offset)
     return {
         "OMPI_MCA_orte_app_num": str(rank.app),
         "OMPI_COMM_WORLD_RANK": r,
@@ -96,6 +120,7 @@ def rank_variables(rank: Rank) -> dict[str, str]:
         "MPI_LOCALRANKID": local,  # hydra's
         "MPI_LOCALNRANKS": lsize,
         "RANK": r,
+        "ROLE_RANK": r,
         "LOCAL_RANK": local,
         "LOCAL_WORLD_SIZE": lsize,
         "NODE_RANK": node,
@@ -110,13 +135,14 @@ def rank_environment(
     common: Mapping[str, str],
     exports: Sequence[tuple[str, str | None]],
     launcher_env: Mapping[str, str],
+    layout: JobLayout | None = None,
 ) -> dict[str, str]:
     """The variables set for one rank on top of its host's inherited environment.
 
     -x values win over everything; -x NAME without a value sends the launcher's value.
     """
     env = dict(common)
-    env.update(rank_variables(rank))
+    env.update(rank_variables(rank, layout.offset, layout.node) if layout is not None else rank_variables(rank))
     for name, value in exports:
         if value is None:
             if name in launcher_env:

@@ -18,6 +18,19 @@ class AppContext(Record):
     wdir: str | None = None
 
 
+class TorchRun(Record):
+    """torchrun's job, as its command line (or mpilaunch's with torchrun's words) asks for it."""
+
+    nproc_per_node: int  # ranks on each node
+    nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation)
+    node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
+    endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
+    run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id), else the job's id
+    role: str = "default"
+    standalone: bool = False
+    local_ranks_filter: tuple[int, ...] = ()  # only these local ranks on the console (torchrun's)
+
+
 class Options(Record):
     """Job-wide options; defaults are mpirun's."""
 
@@ -65,6 +78,9 @@ class Options(Record):
     outfile_pattern: str | None = None  # hydra's per-rank stdout file (%r rank, %h host, ...)
     errfile_pattern: str | None = None
     notes: tuple[str, ...] = ()  # options read and ignored, said once at the start
+    torch: TorchRun | None = None  # torchrun's words were used (or mpilaunch was started as torchrun)
+    max_restarts: int = 0  # the whole job started again after a failure, up to this many times
+    restart_delay: float = 3.0  # seconds between a failed attempt's end and the next
     launcher: str = "auto"  # auto, ssh, slurm, or local/fork (every host's agent on this machine)
     in_slurm_step: bool = False  # with slurm: the launcher runs in a job step (sbatch), its node's agent is forked
 

@@ -359,6 +359,8 @@ class Exited(Record):
     mpi: str = "new"  # new, init or finalized, as the rank's PMI service saw it
     cpu: float | None = None  # user + system seconds
     rss: int | None = None  # peak resident set, bytes
+    error: str = ""  # what the rank left in its TORCHELASTIC_ERROR_FILE (torch's @record), if anything
+    error_file: str = ""  # ... and where
 
 
 class StdinAck(Record):

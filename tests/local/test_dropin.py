@@ -18,7 +18,7 @@ from tests.conftest import Launcher
 
 PY = sys.executable
 MPIRUN = shutil.which("mpirun.openmpi") or ""
-NAMES = ("mpirun", "mpiexec", "orterun", "mpiexec.hydra", "ompi_info")
+NAMES = ("mpirun", "mpiexec", "orterun", "mpiexec.hydra", "ompi_info", "torchrun")
 
 
 def one_line(err: bytes) -> str:

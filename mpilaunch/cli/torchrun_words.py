@@ -1,0 +1,190 @@
+"""torchrun's command line, read as torchrun 2.13 reads it (torch/distributed/run.py): under
+mpilaunch's own name (`mpilaunch --nproc-per-node 2 train.py`) and as `torchrun`.
+
+Two ways across nodes, as torchrun users run it: one mpilaunch for the whole job (`-H`, a
+hostfile or an allocation, with --nproc-per-node ranks on each host), or torchrun's own, one
+launcher per node (`--nnodes 2 --node-rank $SLURM_NODEID --master-addr ...`), which starts its
+node's ranks and meets the other nodes' launchers at the endpoint. A `.py` program runs with
+this interpreter (`python -u`), `-m` as a module, `--no-python` as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.plan.spec import AppContext, TorchRun
+
+TORCH_WORDS = (  # options only torchrun has: one makes the command line torchrun's
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "standalone",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "monitor_interval",
+    "start_method",
+    "role",
+    "module",
+    "no_python",
+    "run_path",
+    "log_dir",
+    "redirects",
+    "tee",
+    "local_ranks_filter",
+    "local_addr",
+    "torch_ignored",
+)
+STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
+C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
+RUN_PATH = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def python_program(argv: tuple[str, ...], wdir: str | None) -> tuple[str, ...]:
+    """A `.py` file named as the program that is not a program to run (not executable, or not on
+    PATH): run with this interpreter, as torchrun runs its script."""
+    program = argv[0]
+    if not program.endswith(".py") or ("/" not in program and _on_path(program)):
+        return argv
+    path = os.path.join(wdir or os.getcwd(), program)
+    if os.path.isfile(path) and not os.access(path, os.X_OK):
+        return (sys.executable, "-u", *argv)
+    return argv
+
+
+def _on_path(program: str) -> bool:
+    return any(os.access(os.path.join(d, program), os.X_OK) for d in os.environ.get("PATH", "").split(":") if d)
+
+
+def torch_options(
+    values: dict[str, object], given: set[str], name: str, apps: list[AppContext], env: Mapping[str, str]
+) -> tuple[dict[str, object], list[str]]:
+    """torchrun's words taken out of the parsed values: the Options fields they set (torch, and
+    placement), with apps rewritten to what runs; notes for words that mean nothing here."""
+    words = {key: values.pop(key) for key in TORCH_WORDS}
+    torch_mode = name == "torchrun" or bool(given & set(TORCH_WORDS))
+    if not torch_mode:
+        apps[:] = [a._replace(argv=python_program(a.argv, a.wdir)) for a in apps]
+        return {}, []
+    for key in list(words):  # torchrun reads PET_<NAME> for an option not given
+        if key not in given and f"PET_{key.upper()}" in env:
+            words[key] = env[f"PET_{key.upper()}"]
+    ignored = " ".join(map(str, words["torch_ignored"]))  # type: ignore[call-overload]
+    notes = [f"torchrun's option with {ignored} means nothing here: ignored"] if ignored else []
+    backend = str(words["rdzv_backend"] or "static").lower()
+    if backend not in ("static", "c10d"):
+        raise LaunchError(
+            f"--rdzv-backend {backend}: mpilaunch's launchers meet through a store of their own; use "
+            "--rdzv-backend static or c10d (the same here)"
+        )
+    nproc = nproc_per_node(str(words["nproc_per_node"] or "1"))
+    nnodes = node_count(words["nnodes"], name)
+    if any(a.np is not None for a in apps) and "nproc_per_node" in given:
+        raise LaunchError("-n and --nproc-per-node: give one of them (torchrun's is ranks per node)")
+    node_rank = words["node_rank"]
+    endpoint = None
+    standalone = bool(words["standalone"])
+    if standalone:
+        nnodes = 1
+    per_node = nnodes is not None and nnodes > 1
+    if per_node:
+        if node_rank is None and backend == "static":
+            raise LaunchError("--nnodes N with torchrun's static rendezvous: give this node's --node-rank")
+        endpoint = _endpoint(words, backend)
+        if node_rank is not None and not 0 <= int(node_rank) < nnodes:  # type: ignore[operator]
+            raise LaunchError(f"--node-rank {node_rank}: expected 0 to {nnodes - 1} for --nnodes {nnodes}")
+    torch = TorchRun(
+        nproc_per_node=nproc,
+        nnodes=nnodes,
+        node_rank=int(node_rank) if per_node and node_rank is not None else None,  # type: ignore[call-overload]
+        endpoint=endpoint,
+        run_id=str(words["rdzv_id"]) if words["rdzv_id"] not in (None, "none") else "",
+        role=str(words["role"] or "default"),
+        standalone=standalone,
+        local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
+    )
+    apps[:] = [a._replace(argv=script_argv(a.argv, words)) for a in apps]
+    fields: dict[str, object] = {"torch": torch}
+    if not per_node and not any(a.np is not None for a in apps):
+        fields["npernode"] = nproc  # on each host (or this machine's nproc)
+    if words["log_dir"] is not None and values.get("output_filename") is None:
+        fields["output_filename"] = str(words["log_dir"])
+    return fields, notes
+
+
+def script_argv(argv: tuple[str, ...], words: Mapping[str, object]) -> tuple[str, ...]:
+    """What runs for torchrun's training script: `python -u script`, `-m module`, runpy's
+    run_path, or (--no-python) the program itself."""
+    if words["no_python"]:
+        return argv
+    if words["module"]:
+        return (sys.executable, "-u", "-m", *argv)
+    if words["run_path"]:
+        return (sys.executable, "-u", "-c", RUN_PATH, *argv)
+    return (sys.executable, "-u", *argv)
+
+
+def nproc_per_node(value: str) -> int:
+    """torchrun's --nproc-per-node: a number, or cpu and auto (this machine's CPUs: no
+    accelerator is read here), or gpu (the GPUs nvidia-smi counts)."""
+    if value.isascii() and value.isdigit() and 1 <= int(value) <= 65536:
+        return int(value)
+    if value in ("cpu", "auto"):
+        return len(os.sched_getaffinity(0))
+    if value == "gpu":
+        from mpilaunch.host.hostinfo import count_gpus
+
+        count = count_gpus(os.environ.get("PATH", os.defpath))
+        if not count:
+            raise LaunchError("--nproc-per-node gpu: no GPU found on this machine (nvidia-smi counts none)")
+        return count
+    raise LaunchError(f"--nproc-per-node {value!r}: expected a number from 1, auto, cpu or gpu")
+
+
+def node_count(value: object, name: str) -> int | None:
+    """torchrun's --nnodes: N, or MIN:MAX with MIN = MAX (a fixed membership); None when not given
+    under mpilaunch's name (the hosts decide), 1 under torchrun's."""
+    if value is None:
+        return 1 if name == "torchrun" else None
+    text = str(value)
+    low, _, high = text.partition(":")
+    high = high or low
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= 65536 and 1 <= int(high) <= 65536):
+        raise LaunchError(f"--nnodes {text!r}: expected N or MIN:MAX")
+    if int(low) != int(high):
+        raise LaunchError(
+            f"--nnodes {text}: elastic membership (MIN < MAX) is not served; give a fixed --nnodes N "
+            "(mpilaunch restarts the whole job with --max-restarts instead)"
+        )
+    return int(low)
+
+
+def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
+    """Where the nodes' launchers meet: --rdzv-endpoint HOST[:PORT], else --master-addr:--master-port."""
+    text = words["rdzv_endpoint"]
+    if text:
+        host, _, port = str(text).rpartition(":") if ":" in str(text) else (str(text), "", "")
+        port_number = int(port) if port.isdigit() else C10D_PORT if backend == "c10d" else STATIC_PORT
+        if not host or not 0 < port_number < 65536:
+            raise LaunchError(f"--rdzv-endpoint {text!r}: expected HOST[:PORT]")
+        return host, port_number
+    if not words["master_addr"]:
+        raise LaunchError(
+            "--nnodes N: say where the nodes meet, with --master-addr (and --master-port) or --rdzv-endpoint"
+        )
+    return str(words["master_addr"]), int(words["master_port"] or STATIC_PORT)  # type: ignore[call-overload]
+
+
+def _ranks_filter(value: object) -> tuple[int, ...]:
+    if not value:
+        return ()
+    parts = str(value).split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise LaunchError(f"--local-ranks-filter {value!r}: expected local ranks, comma separated (0,1,2)")
+    return tuple(int(p) for p in parts)
