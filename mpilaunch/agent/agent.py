@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from mpilaunch.agent.relay import Relay
+    from mpilaunch.host.tcpstore import StoreServer
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
@@ -75,6 +76,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
         self.errors: str | None = None  # the folder of the ranks' error files, once one is named
+        self.store: StoreServer | None = None  # torchrun's agent store, on rank 0's host of a torchrun job
         self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
         self.shm = ShmWatch(self.ranks)
@@ -209,9 +211,22 @@ class Agent(ServiceHost, LinkOwner, Timer):
             self.errors = make_folder(SERVER_FOLDER.format(pid=os.getpid()) + "errors-")
         return self.errors
 
+    def host_store(self, port: int) -> None:
+        """torchrun's agent store: a TCPStore on this port that the ranks' init_process_group
+        connects to (TORCHELASTIC_USE_AGENT_STORE=True), served by this agent's loop."""
+        from mpilaunch.host.tcpstore import StoreServer
+
+        try:
+            self.store = StoreServer(self.loop.sel, "", port)
+        except OSError as exc:
+            said = f"mpilaunch: agent on {self.host}: cannot serve the ranks' store on port {port}: {exc}"
+            self.send(Note(text=said))
+
     def launch(self, message: Launch) -> None:
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)
         base = {k: v for k, v in self.host_env.items() if k not in drop_names and not k.startswith(drop_prefixes)}
+        if message.store_port and self.store is None:
+            self.host_store(message.store_port)
         services = self.services.start_job(message)
         level = message.bind_to
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
@@ -356,6 +371,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
             self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
             if self.errors is not None:
                 remove_folder(self.errors)
+            if self.store is not None:
+                self.store.close()
         self.send(Bye())
         return 0
 

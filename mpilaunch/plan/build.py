@@ -284,7 +284,9 @@ def launch_messages(
             bind_to = "hwthread"
         if job.pmi is not None:
             ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
+        agent_store = options.torch is not None and options.torch.node_rank is None and job.job == 1
         launches[index] = Launch(
+            store_port=plan.master[1] if agent_store and index == job.ranks[0].host else 0,
             job=job.job,
             ranks=ranks,
             services=job.services,

@@ -172,6 +172,7 @@ class Launch(Record):
     merge: bool = False
     bind_to: str = "none"
     cpus_per_rank: int = 1  # Open MPI's PE: each rank bound to this many of bind_to's groups
+    store_port: int = 0  # host a TCPStore here on this port before the ranks start (torchrun's agent store)
     report_bindings: bool = False
     drop_prefixes: tuple[str, ...] = ()  # variables of an enclosing launcher that must not reach the ranks
     drop_names: tuple[str, ...] = ()
