@@ -335,6 +335,8 @@ class Controller:
                     self.read_link(key.data, now)
                 elif key.data == "stdin":
                     self.stdin.read()
+                elif callable(key.data):  # a store the loop serves (torchrun's way: launcher/rendezvous.py)
+                    key.data(key.fd)
                 else:
                     for sig in self.signals.drain():
                         self.policy.take(SignalReceived(sig))

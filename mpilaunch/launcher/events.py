@@ -23,6 +23,13 @@ class SignalReceived(Record):
     sig: int
 
 
+class NodesEnded(Record):
+    """One launcher per node (torchrun's way): another node's job ended badly, or its launcher
+    went away; this node's ranks are stopped too."""
+
+    why: str
+
+
 class HostLost(Record):
     """An agent's link ended (EOF, a garbled frame, silence, its relay lost): its ranks are lost.
     confirmed: the link's end says the agent (or its guardian) stops them; not after a silence."""

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
+from mpilaunch.launcher.events import NodesEnded
 from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
@@ -227,7 +228,14 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
     dry run's status is None."""
     options = spec.options
     plan = None
+    meeting = None
+    torch = options.torch
     try:
+        if torch is not None and torch.node_rank is not None and not options.dry_run:  # one launcher per node
+            from mpilaunch.launcher.rendezvous import NodeRendezvous
+
+            meeting = NodeRendezvous(torch, attempt)
+            meeting.join()  # every node's launcher is there before any rank starts
         plan, source = build_plan(spec, os.environ, ThisMachine(), attempt=attempt)
         if not attempt:
             for note in plan.notes:
@@ -238,11 +246,21 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
             return None, True
         controller = execute(plan, notes=not attempt)
     except LaunchError as exc:
+        if meeting is not None:
+            meeting.finish(exc.status)
         if options.report_json:  # a CI system reads why the job never started, not only its status
             from mpilaunch.launcher.report_json import write_refused
 
             write_refused(options.report_json, plan, launcher_command(), exc)
         raise
+    if meeting is not None:
+        policy = controller.policy
+
+        def ended_elsewhere(why: str) -> None:
+            say(options, f"{why}: this node's ranks are stopped")
+            policy.take(NodesEnded(why))
+
+        meeting.watch_from(controller.sel, ended_elsewhere)
     report = None
     if options.report_json:
         from mpilaunch.launcher.report_json import JsonReport
@@ -257,11 +275,16 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
             earlier,
         )
         controller.events.subscribe(report)
-    status = controller.run()
+    policy = controller.policy
+    try:
+        status = controller.run()
+    finally:
+        stopped = policy.stop_signal is not None or policy.timed_out
+        if meeting is not None:  # every node hears how this one ended; one that stops stops them all
+            stopped = meeting.finish(policy.exit_status(), stopped or attempt >= options.max_restarts) or stopped
     if earlier is not None and report is not None and report.last is not None:
         earlier.append(report.last)
-    policy = controller.policy
-    return status, policy.stop_signal is not None or policy.timed_out
+    return status, stopped
 
 
 def launcher_command() -> list[str]:

@@ -21,6 +21,7 @@ from mpilaunch.launcher.events import (
     HardStop,
     HostLost,
     MpiFailure,
+    NodesEnded,
     RankEnded,
     RankNotStarted,
     RankStarted,
@@ -67,6 +68,7 @@ class Policy:
         self.signals_seen: dict[int, int] = {}
         self.first_failure: RankState | None = None
         self.failed: list[int] = []  # process ids, in the order they failed
+        self.elsewhere: str | None = None  # why another node's job ended this one (torchrun's way)
         self.inputs = {
             Started: self.started,
             Exited: self.exited,
@@ -75,6 +77,7 @@ class Policy:
             PmiError: self.pmi_error,
             SignalReceived: self.signal,
             HostLost: self.host_lost,
+            NodesEnded: self.nodes_ended,
         }
 
     # -- the table of processes -------------------------------------------------------------
@@ -162,6 +165,11 @@ class Policy:
         for state in lost:
             state.killed = False  # the abort the first one started could not reach them
 
+    def nodes_ended(self, event: NodesEnded) -> None:
+        if self.elsewhere is None and self.phase not in (FINISHING, DONE):
+            self.elsewhere = event.why
+            self.abort(self.options.kill_timeout)
+
     def tick(self) -> None:
         """Time passed: the grace after a stop signal, the --timeout, and the end of the ranks."""
         now = self.clock()
@@ -224,9 +232,9 @@ class Policy:
     def count_failure(self, state: RankState) -> None:
         if state.proc not in self.failed:
             self.failed.append(state.proc)
-        stopping = self.timed_out or self.stop_signal is not None
+        stopping = self.timed_out or self.stop_signal is not None or self.elsewhere is not None
         if self.first_failure is None and (not stopping or state.abort_code is not None):
-            self.first_failure = state  # failures after a user's signal or the timeout are its effects
+            self.first_failure = state  # after a signal, the timeout or another node's end: its effects
 
     def mpi_failure(self, state: RankState, code: int, reason: str) -> None:
         """MPI_Abort or a broken PMI client: the job ends as if that rank failed with code."""
@@ -259,6 +267,8 @@ class Policy:
         if self.timed_out:
             return TIMEOUT_STATUS
         failure = self.first_failure
+        if failure is None and self.elsewhere is not None:
+            return 1
         if failure is None:
             return 128 + self.stop_signal if self.stop_signal is not None and self.failed else 0
         if failure.abort_code is not None:

@@ -1,0 +1,174 @@
+"""torchrun's way across nodes: a launcher on each node (`--nnodes N --node-rank K`), meeting
+at the endpoint (`--master-addr:--master-port`, or `--rdzv-endpoint`), as torchrun's static
+rendezvous does.
+
+Node 0's launcher serves a TCPStore there (host/tcpstore.py); it is also the ranks' store
+(TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's node 0 agent's is. Each launcher writes
+`mpilaunch/joined/K` and waits until every node's is there; then each starts its node's ranks.
+While they run, a node that ends badly says so (`mpilaunch/failed`), which stops every other
+node's job; a launcher that goes away is seen by the store's end of its connection (node 0),
+or by the end of the connection to node 0 (the others). At the end each node writes
+`mpilaunch/done/K`; node 0 keeps the store up until every node has.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.host import tcpstore
+from mpilaunch.plan.spec import TorchRun
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+JOIN_TIMEOUT = 600.0  # seconds a launcher waits for the other nodes' (torchrun's join_timeout)
+DONE_TIMEOUT = 30.0  # seconds node 0 keeps the store up for the others to finish saying so
+PREFIX = "mpilaunch/"
+
+
+class NodeRendezvous:
+    """This node's side of the meeting: node 0 serves the store, the others are its clients."""
+
+    def __init__(self, torch: TorchRun, attempt: int = 0, timeout: float = JOIN_TIMEOUT) -> None:
+        assert torch.node_rank is not None and torch.nnodes is not None and torch.endpoint is not None
+        self.node, self.nodes = torch.node_rank, torch.nnodes
+        self.host, self.port = torch.endpoint
+        self.timeout = timeout
+        self.attempt = attempt
+        self.server: tcpstore.StoreServer | None = None
+        self.client: tcpstore.StoreClient | None = None
+        self.watcher: tcpstore.StoreClient | None = None  # a node's connection that waits for the end
+        self.lost: Callable[[str], None] | None = None  # told why the other nodes' job is over
+        self.over = False
+
+    def key(self, name: str) -> str:
+        return f"{PREFIX}{self.attempt}/{name}"
+
+    # -- meeting -----------------------------------------------------------------------------
+    def join(self) -> None:
+        """Say this node is here; return once every node is (LaunchError after the timeout)."""
+        keys = [self.key(f"joined/{k}") for k in range(self.nodes)]
+        if self.node == 0:
+            try:
+                self.server = tcpstore.StoreServer(None, "", self.port, on_close=self._closed)
+            except OSError as exc:
+                raise LaunchError(f"node 0 cannot serve the rendezvous on port {self.port}: {exc.strerror}") from None
+            self.server.set(keys[0], socket.gethostname())
+            deadline = time.monotonic() + self.timeout
+            self.server.run(lambda: all(self.server.get(k) is not None for k in keys) or time.monotonic() > deadline)
+            missing = [k for k, key in enumerate(keys) if self.server.get(key) is None]
+        else:
+            try:
+                self.client = tcpstore.StoreClient(self.host, self.port, self.timeout)
+                self.client.set(keys[self.node], socket.gethostname())
+                self.client.wait(keys, self.timeout)
+                missing = []
+            except tcpstore.StoreTimeout:
+                missing = [k for k, key in enumerate(keys) if not self.client.check([key])]  # type: ignore[union-attr]
+            except tcpstore.StoreError as exc:
+                raise LaunchError(f"node {self.node}: {exc}") from None
+        if missing:
+            self.close()
+            raise LaunchError(
+                f"node {self.node}: nodes {', '.join(map(str, missing))} of {self.nodes} did not join at "
+                f"{self.host}:{self.port} within {self.timeout:g} s"
+            )
+
+    # -- while the ranks run ------------------------------------------------------------------
+    def watch_from(self, sel: selectors.BaseSelector, lost: Callable[[str], None]) -> None:
+        """From now on `lost(why)` is called, once, when another node's job ended badly or its
+        launcher went away: the controller's loop serves the store (node 0) or waits on it."""
+        self.lost = lost
+        if self.server is not None:
+            self.server.set(self.key("running"), "1")
+            sel.register(self.server.sel, selectors.EVENT_READ, lambda fd: self._serve())
+            return
+        watcher = self.watcher = tcpstore.StoreClient(self.host, self.port, self.timeout)
+        watcher.wait_begin([self.key("failed")])
+        sel.register(watcher.fileno(), selectors.EVENT_READ, lambda fd: self._woken())
+
+    def _serve(self) -> None:
+        assert self.server is not None
+        for key, _ in self.server.sel.select(0):
+            key.data(key.fd)
+        failed = self.server.get(self.key("failed"))
+        if failed is not None:
+            self._lose(failed.decode(errors="replace"))
+
+    def _woken(self) -> None:
+        """The watching connection spoke: another node failed, or node 0's launcher is gone."""
+        assert self.watcher is not None and self.client is not None
+        try:
+            self.watcher.wait_end(self.timeout)
+            why = self.client.get(self.key("failed")).decode(errors="replace")
+        except tcpstore.StoreError:
+            why = f"node 0's launcher at {self.host}:{self.port} went away"
+        self._lose(why)
+
+    def _closed(self, peer: tcpstore.Peer) -> None:
+        """Node 0: a connection closed; one that said a node joined is that node's launcher."""
+        if self.server is None or self.over:
+            return
+        for k in range(1, self.nodes):
+            joined, done = self.key(f"joined/{k}"), self.key(f"done/{k}")
+            if joined in peer.wrote and self.server.get(done) is None:
+                self._lose(f"node {k}'s launcher went away")
+
+    def _lose(self, why: str) -> None:
+        if not self.over and self.lost is not None:
+            self.over = True
+            self.lost(why)
+
+    # -- the end ------------------------------------------------------------------------------
+    def finish(self, status: int, last: bool = False) -> bool:
+        """Say how this node's job ended (a failure stops the others'), and, with last, that it
+        starts no other attempt (a user's signal, the time limit: --max-restarts then restarts
+        no node); node 0 waits for every node to say so before its store goes away. Whether
+        any node said it was the last."""
+        self.over = True
+        why = f"node {self.node}'s job ended with status {status}"
+        final = self.key("final")
+        said_last = last
+        try:
+            if self.server is not None:
+                if last:
+                    self.server.set(final, "1")
+                if status:
+                    self.server.set(self.key("failed"), why)
+                self.server.set(self.key("done/0"), str(status))
+                keys = [self.key(f"done/{k}") for k in range(self.nodes)]
+                deadline = time.monotonic() + DONE_TIMEOUT
+                failed = self.key("failed")
+
+                def finished() -> bool:
+                    if self.server.get(failed) is not None and not self.server.peers:
+                        return True  # a failure: the others stop; nobody is left to wait for
+                    return all(self.server.get(k) is not None for k in keys) or time.monotonic() > deadline
+
+                self.server.run(finished, 0.05)
+                said_last = self.server.get(final) is not None
+            elif self.client is not None:
+                if last:
+                    self.client.set(final, "1")
+                if status:
+                    self.client.set(self.key("failed"), why)
+                self.client.set(self.key(f"done/{self.node}"), str(status))
+                said_last = said_last or self.client.check([final])
+        except (tcpstore.StoreError, OSError):
+            said_last = True  # node 0 is gone: no attempt can meet again
+        finally:
+            self.close()
+        return said_last
+
+    def close(self) -> None:
+        for thing in (self.watcher, self.client, self.server):
+            if thing is not None:
+                try:
+                    thing.close()
+                except OSError:
+                    pass
+        self.watcher = self.client = self.server = None
