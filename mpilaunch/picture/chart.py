@@ -5,16 +5,28 @@ to its end, coloured by outcome, grouped by host, beside its CPU seconds and pea
 from __future__ import annotations
 
 import io
+import warnings
 
-from mpilaunch.picture.reading import OUTCOMES, label, rows, span
+from mpilaunch.picture.reading import OUTCOMES, label, mapping, number, rows, span, text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 
+def plain(words: str) -> str:
+    """Text matplotlib draws as it is: a `$` would start its math notation."""
+    return words.replace("$", r"\$")
+
+
 def png(document: Mapping) -> bytes:
     """The picture's bytes; ImportError when matplotlib is not installed."""
+    with warnings.catch_warnings():  # a glyph no font has, a crowded layout: the picture is still drawn
+        warnings.simplefilter("ignore")
+        return draw(document)
+
+
+def draw(document: Mapping) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file is all that is drawn
@@ -31,7 +43,7 @@ def png(document: Mapping) -> bytes:
     )
     names = []
     for y, row in enumerate(drawn):
-        names.append(f"{row.host}: {label(row, several)}")
+        names.append(plain(f"{row.host}: {label(row, several)}"))
         colour = OUTCOMES[row.outcome][1]
         if row.started is not None:
             stop = row.ended if row.ended is not None else end
@@ -49,12 +61,16 @@ def png(document: Mapping) -> bytes:
     times.set_xlabel("seconds from the start")
     cpu.set_xlabel("CPU seconds")
     rss.set_xlabel("peak memory (MiB)")
-    outcome = str(document.get("outcome") or "run")
-    times.set_title(f"mpilaunch: {outcome}, exit status {document.get('exit_status')}, {len(drawn)} ranks", loc="left")
+    title = f"mpilaunch: {text(document.get('outcome')) or 'run'}, exit status {text(document.get('exit_status'))}"
+    times.set_title(plain(f"{title}, {len(drawn)} ranks"), loc="left")
     present = [name for name in OUTCOMES if any(r.outcome == name for r in drawn)]
     if present:
         handles = [Patch(color=OUTCOMES[name][1], label=OUTCOMES[name][0]) for name in present]
-        times.legend(handles=handles, loc="lower right", fontsize=8)
+        times.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), fontsize=8,
+                     frameon=False)  # fmt: skip
+    failed_at = number(mapping(document.get("first_failure")).get("ended"))
+    if failed_at is not None:
+        times.axvline(failed_at - start, color=OUTCOMES["failed"][1], linestyle="--", linewidth=0.8)
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png", dpi=100)

@@ -11,7 +11,6 @@ marked in it. Stack groups and attempts are drawn when the document has them.
 from __future__ import annotations
 
 import shlex
-import time
 from html import escape
 
 from mpilaunch.picture.reading import (
@@ -33,6 +32,7 @@ from mpilaunch.picture.reading import (
     span,
     status_of,
     text,
+    utc,
 )
 
 TYPE_CHECKING = False
@@ -68,7 +68,8 @@ td.odd .fill{background:#e0542b}td.odd span{font-weight:700}
 .axis{position:relative;height:16px}.axis span{position:absolute;font-size:11px;color:#666;transform:translateX(-50%)}
 .axis span:first-child{transform:none}.axis span:last-child{transform:translateX(-100%)}
 .group{margin:6px 0}.group.odd .who{color:#a01818;font-weight:700}
-table.attempts{border-collapse:collapse}.attempts td,.attempts th{padding:2px 10px;border-bottom:1px solid #eee}
+table.attempts{border-collapse:collapse}.attempts td,.attempts th{padding:2px 10px;border-bottom:1px solid #eee;
+text-align:left;white-space:nowrap}.attempts td:last-child{white-space:normal}h3{font-size:14px;margin:12px 0 4px}
 footer{margin-top:24px;color:#888;font-size:12px}
 """
 LONG = ' <span class="mark" title="ran much longer than most ranks">◆</span>'
@@ -94,7 +95,7 @@ def when(moment: float | None, window: tuple[float, float] | None) -> str:
     if moment is None:
         return "?"
     if window is None:
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(moment))
+        return utc(moment)
     return f"+{duration(moment - window[0])}"
 
 
@@ -108,7 +109,7 @@ def header(document: Mapping, drawn: Sequence[Row]) -> str:
     if number(document.get("seconds")) is not None:
         facts.append(duration(number(document.get("seconds"))))
     if started is not None:
-        facts.append("started " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)))
+        facts.append(f"started {utc(started)}")
     if document.get("stop_signal"):
         facts.append(f"stopped by {text(document.get('stop_signal'))}")
     if document.get("aborted"):
@@ -174,10 +175,16 @@ def standouts(drawn: Sequence[Row], window: tuple[float, float] | None) -> str:
     several = len({r.job for r in drawn}) > 1
     odd = odd_sets(drawn, window)
     end = window[1] if window else 0.0
-    lines = [f"{label(r, several)} on {r.host} failed: {r.status}" for r in drawn if r.outcome == FAILED]
+    lines = [
+        ", ".join([f"{label(r, several)} on {r.host} failed: {r.status}", *death_words(mapping(r.entry.get("death")))])
+        for r in drawn
+        if r.outcome == FAILED
+    ]
     for key, what in (("time", "ran"), ("cpu", "used"), ("rss", "held")):
         for i in sorted(odd[key]):
             r = drawn[i]
+            if key == "time" and r.outcome == FAILED:
+                continue  # named above; its bar shows how long it ran
             value = {"time": duration(seconds_of(r, end)), "cpu": f"{duration(r.cpu)} of CPU", "rss": size(r.rss)}[key]
             lines.append(f"{label(r, several)} on {r.host} {what} {value}, more than the others")
     if not lines:
@@ -253,6 +260,8 @@ def timeline(document: Mapping, drawn: Sequence[Row], window: tuple[float, float
         if row.entry.get("reason"):
             extra.append(text(row.entry.get("reason")))
         ended_by = row.status + (", killed" if row.outcome == "killed" else "")
+        if mapping(row.entry.get("death")).get("oom"):
+            ended_by += ", OOM"
         long = " long" if i in odd["time"] else ""
         out.append(
             f'<tr class="rank {row.outcome}{long}" data-job="{row.job}" data-rank="{row.rank}" '

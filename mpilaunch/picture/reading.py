@@ -6,6 +6,7 @@ and hand-edited ones are drawn as far as they can be)."""
 from __future__ import annotations
 
 import math
+import time
 
 from mpilaunch.launcher.report import ranges
 from mpilaunch.protocol.record import Record
@@ -191,6 +192,14 @@ def size(value: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return ""  # not reached
+
+
+def utc(moment: float) -> str:
+    """Seconds since the epoch as a UTC date and time (as a number when out of the calendar's range)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(moment))
+    except (OverflowError, OSError, ValueError):
+        return f"{moment:.0f} s after the epoch"
 
 
 def duration(value: float | None) -> str:

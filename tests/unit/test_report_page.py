@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +113,12 @@ def test_the_oom_death_is_named_in_the_failure_and_its_row() -> None:
     assert "core file: /var/crash/core.4242" in text
     assert failure.find("pre", "stderr").text() == "loading shard 2\nKilled"
     oom_row = rows(page)[2]
+    assert oom_row.find_all("td")[2].text() == "SIGKILL, OOM *"
     assert "killed by the out-of-memory killer" in oom_row.find_all("td")[2].attrs["title"]
+    assert [li.text() for li in page.find("section", id="standout").find_all("li")] == [
+        "rank 2 on node2 failed: SIGKILL, killed by the out-of-memory killer (limit 100.0 MiB; peak RSS 96.0 MiB), "
+        "core file: /var/crash/core.4242"
+    ]
 
 
 def eight_ranks(**changes: dict) -> dict:
@@ -209,3 +215,15 @@ def test_no_document_makes_it_fail(document: dict, ranks: list) -> None:
     page = render(json.loads(json.dumps(document)))
     page.encode("utf-8")
     assert page.endswith("</body></html>\n") and "<script" not in page
+
+
+def test_the_png_of_any_document() -> None:
+    """The PNG timeline (where matplotlib is installed) of the documents above and of an empty one."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'mpilaunch[report]')")
+    from mpilaunch.picture.chart import png
+    from tests.pagedom import png_size
+
+    odd_text = eight_ranks(r1={"host": "$\\frac{"}, r2={"state": "planned", "started": None, "ended": None})
+    odd_text["outcome"] = "$x^$ \udcff"  # matplotlib's math notation, and a byte that was not UTF-8
+    for document in (restarted_run(), odd_text, {}):
+        assert png_size(png(document))[0] == 1200
