@@ -33,4 +33,5 @@ def test_the_package_has_its_console_script_and_extras() -> None:
     test_extra = text.split("test = [", 1)[1].split("]", 1)[0]
     for dep in ("pytest", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
         assert dep in test_extra
+    assert 'report = ["matplotlib' in text  # `mpilaunch report -o report.png`
     assert '"torch==2.13.0"' in test_extra  # the PyTorch DDP tests (tests/mpi/test_clients.py); a CPU build is enough

@@ -1,0 +1,78 @@
+"""The run's timeline as a PNG (`mpilaunch report RUN.json -o report.png`), drawn with matplotlib
+(the `report` extra), which is imported only here: one horizontal bar per rank, from its start
+to its end, coloured by outcome, grouped by host, beside its CPU seconds and peak memory."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+from mpilaunch.picture.reading import OUTCOMES, label, mapping, number, rows, span, text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+def plain(words: str) -> str:
+    """Text matplotlib draws as it is: a `$` would start its math notation."""
+    return words.replace("$", r"\$")
+
+
+def png(document: Mapping) -> bytes:
+    """The picture's bytes; ImportError when matplotlib is not installed."""
+    with warnings.catch_warnings():  # a glyph no font has, a crowded layout: the picture is still drawn
+        warnings.simplefilter("ignore")
+        return draw(document)
+
+
+def draw(document: Mapping) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file is all that is drawn
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    drawn = rows(document)
+    window = span(document, drawn) or (0.0, 1.0)
+    start, end = window
+    several = len({r.job for r in drawn}) > 1
+    height = max(2.5, 0.9 + 0.24 * len(drawn))
+    figure, (times, cpu, rss) = plt.subplots(
+        1, 3, figsize=(12, height), sharey=True, gridspec_kw={"width_ratios": [6, 1.3, 1.3]}
+    )
+    names = []
+    for y, row in enumerate(drawn):
+        names.append(plain(f"{row.host}: {label(row, several)}"))
+        colour = OUTCOMES[row.outcome][1]
+        if row.started is not None:
+            stop = row.ended if row.ended is not None else end
+            times.barh(y, max(stop - row.started, (end - start) / 500), left=row.started - start, color=colour)
+        cpu.barh(y, row.cpu or 0.0, color="#e0542b" if row.outcome == "failed" else "#7da7d9")
+        rss.barh(y, (row.rss or 0.0) / (1 << 20), color="#e0542b" if row.outcome == "failed" else "#7da7d9")
+    for y in range(1, len(drawn)):  # a line between hosts
+        if (drawn[y].attempt, drawn[y].host) != (drawn[y - 1].attempt, drawn[y - 1].host):
+            for axes in (times, cpu, rss):
+                axes.axhline(y - 0.5, color="#999", linewidth=0.8)
+    times.set_yticks(range(len(drawn)))
+    times.set_yticklabels(names, fontsize=8)
+    times.invert_yaxis()
+    times.set_xlim(0, max(end - start, 1e-3))
+    times.set_xlabel("seconds from the start")
+    cpu.set_xlabel("CPU seconds")
+    rss.set_xlabel("peak memory (MiB)")
+    title = f"mpilaunch: {text(document.get('outcome')) or 'run'}, exit status {text(document.get('exit_status'))}"
+    times.set_title(plain(f"{title}, {len(drawn)} ranks"), loc="left")
+    present = [name for name in OUTCOMES if any(r.outcome == name for r in drawn)]
+    if present:
+        handles = [Patch(color=OUTCOMES[name][1], label=OUTCOMES[name][0]) for name in present]
+        times.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), fontsize=8,
+                     frameon=False)  # fmt: skip
+    failed_at = number(mapping(document.get("first_failure")).get("ended"))
+    if failed_at is not None:
+        times.axvline(failed_at - start, color=OUTCOMES["failed"][1], linestyle="--", linewidth=0.8)
+    figure.tight_layout()
+    out = io.BytesIO()
+    figure.savefig(out, format="png", dpi=100)
+    plt.close(figure)
+    return out.getvalue()
