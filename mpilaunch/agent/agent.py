@@ -24,11 +24,11 @@ from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
 from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
+from mpilaunch.agent.torch_support import TorchSupport
 from mpilaunch.host import files, hostinfo, spawn
 from mpilaunch.host.binding import cpu_groups, cpus_for, domains
 from mpilaunch.host.binding import report as binding_report
 from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
-from mpilaunch.host.shm import SERVER_FOLDER, make_folder, remove_folder
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
     DOWN,
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from mpilaunch.agent.relay import Relay
-    from mpilaunch.host.tcpstore import StoreServer
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
@@ -75,8 +74,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.finishing = False
         self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
-        self.errors: str | None = None  # the folder of the ranks' error files, once one is named
-        self.store: StoreServer | None = None  # torchrun's agent store, on rank 0's host of a torchrun job
+        self.torch = TorchSupport(self.loop, self.send, self.host)  # error files; torchrun's agent store
         self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
         self.shm = ShmWatch(self.ranks)
@@ -204,29 +202,11 @@ class Agent(ServiceHost, LinkOwner, Timer):
         """A file the ranks read (the rank table), before they start."""
         self.send(PutDone(error=files.write_file(message.path, message.data)))
 
-    def errors_folder(self) -> str:
-        """This agent's folder of its ranks' error files (torch's TORCHELASTIC_ERROR_FILE), made
-        on first use, with the PMIx server's prefix: the guardian removes it if the agent dies."""
-        if self.errors is None:
-            self.errors = make_folder(SERVER_FOLDER.format(pid=os.getpid()) + "errors-")
-        return self.errors
-
-    def host_store(self, port: int) -> None:
-        """torchrun's agent store: a TCPStore on this port that the ranks' init_process_group
-        connects to (TORCHELASTIC_USE_AGENT_STORE=True), served by this agent's loop."""
-        from mpilaunch.host.tcpstore import StoreServer
-
-        try:
-            self.store = StoreServer(self.loop.sel, "", port)
-        except OSError as exc:
-            said = f"mpilaunch: agent on {self.host}: cannot serve the ranks' store on port {port}: {exc}"
-            self.send(Note(text=said))
-
     def launch(self, message: Launch) -> None:
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)
         base = {k: v for k, v in self.host_env.items() if k not in drop_names and not k.startswith(drop_prefixes)}
-        if message.store_port and self.store is None:
-            self.host_store(message.store_port)
+        if message.store_port:
+            self.torch.serve_store(message.store_port)
         services = self.services.start_job(message)
         level = message.bind_to
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
@@ -239,8 +219,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **spec.env}
                 if "TORCHELASTIC_ERROR_FILE" not in spec.env:  # torch's @record writes the rank's exception there
-                    name = f"{message.job}.{spec.rank}.json"
-                    env["TORCHELASTIC_ERROR_FILE"] = os.path.join(self.errors_folder(), name)
+                    env["TORCHELASTIC_ERROR_FILE"] = self.torch.error_file(message.job, spec.rank)
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
         finally:
             gate.release(started)
@@ -369,10 +348,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
             self.reaper.release()
             self.services.close()  # a PMIx server and its files
             self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
-            if self.errors is not None:
-                remove_folder(self.errors)
-            if self.store is not None:
-                self.store.close()
+            self.torch.close()
         self.send(Bye())
         return 0
 

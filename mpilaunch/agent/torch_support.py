@@ -1,0 +1,56 @@
+"""What torchrun's agent gives its workers, given by this agent to the ranks of its host: each
+rank's error file (TORCHELASTIC_ERROR_FILE, where torch's @record writes the exception that
+ended it; ranks.py reads it when the rank fails) and, on rank 0's host of a job started as
+torchrun's, the ranks' store (TORCHELASTIC_USE_AGENT_STORE: their init_process_group connects
+to it). Stdlib only: shipped with the agent."""
+
+from __future__ import annotations
+
+import os
+
+from mpilaunch.host.shm import SERVER_FOLDER, make_folder, remove_folder
+from mpilaunch.protocol.messages import Note
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from mpilaunch.agent.loop import Loop
+    from mpilaunch.host.tcpstore import StoreServer
+    from mpilaunch.protocol.record import Record
+
+
+class TorchSupport:
+    def __init__(self, loop: Loop, send: Callable[[Record], None], host: str) -> None:
+        self.loop = loop
+        self.send = send
+        self.host = host
+        self.folder: str | None = None  # of the error files, made on first use
+        self.store: StoreServer | None = None
+
+    def error_file(self, job: int, rank: int) -> str:
+        """Where a rank's exception goes: a file in this agent's folder, which has the PMIx
+        server's prefix so the guardian removes it if the agent dies."""
+        if self.folder is None:
+            self.folder = make_folder(SERVER_FOLDER.format(pid=os.getpid()) + "errors-")
+        return os.path.join(self.folder, f"{job}.{rank}.json")
+
+    def serve_store(self, port: int) -> None:
+        """A TCPStore on this port, served by this agent's loop, for the ranks of this launch."""
+        if self.store is not None:
+            return
+        from mpilaunch.host.tcpstore import StoreServer
+
+        try:
+            self.store = StoreServer(self.loop.sel, "", port)
+        except OSError as exc:
+            said = f"mpilaunch: agent on {self.host}: cannot serve the ranks' store on port {port}: {exc}"
+            self.send(Note(text=said))
+
+    def close(self) -> None:
+        if self.folder is not None:
+            remove_folder(self.folder)
+            self.folder = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
