@@ -344,7 +344,7 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
 def say(options: Options, note: str) -> None:
     """One of mpilaunch's own notes on stderr, unless it is empty or -q asked for none."""
     if note and not options.quiet:
-        print(f"mpilaunch: {note}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"mpilaunch: {note}\n")  # one write: the line stays whole beside the ranks' output
 
 
 def probe(plan: LaunchPlan) -> tuple[dict[int, Link], Facts]:

@@ -151,7 +151,7 @@ class JsonReport:
             return
         error = write_file(self.path, text)
         if error:  # the run's status stays the run's; the report's loss is said once
-            print(f"mpilaunch: --report-json: {error}", file=sys.stderr)
+            self.output.say(f"mpilaunch: --report-json: {error}")  # in order with the summary
 
 
 def write_refused(path: str, plan: LaunchPlan | None, command: Sequence[str], error: Exception) -> None:
@@ -172,4 +172,4 @@ def write_refused(path: str, plan: LaunchPlan | None, command: Sequence[str], er
     }
     problem = write_file(path, json.dumps(document, indent=1) + "\n")
     if problem:
-        print(f"mpilaunch: --report-json: {problem}", file=sys.stderr)
+        sys.stderr.write(f"mpilaunch: --report-json: {problem}\n")

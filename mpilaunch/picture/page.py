@@ -139,7 +139,7 @@ def failure(document: Mapping, window: tuple[float, float] | None) -> str:
     who = f"rank {integer(first.get('rank'))}"
     if integer(first.get("job"), 1) != 1:
         who = f"job {integer(first.get('job'), 1)} {who}"
-    if "attempt" in first or listed(document.get("attempts")):
+    if listed(document.get("attempts")):  # a run that restarted
         who += f" (attempt {integer(first.get('attempt'))})"
     what = [status_of(first)]
     if number(first.get("abort_code")) is not None:
