@@ -23,8 +23,6 @@ TAG_VAR = "MPILAUNCH_TEST_TAG"
 HOST_SOURCES = ("MLP_MPI_", "SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default_hostfile")
 
 
-
-
 def tagged_pids(tag: str) -> list[int]:
     """Processes whose environment carries this test's tag (launcher, agent, ranks, their children)."""
     needle = f"{TAG_VAR}={tag}".encode()
@@ -41,10 +39,6 @@ def tagged_pids(tag: str) -> list[int]:
         if state and state != [b"Z"] and needle in environ.split(b"\0"):
             found.append(int(name))
     return found
-
-
-
-
 
 
 def environ_text(pid: int) -> str:

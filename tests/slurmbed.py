@@ -90,8 +90,6 @@ def _can_bind(port: int) -> bool:
     return True
 
 
-
-
 def ancestors(pid: int, limit: int = 64) -> list[tuple[int, str]]:
     """(pid, comm) of a process's parents up to PID 1: how a task shows it runs under slurmstepd."""
     chain = []

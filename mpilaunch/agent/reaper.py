@@ -222,9 +222,7 @@ class Reaper(Timer):
         relayed = self.relay.pids() if self.relay is not None else ()
         guardian = self.guardian.pid if self.guardian is not None else None
         return [
-            pid
-            for pid in self.os.children()
-            if pid != guardian and pid not in relayed and not self.ranks.is_live(pid)
+            pid for pid in self.os.children() if pid != guardian and pid not in relayed and not self.ranks.is_live(pid)
         ]
 
     def below_ranks(self) -> list[int]:

@@ -108,9 +108,19 @@ def torch_options(
         role=str(words["role"] or "default"),
         standalone=standalone,
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
+        redirects=std_streams("--redirects", words["redirects"]),
+        tee=std_streams("--tee", words["tee"]),
     )
     apps[:] = [a._replace(argv=script_argv(a.argv, words)) for a in apps]
     fields: dict[str, object] = {"torch": torch}
+    if per_node:  # as under torchrun, no MPI process manager: one MPI job cannot span the nodes' launchers
+        if "mpi" in given and str(values.get("mpi")) != "none":
+            raise LaunchError(
+                f"--mpi {values.get('mpi')} with torchrun's one launcher per node (--nnodes/--node-rank): the "
+                "nodes' ranks would not share one MPI job; start it from one mpilaunch (-H or a hostfile with "
+                "--nproc-per-node)"
+            )
+        values["mpi"] = "none"
     if not per_node and not any(a.np is not None for a in apps):
         fields["npernode"] = nproc  # on each host (or this machine's nproc)
     if words["log_dir"] is not None and values.get("output_filename") is None:
@@ -179,6 +189,23 @@ def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
             "--nnodes N: say where the nodes meet, with --master-addr (and --master-port) or --rdzv-endpoint"
         )
     return str(words["master_addr"]), int(words["master_port"] or STATIC_PORT)  # type: ignore[call-overload]
+
+
+def std_streams(option: str, value: object) -> tuple[tuple[int, int], ...]:
+    """torchrun's -r/--redirects and -t/--tee: 0 none, 1 stdout, 2 stderr, 3 both, for every
+    local rank ("3") or per local rank ("0:3,1:1", the others none)."""
+    text = str(value or "").strip()
+    if not text:
+        return ()
+    if text.isdigit() and int(text) <= 3:
+        return ((-1, int(text)),)
+    rules = []
+    for part in text.split(","):
+        who, _, mask = part.strip().partition(":")
+        if not (who.isdigit() and mask.isdigit() and int(mask) <= 3):
+            raise LaunchError(f"{option} {text!r}: expected 0 to 3 (none, stdout, stderr, both) or LOCAL_RANK:0-3,...")
+        rules.append((int(who), int(mask)))
+    return tuple(rules)
 
 
 def _ranks_filter(value: object) -> tuple[int, ...]:

@@ -121,7 +121,7 @@ class Controller:
         ignore = lambda link, message: None  # noqa: E731
         self.handlers = {
             Started: self.to_policy,
-            Exited: self.to_policy,
+            Exited: self.exited,
             Failed: self.to_policy,
             PmiAbort: self.to_policy,
             PmiError: self.to_policy,
@@ -183,6 +183,11 @@ class Controller:
 
     # -- what agents send ------------------------------------------------------------------
     def to_policy(self, link: HostLink, message: Record) -> None:
+        self.policy.take(message)
+
+    def exited(self, link: HostLink, message: Exited) -> None:
+        if message.error:  # the agent's copy is gone with the agent: the log tree keeps one
+            message = message._replace(error_file=self.output.keep_error(message.proc, message.error))
         self.policy.take(message)
 
     def gone(self, link: HostLink, message: Gone) -> None:

@@ -196,6 +196,12 @@ def run_job(spec: JobSpec) -> int:
     """The run: its attempts (the whole job started again after a failure, --max-restarts), each
     planned, probed, finalized and run; the exit status is the last attempt's."""
     options = spec.options
+    torch = options.torch
+    if torch is not None and torch.to_files and options.output_filename is None and not options.dry_run:
+        import tempfile  # torchrun's --redirects and --tee without --log-dir: files in a temp dir, as its
+
+        options = options._replace(output_filename=tempfile.mkdtemp(prefix="mpilaunch-logs-"))
+        spec = spec._replace(options=options)
     earlier: list[dict[str, object]] | None = [] if options.max_restarts else None
     attempt = 0
     while True:
@@ -320,6 +326,7 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
         log_dir = options.output_filename
         if log_dir.endswith(":nocopy"):
             log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
+    torch = options.torch
     console = None
     if copy_to_console:
         console = Console(options.tag_output or host_tags, options.timestamp_output, rank_label=options.prepend_rank)
@@ -331,6 +338,13 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
         used = sorted({r.host for r in plan.job.ranks})
         places = [(plan.hosts[r.host].name, used.index(r.host)) for r in plan.job.ranks]
         sink.patterns = PatternFiles(patterns, places)
+    if torch is not None:
+        sink.off_console = {
+            (r.rank, stream)
+            for r in plan.job.ranks
+            for stream, mask in ((STDOUT, 1), (STDERR, 2))
+            if not torch.on_console(r.local_rank) & mask
+        }
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))))
     except BaseException:

@@ -41,6 +41,7 @@ class LogTree:
 
     def __init__(self, base: str, np: int, merge: bool, job: int = 1) -> None:
         self.root = os.path.abspath(os.path.join(base, str(job)))
+        self.np = np
         self.fds: dict[tuple[int, int], int] = {}
         self.paths: dict[tuple[int, int], str] = {}
         self.failed: list[tuple[str, str]] = []  # (file, why) of writes that failed, each file once
@@ -85,6 +86,30 @@ class LogTree:
         except OSError as exc:
             os.close(self.fds.pop(key))
             self.failed.append((self.paths[key], exc.strerror or str(exc)))
+
+    def keep(self, rank: int, name: str, data: bytes) -> str | None:
+        """A file of the rank's beside its output (its error file): its path, or None if it
+        could not be written (said in `failed`)."""
+        rank_name = rank_dir_name(rank, self.np)
+        path = os.path.join(self.root, rank_name, name)
+        try:
+            root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                rank_fd = _subdir(root, rank_name)
+            finally:
+                os.close(root)
+            try:
+                fd = _open_log(name, rank_fd)
+            finally:
+                os.close(rank_fd)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.failed.append((path, exc.strerror or str(exc)))
+            return None
+        return path
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -316,6 +341,7 @@ class OutputSink:
         self.where: dict[int, tuple[int, int]] = {}
         self.tails: dict[int, bytearray] = {}
         self.patterns: PatternFiles | None = None  # hydra's -outfile-pattern/-errfile-pattern (job 1)
+        self.off_console: set[tuple[int, int]] = set()  # (rank, stream) of job 1 kept in files only (torchrun's)
 
     def add_job(self, job: int, procs: list[int]) -> str | None:
         """Register a job's process ids (rank order); returns its log directory, if any."""
@@ -341,13 +367,25 @@ class OutputSink:
                     self.say(f"mpilaunch: cannot write {path}: {why}; the rest of that output is not kept")
                 tree.failed.clear()
         redirected = job == 1 and self.patterns is not None and self.patterns.write(rank, stream, data)
-        if self.console is not None and not redirected:
+        if self.console is not None and not redirected and (job != 1 or (rank, stream) not in self.off_console):
             self.console.feed(proc, stream, data, now)
         if stream == STDERR or self.merged:
             tail = self.tails.setdefault(proc, bytearray())
             tail += data
             if len(tail) > TAIL_BYTES:
                 del tail[: len(tail) - TAIL_BYTES]
+
+    def keep_error(self, proc: int, text: str) -> str:
+        """A failed rank's error file (torch's @record), kept in its log directory as error.json
+        (the agent's copy goes with the agent): its path there, or "" with no log tree."""
+        job, rank = self.where[proc]
+        tree = self.trees.get(job)
+        path = tree.keep(rank, "error.json", text.encode("utf-8", "surrogateescape")) if tree else None
+        if tree is not None and tree.failed:
+            for failed, why in tree.failed:
+                self.say(f"mpilaunch: cannot write {failed}: {why}; the rest of that output is not kept")
+            tree.failed.clear()
+        return path or ""
 
     def say(self, text: str) -> None:
         """A line of the launcher's own on stderr, in order with the rank output shown there."""

@@ -140,6 +140,7 @@ class JsonReport:
         attempts = [{"attempt": n, "job_id": d["job_id"], **{k: d[k] for k in keys}} for n, d in enumerate(runs)]
         ranks = [rank for d in runs for rank in d["ranks"]]  # type: ignore[attr-defined]
         return {**document, "started": runs[0]["started"], "attempts": attempts, "ranks": ranks}
+
     def write(self, event: RunEnded) -> None:
         from mpilaunch.host.files import console_stream, write_file
 

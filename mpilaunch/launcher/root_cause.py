@@ -41,16 +41,20 @@ def from_error_file(text: str, path: str) -> RootCause | None:
     message = document.get("message") if isinstance(document, dict) else None
     if isinstance(message, str):
         kind, _, said = message.partition(": ")
-        return RootCause(kind, said, (), f"the error file {path}")
+        return RootCause(kind, said, (), _file(path))
     if not isinstance(message, dict):
         return None
     stack = (message.get("extraInfo") or {}).get("py_callstack") or ""
-    found = from_traceback(str(stack).splitlines(), f"the error file {path}") if stack else None
+    found = from_traceback(str(stack).splitlines(), _file(path)) if stack else None
     line = str(message.get("message") or "")
     kind, _, said = line.partition(": ")
     if found is not None:
         return found._replace(kind=kind or found.kind, message=said if kind else found.message)
-    return RootCause(kind, said, (), f"the error file {path}") if kind else None
+    return RootCause(kind, said, (), _file(path)) if kind else None
+
+
+def _file(path: str) -> str:
+    return f"the error file {path}" if path else "its TORCHELASTIC_ERROR_FILE"
 
 
 def from_traceback(lines: Sequence[str], source: str = "its stderr") -> RootCause | None:

@@ -29,6 +29,23 @@ class TorchRun(Record):
     role: str = "default"
     standalone: bool = False
     local_ranks_filter: tuple[int, ...] = ()  # only these local ranks on the console (torchrun's)
+    redirects: tuple[tuple[int, int], ...] = ()  # (local rank or -1 for all, streams 1|2|3): to files only
+    tee: tuple[tuple[int, int], ...] = ()  # ... to files and the console
+
+    def on_console(self, local_rank: int) -> int:
+        """The streams (1 stdout, 2 stderr, as a mask) of this local rank the console shows."""
+        if self.local_ranks_filter and local_rank not in self.local_ranks_filter:
+            return 0
+        return 3 & ~_streams(self.redirects, local_rank) | _streams(self.tee, local_rank)
+
+    @property
+    def to_files(self) -> bool:
+        """--redirects or --tee: the output goes to files, which need a log tree."""
+        return any(mask for _, mask in self.redirects + self.tee)
+
+
+def _streams(rules: tuple[tuple[int, int], ...], local_rank: int) -> int:
+    return next((mask for who, mask in rules if who in (-1, local_rank)), 0)
 
 
 class Options(Record):

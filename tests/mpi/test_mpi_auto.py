@@ -64,7 +64,6 @@ def shell_script(folder: Path, name: str, line: str, shebang: str = "#!/bin/sh")
     return str(path)
 
 
-
 def _lines(proc: subprocess.CompletedProcess) -> list[str]:
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     return sorted(proc.stdout.decode().splitlines())
@@ -118,7 +117,7 @@ def test_mpich_through_a_shell_script(launcher: Launcher, tmp_path: Path) -> Non
 def test_open_mpi_and_mpich_jobs_through_sh_c(launcher: Launcher, hello: str) -> None:
     ompi = launcher.run("-n", "2", "sh", "-c", f"{hello}; echo done", timeout=120)
     assert _lines(ompi) == ["done", "done", "openmpi rank 0 of 2 sum 2", "openmpi rank 1 of 2 sum 2"]
-    mpich = launcher.run("-n", "2", "sh", "-c", f"{PY} -c \"{MPI4PY}\"", timeout=120)
+    mpich = launcher.run("-n", "2", "sh", "-c", f'{PY} -c "{MPI4PY}"', timeout=120)
     assert _lines(mpich) == ["MPICH rank 0 of 2 sum 2", "MPICH rank 1 of 2 sum 2"]
 
 
@@ -131,7 +130,7 @@ def test_open_mpi_5_wheel_and_intel_mpi_through_a_shell(launcher: Launcher) -> N
         python, _ = cached_venv(name, packages)
         if python is None:
             continue
-        proc = launcher.run("-n", "2", "sh", "-c", f"{python} -c \"{MPI4PY}\"", timeout=180)
+        proc = launcher.run("-n", "2", "sh", "-c", f'{python} -c "{MPI4PY}"', timeout=180)
         assert _lines(proc) == [f"{family} rank 0 of 2 sum 2", f"{family} rank 1 of 2 sum 2"]
         ran += 1
     if not ran:
@@ -180,7 +179,7 @@ def test_an_mpich_program_then_an_open_mpi_one_in_each_rank_is_no_mix(
     launcher: Launcher, hello: str, hosts: list[str]
 ) -> None:
     """Each rank finalizes the first MPI before it starts the next: both run as whole jobs."""
-    line = f"{PY} -c \"{MPI4PY}\" && {hello}"
+    line = f'{PY} -c "{MPI4PY}" && {hello}'
     proc = launcher.run(*hosts, "-x", "OMPI_MCA_btl_tcp_if_include=lo", "-n", "2", "sh", "-c", line, timeout=120)
     assert _lines(proc) == [
         "MPICH rank 0 of 2 sum 2",

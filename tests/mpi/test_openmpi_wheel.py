@@ -61,7 +61,6 @@ def rank(tmp_path: Path) -> str:
     return str(tmp_path / "rank.py")
 
 
-
 @pytest.mark.parametrize("np", [1, 2, 4, 8])
 def test_open_mpi_5_from_pypi_is_served_its_own_pmix(launcher: Launcher, ompi5: Path, rank: str, np: int) -> None:
     proc = launcher.run("--oversubscribe", "-n", str(np), str(ompi5), rank, timeout=180)
@@ -91,9 +90,7 @@ def test_open_mpi_5_mpmd_abort_and_a_rank_killed_before_init(launcher: Launcher,
 
 
 @pytest.mark.skipif(SYSTEM_LIBRARY is None, reason="needs a host PMIx library (Debian's libpmix2)")
-def test_open_mpi_4_1_8_from_pypi_gets_the_compatibility_variables(
-    launcher: Launcher, ompi41: Path, rank: str
-) -> None:
+def test_open_mpi_4_1_8_from_pypi_gets_the_compatibility_variables(launcher: Launcher, ompi41: Path, rank: str) -> None:
     """Its PMIx 3.2 is inside libopen-pal: the host's 4.2 serves it, with GDS hash and native
     security, which every build has; a user's own value still wins (and then fails here)."""
     proc = launcher.run("-n", "2", str(ompi41), rank, timeout=120)

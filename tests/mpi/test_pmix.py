@@ -73,7 +73,6 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(where / "hello")
 
 
-
 def _lines(out: bytes) -> list[str]:
     return sorted(out.decode().splitlines())
 

@@ -31,10 +31,7 @@ def wrapper(bed: SshBed, tmp_path: Path) -> tuple[str, Path]:
     calls = tmp_path / "calls"
     path = tmp_path / "kubexec"
     path.write_text(
-        "#!/bin/sh\n"
-        'host="$1"; shift\n'
-        f'echo "$host" >> "{calls}"\n'
-        f'exec ssh -F "{bed.config}" "$host" "$*"\n'
+        f'#!/bin/sh\nhost="$1"; shift\necho "$host" >> "{calls}"\nexec ssh -F "{bed.config}" "$host" "$*"\n'
     )
     path.chmod(0o755)
     return str(path), calls

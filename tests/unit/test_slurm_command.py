@@ -21,7 +21,7 @@ def test_one_agent_per_node_with_every_cpu_and_no_binding() -> None:
 
 def test_the_agent_line_carries_no_secret_and_connects_back() -> None:
     line = agent_shell("head-node", 40123, "/opt/py/bin/python3")
-    assert line.startswith("p=/opt/py/bin/python3; [ -x \"$p\" ] || p=python3; exec \"$p\" -S -c ")
+    assert line.startswith('p=/opt/py/bin/python3; [ -x "$p" ] || p=python3; exec "$p" -S -c ')
     code = shlex.split(line.split(" -S -c ", 1)[1])[0]  # the Python program, as the shell passes it
     compile(code, "agent", "exec")
     assert "s.connect((b'head-node', 40123))" in code and "TCP_NODELAY, 1)" in code and "import socket" not in code
@@ -93,7 +93,6 @@ def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:
 
 def test_no_agent_is_forked_early_where_srun_starts_them() -> None:
     from mpilaunch.entry import LOCAL_AGENT
-
 
     inside = {"SLURM_JOB_ID": "7"}
     assert early_start(["-n", "2", "true"], {}) == LOCAL_AGENT

@@ -1,0 +1,396 @@
+"""torchrun's users switch without changing a word (issue 29), with real torch 2.13 (CPU, gloo).
+
+Each test runs what a torchrun user types, under mpilaunch's name, as `torchrun` (the shim
+`mpilaunch shims` writes) and, where the comparison is the point, under torchrun itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Launcher, write_script
+
+HANG = 180.0  # a guard against a hang, never a measure
+# Ports and run ids are the launcher's to choose; the error file's path is where each keeps it.
+THEIRS = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+
+ENV_DUMP = """
+import json, os, sys
+import torch.distributed as dist
+with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as out:
+    json.dump({"env": dict(os.environ), "elastic": dist.is_torchelastic_launched()}, out)
+"""
+
+RECORD = """
+import os
+from torch.distributed.elastic.multiprocessing.errors import record
+
+def load(shard):
+    raise ValueError(f"bad shard {shard}")
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        load(7)
+
+if __name__ == "__main__":
+    main()
+"""
+
+DDP = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+gathered = [torch.zeros(1) for _ in range(world)]
+dist.all_gather(gathered, torch.tensor([float(rank)]))
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.full((8, 4), float(rank))).sum().backward()  # different data on every rank
+optimizer.step()
+weights = [round(float(w), 6) for w in torch.cat([p.detach().flatten() for p in model.parameters()])]
+print(json.dumps({"rank": rank, "world": world, "gathered": [float(g) for g in gathered], "weights": weights}),
+      flush=True)
+if sys.argv[1:] == ["stay"]:
+    print("ready", flush=True)
+    time.sleep(600)
+dist.destroy_process_group()
+"""
+
+FLAKY = """
+import os, sys
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print("attempt", attempt, "rank", os.environ["RANK"], "port", os.environ["MASTER_PORT"], flush=True)
+if sys.argv[1] == "always" or (sys.argv[1] == "once" and attempt == 0 and os.environ["RANK"] == "1"):
+    sys.exit(3)
+"""
+
+
+def shims(launcher: Launcher, tmp_path: Path) -> str:
+    """A directory with mpilaunch's shims (torchrun among them), first on a PATH for the test."""
+    folder = tmp_path / "shims"
+    proc = launcher.run("shims", str(folder))
+    assert proc.returncode == 0, proc.stderr.decode()
+    return str(folder)
+
+
+def dumps(folder: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+
+def added(rank_env: dict[str, str], parent: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in rank_env.items() if parent.get(k) != v}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Launcher, tmp_path: Path) -> None:
+    """torchrun, `mpilaunch --nproc-per-node 2` and the torchrun shim: every variable torchrun
+    gives a rank, mpilaunch gives too, with the same value (but ports, run ids, file paths)."""
+    script = write_script(tmp_path, "env_dump.py", ENV_DUMP)
+    parent = {**launcher.env, "PYTHONPATH": str(ROOT)}
+    runs = {}
+    for name, argv in (
+        ("torchrun", [sys.executable, "-m", "torch.distributed.run"]),
+        ("mpilaunch", launcher.argv()),
+        ("shim", [os.path.join(shims(launcher, tmp_path), "torchrun")]),
+    ):
+        out = tmp_path / name
+        out.mkdir()
+        proc = subprocess.run(
+            [*argv, "--nproc-per-node", "2", script, str(out)],
+            env=parent,
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=HANG,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.returncode == 0, (name, proc.stderr.decode()[-3000:])
+        runs[name] = dumps(out)
+        assert sorted(runs[name]) == [0, 1], name
+    for rank in (0, 1):
+        theirs = added(runs["torchrun"][rank]["env"], parent)
+        assert {"TORCHELASTIC_RUN_ID", "ROLE_RANK", "GROUP_WORLD_SIZE"} <= set(theirs)  # the comparison has teeth
+        for name in ("mpilaunch", "shim"):
+            ours = added(runs[name][rank]["env"], parent)
+            assert set(theirs) <= set(ours), (name, sorted(set(theirs) - set(ours)))
+            differ = {k: (theirs[k], ours[k]) for k in theirs if k not in THEIRS and theirs[k] != ours[k]}
+            assert not differ, (name, rank, differ)
+            assert runs[name][rank]["elastic"] is True
+            folders = {os.path.dirname(env["TORCHELASTIC_ERROR_FILE"]) for env in (ours, theirs)}
+            assert len(folders) == 2  # each launcher's own
+    assert runs["torchrun"][0]["elastic"] is True
+    # The MPI variables stay as they are.
+    assert runs["mpilaunch"][1]["env"]["OMPI_COMM_WORLD_RANK"] == "1"
+    assert runs["mpilaunch"][1]["env"]["PMI_SIZE"] == "2"
+
+
+def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -> None:
+    proc = launcher.run("--dry-run", "--nproc-per-node", "2", "--rdzv-id", "job42", "train.py")
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()
+    for line in (
+        "TORCHELASTIC_RUN_ID=job42",
+        "ROLE_NAME=default",
+        "GROUP_WORLD_SIZE=1",
+        "ROLE_WORLD_SIZE=2",
+        "TORCHELASTIC_RESTART_COUNT=0",
+        "TORCHELASTIC_USE_AGENT_STORE=True",
+        "MASTER_ADDR=localhost",
+    ):
+        assert line in out, line
+    assert f"{sys.executable} -u train.py" in out
+
+
+def test_a_record_error_file_names_the_rank_its_exception_and_frames_first(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "record.py", RECORD)
+    proc = launcher.run("--nproc-per-node", "2", "--log-dir", "logs", "--report-json", "r.json", script, timeout=HANG)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    summary = err[err.index("-" * 74) :].splitlines()
+    assert summary[1] == "rank 1 on localhost raised ValueError: bad shard 7", summary[:3]
+    kept = tmp_path / "logs" / "1" / "rank.1" / "error.json"
+    assert f"  Error:     ValueError: bad shard 7  (from the error file {kept})" in summary
+    frames = summary.index("  Innermost frames:")
+    assert summary[frames + 1].endswith(f'{script}", line 6, in load')
+    assert json.loads(kept.read_text())["message"]["message"] == "ValueError: bad shard 7"  # @record's own file
+    failure = json.loads((tmp_path / "r.json").read_text())["first_failure"]
+    assert failure["rank"] == 1
+    exception = failure["exception"]
+    assert (exception["type"], exception["message"]) == ("ValueError", "bad shard 7")
+    assert exception["source"] == f"the error file {kept}"
+    assert "in load" in exception["frames"][0]
+
+
+def test_without_an_error_file_the_traceback_on_stderr_is_the_root_cause(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "plain.py", "import os\nif os.environ['RANK'] == '1':\n    {}['shard']\n")
+    proc = launcher.run("--nproc-per-node", "2", script, timeout=HANG)
+    summary = proc.stderr.decode().split("-" * 74)[1].splitlines()
+    assert summary[1] == "rank 1 on localhost raised KeyError: 'shard'", summary[:3]
+    assert "  Error:     KeyError: 'shard'  (from its stderr)" in summary
+
+
+def _lines_until(proc: subprocess.Popen, count: int, word: str) -> list[str]:
+    """The launcher's stdout lines until `count` of them are `word` (read from its pipe, unbuffered:
+    select cannot see what a buffered reader already holds)."""
+    text = b""
+    deadline = time.monotonic() + HANG
+    fd = proc.stdout.fileno()  # type: ignore[union-attr]
+    while text.decode().splitlines().count(word) < count:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], text
+        chunk = os.read(fd, 65536)
+        assert chunk, (text, proc.stderr.read().decode())  # type: ignore[union-attr]
+        text += chunk
+    return text.decode().splitlines()
+
+
+def _node(launcher: Launcher, node: int, port: int, *args: str) -> subprocess.Popen:
+    return launcher.popen(
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        f"node{node}",
+        "--report-json",
+        f"node{node}.json",
+        *args,
+    )
+
+
+def test_two_launchers_one_per_node_form_one_world(launcher: Launcher, tmp_path: Path) -> None:
+    """torchrun's way, as a Slurm script runs it: each launcher starts its node's ranks; DDP across
+    the four ranks; each launcher's log tree and report hold its own node's ranks."""
+    script = write_script(tmp_path, "ddp.py", DDP)
+    port = free_port()
+    nodes = [_node(launcher, node, port, script) for node in (0, 1)]
+    outs = [p.communicate(timeout=HANG) for p in nodes]
+    for proc, (_, err) in zip(nodes, outs):
+        assert proc.returncode == 0, err.decode()[-3000:]
+    said = [json.loads(line) for out, _ in outs for line in out.decode().splitlines()]
+    assert sorted(s["rank"] for s in said) == [0, 1, 2, 3]
+    assert all(s["world"] == 4 and s["gathered"] == [0.0, 1.0, 2.0, 3.0] for s in said)
+    assert len({tuple(s["weights"]) for s in said}) == 1  # the gradients were averaged over the nodes
+    for node in (0, 1):
+        report = json.loads((tmp_path / f"node{node}.json").read_text())
+        assert [r["rank"] for r in report["ranks"]] == [0, 1]  # this launcher's own
+        logged = [json.loads((tmp_path / f"node{node}" / "1" / f"rank.{r}" / "stdout").read_text()) for r in (0, 1)]
+        assert [s["rank"] for s in logged] == [2 * node, 2 * node + 1]
+
+
+@pytest.mark.parametrize("killed", [0, 1], ids=["store-node", "other-node"])
+def test_killing_one_launcher_ends_the_other_at_once(launcher: Launcher, tmp_path: Path, killed: int) -> None:
+    script = write_script(tmp_path, "ddp.py", DDP)
+    port = free_port()
+    nodes = [_node(launcher, node, port, script, "stay") for node in (0, 1)]
+    try:
+        for proc in nodes:
+            _lines_until(proc, 2, "ready")
+        nodes[killed].kill()
+        nodes[killed].wait(HANG)
+        gone = time.monotonic()
+        other = nodes[1 - killed]
+        other.wait(HANG)
+        took = time.monotonic() - gone
+        err = other.stderr.read().decode()  # type: ignore[union-attr]
+        assert other.returncode != 0, err
+        assert took <= 1.0, f"the other node's launcher ended {took:.2f} s after: {err[-2000:]}"
+        assert "this node's ranks are stopped" in err
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()  # type: ignore[union-attr]
+            proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_a_failed_attempt_is_restarted_and_the_next_succeeds(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "flaky.py", FLAKY)
+    proc = launcher.run(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        "--restart-delay",
+        "0",
+        "--log-dir",
+        "logs",
+        "--report-json",
+        "r.json",
+        script,
+        "once",
+        timeout=HANG,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "mpilaunch: attempt 0 ended with status 3: the job starts again in 0 s (attempt 1 of 3)" in err
+    first = (tmp_path / "logs" / "1" / "rank.1" / "stdout").read_text().split()
+    second = (tmp_path / "logs" / "attempt.1" / "1" / "rank.1" / "stdout").read_text().split()
+    assert first[:4] == ["attempt", "0", "rank", "1"] and second[:4] == ["attempt", "1", "rank", "1"]
+    assert first[5] != second[5]  # a fresh MASTER_PORT
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [a["exit_status"] for a in report["attempts"]] == [3, 0]
+    assert sorted((r["attempt"], r["rank"]) for r in report["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert report["exit_status"] == 0
+
+
+def test_a_job_that_always_fails_ends_with_its_status_after_every_attempt(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "flaky.py", FLAKY)
+    proc = launcher.run(
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "2",
+        "--restart-delay",
+        "0",
+        "--report-json",
+        "r.json",
+        script,
+        "always",
+        timeout=HANG,
+    )
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert [line.split()[1] for line in proc.stdout.decode().splitlines()] == ["0", "1", "2"]
+    assert len(json.loads((tmp_path / "r.json").read_text())["attempts"]) == 3
+
+
+def test_ctrl_c_is_never_restarted(launcher: Launcher, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "wait.py", "import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    proc = launcher.popen("--nproc-per-node", "2", "--max-restarts", "2", "--restart-delay", "0", script)
+    try:
+        _lines_until(proc, 2, "ready")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=HANG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err.decode()
+    assert "starts again" not in err.decode()
+
+
+def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) -> None:
+    """-m runs a module, --no-python the program itself, --run-path a file through runpy; `--`
+    and the script's own options pass through untouched."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "hello.py").write_text("import os, sys\nprint(__name__, os.environ['RANK'], sys.argv[1:])\n")
+    proc = launcher.run("--nproc-per-node", "1", "-m", "pkg.hello", "--", "--lr", "0.1", "-n", "3")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().split("\n")[0] == "__main__ 0 ['--', '--lr', '0.1', '-n', '3']"
+    proc = launcher.run("--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "sh $RANK"')
+    assert sorted(proc.stdout.decode().split("\n")[:2]) == ["sh 0", "sh 1"], proc.stderr.decode()
+    proc = launcher.run("--nproc-per-node", "1", "--run-path", str(tmp_path / "pkg" / "hello.py"), "x")
+    assert proc.stdout.decode().split("\n")[0] == "__main__ 0 ['x']", proc.stderr.decode()
+
+
+def test_redirects_tee_and_the_local_ranks_filter(launcher: Launcher, tmp_path: Path) -> None:
+    """-r sends streams to files only, -t to files and the console, --local-ranks-filter keeps
+    the other ranks off the console; every byte still reaches the log tree."""
+    script = write_script(
+        tmp_path,
+        "say.py",
+        "import os, sys\nr = os.environ['LOCAL_RANK']\nprint('out', r)\nprint('err', r, file=sys.stderr)\n",
+    )
+    proc = launcher.run("-q", "--nproc-per-node", "2", "--local-ranks-filter", "1", "--log-dir", "a", script)
+    assert (proc.stdout.decode(), proc.stderr.decode()) == ("out 1\n", "err 1\n")
+    assert (tmp_path / "a" / "1" / "rank.0" / "stderr").read_text() == "err 0\n"
+    proc = launcher.run("-q", "--nproc-per-node", "2", "-r", "3", "-t", "0:1", "--log-dir", "b", script)
+    assert (proc.stdout.decode(), proc.stderr.decode()) == ("out 0\n", "")
+    assert (tmp_path / "b" / "1" / "rank.1" / "stdout").read_text() == "out 1\n"
+    proc = launcher.run("--nproc-per-node", "1", "-r", "1", script)  # no --log-dir: a temp dir, said
+    said = [line for line in proc.stderr.decode().splitlines() if "rank output goes to" in line]
+    assert proc.stdout == b"" and len(said) == 1, proc.stderr.decode()
+    folder = said[0].split("goes to ")[1][: -len("/rank.N")]
+    try:
+        assert Path(folder, "rank.0", "stdout").read_text() == "out 0\n"
+    finally:
+        subprocess.run(["rm", "-rf", os.path.dirname(folder)], check=True)
+
+
+@pytest.mark.parametrize(
+    "words, says",
+    [
+        (["--nnodes", "1:4"], "--nnodes 1:4: elastic membership (MIN < MAX) is not served"),
+        (["--rdzv-backend", "etcd"], "--rdzv-backend etcd: mpilaunch's launchers meet through a store"),
+        (["--nproc-per-node", "many"], "--nproc-per-node 'many': expected a number from 1, auto, cpu or gpu"),
+        (["--nnodes", "2", "--master-addr", "127.0.0.1"], "--nnodes N with torchrun's static rendezvous: give"),
+        (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], "--node-rank 2: expected 0 to 1 for --nnodes 2"),
+        (["--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--mpi", "pmix"], "--mpi pmix with torchrun's"),
+        (["-r", "7"], "--redirects '7': expected 0 to 3"),
+        (["--local-ranks-filter", "a"], "--local-ranks-filter 'a': expected local ranks"),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_in_one_line(
+    launcher: Launcher, tmp_path: Path, words: list[str], says: str
+) -> None:
+    proc = (
+        launcher.run(*words, "--nproc-per-node", "1", "train.py")
+        if "--nproc-per-node" not in words
+        else (launcher.run(*words, "train.py"))
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.startswith(f"mpilaunch: {says}") and err.count("\n") == 1, err

@@ -1,0 +1,61 @@
+"""Restarts over two hosts (issue 29): torchrun's words with -H, a failure on node2 in the first
+attempt, the whole job started again on both hosts, nothing left on either."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Launcher, sshbed_fixtures, write_script
+from tests.sshbed import SshBed, bed_available
+
+available, why = bed_available()
+pytestmark = pytest.mark.skipif(not available, reason=why)
+bed, clean_hosts = sshbed_fixtures("restartbed", 2)
+FLAKY = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+where = os.environ["SSH_CONNECTION"].split()[2]
+print("attempt", attempt, "rank", dist.get_rank(), "of", dist.get_world_size(), "on", where, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(3 if attempt == 0 and os.environ["GROUP_RANK"] == "1" else 0)
+"""
+
+
+def test_a_two_host_torch_job_restarts_on_both_hosts(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    script = write_script(tmp_path, "flaky.py", FLAKY)
+    proc = launcher.run(
+        "--ssh-config",
+        str(bed.config),
+        "-H",
+        "node1,node2",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "0",
+        "--report-json",
+        "r.json",
+        script,
+        timeout=240,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err[-3000:]
+    assert "attempt 0 ended with status 3: the job starts again" in err
+    said = sorted(proc.stdout.decode().splitlines())
+    node1, node2 = bed.address("node1"), bed.address("node2")
+    assert said == sorted(f"attempt {a} rank {r} of 2 on {(node1, node2)[r]}" for a in (0, 1) for r in (0, 1)), err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [a["exit_status"] for a in report["attempts"]] == [3, 0]
+    assert sorted({(r["attempt"], r["host"]) for r in report["ranks"]}) == [
+        (0, "node1"),
+        (0, "node2"),
+        (1, "node1"),
+        (1, "node2"),
+    ]
