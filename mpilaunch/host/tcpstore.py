@@ -150,7 +150,9 @@ class Peer:
     """One client connection: its buffers, what it waits for, and the keys it wrote (so the
     owner can tell whose connection closed)."""
 
-    __slots__ = ("address", "error", "handler", "ident", "inbuf", "out", "pending", "sock", "validated", "wrote")
+    __slots__ = (
+        "address", "error", "handler", "ident", "inbuf", "out", "pending", "sock", "validated", "writing", "wrote",
+    )  # fmt: skip
 
     def __init__(self, sock: socket.socket, ident: int, address: object) -> None:
         self.sock = sock
@@ -158,6 +160,7 @@ class Peer:
         self.address = address
         self.inbuf = bytearray()
         self.out = bytearray()
+        self.writing = False  # watched for EVENT_WRITE too: replies wait for room in the socket
         self.validated = False
         self.pending: set[str] = set()  # keys a WAIT or BARRIER still waits for
         self.wrote: set[str] = set()
@@ -473,8 +476,9 @@ class StoreServer:
         if len(peer.out) > BUFFERED_MAX:
             self._hang_up(peer, f"{len(peer.out)} bytes of replies left unread")
             return False
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
-        if self.sel.get_key(peer.sock).events != events:
+        if peer.writing != bool(peer.out):
+            peer.writing = bool(peer.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.writing else 0)
             self.sel.modify(peer.sock, events, peer.handler)
         return True
 
