@@ -110,9 +110,6 @@ class Cursor:
         self.pos = start + size
         return start
 
-    def u8(self) -> int:
-        return self.buf[self.take(1)]
-
     def u32(self) -> int:
         return U32.unpack_from(self.buf, self.take(4))[0]
 
@@ -361,8 +358,9 @@ class StoreServer:
         return list(self.data.values)
 
     def clear(self, prefix: str = "") -> int:
-        """Forget every key (and queue) under prefix, all of them by default: a restarted job's
-        ranks must not read the addresses of the ranks before them. Waiters keep waiting."""
+        """Forget every key (and queue) under prefix, all of them by default. A restarted job
+        needs it: its gloo ranks would read their predecessors' addresses and fail to connect
+        (torch's own server, kept across attempts, fails the second job so). Waiters wait on."""
         return self.data.clear(prefix)
 
     def run(self, until: Callable[[], bool] = lambda: False, poll: float = 0.5) -> None:
