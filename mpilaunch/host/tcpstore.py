@@ -110,9 +110,6 @@ class Cursor:
         self.pos = start + size
         return start
 
-    def u8(self) -> int:
-        return self.buf[self.take(1)]
-
     def u32(self) -> int:
         return U32.unpack_from(self.buf, self.take(4))[0]
 
@@ -150,7 +147,9 @@ class Peer:
     """One client connection: its buffers, what it waits for, and the keys it wrote (so the
     owner can tell whose connection closed)."""
 
-    __slots__ = ("address", "error", "handler", "ident", "inbuf", "out", "pending", "sock", "validated", "wrote")
+    __slots__ = (
+        "address", "error", "handler", "ident", "inbuf", "out", "pending", "sock", "validated", "writing", "wrote",
+    )  # fmt: skip
 
     def __init__(self, sock: socket.socket, ident: int, address: object) -> None:
         self.sock = sock
@@ -158,6 +157,7 @@ class Peer:
         self.address = address
         self.inbuf = bytearray()
         self.out = bytearray()
+        self.writing = False  # watched for EVENT_WRITE too: replies wait for room in the socket
         self.validated = False
         self.pending: set[str] = set()  # keys a WAIT or BARRIER still waits for
         self.wrote: set[str] = set()
@@ -358,8 +358,9 @@ class StoreServer:
         return list(self.data.values)
 
     def clear(self, prefix: str = "") -> int:
-        """Forget every key (and queue) under prefix, all of them by default: a restarted job's
-        ranks must not read the addresses of the ranks before them. Waiters keep waiting."""
+        """Forget every key (and queue) under prefix, all of them by default. A restarted job
+        needs it: its gloo ranks would read their predecessors' addresses and fail to connect
+        (torch's own server, kept across attempts, fails the second job so). Waiters wait on."""
         return self.data.clear(prefix)
 
     def run(self, until: Callable[[], bool] = lambda: False, poll: float = 0.5) -> None:
@@ -473,8 +474,9 @@ class StoreServer:
         if len(peer.out) > BUFFERED_MAX:
             self._hang_up(peer, f"{len(peer.out)} bytes of replies left unread")
             return False
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
-        if self.sel.get_key(peer.sock).events != events:
+        if peer.writing != bool(peer.out):
+            peer.writing = bool(peer.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.writing else 0)
             self.sel.modify(peer.sock, events, peer.handler)
         return True
 

@@ -247,6 +247,13 @@ def test_adding_to_a_value_that_is_no_number_drops_that_client_only(rig: Rig) ->
     assert rig.ask(other.get, "padded") == b"13"
 
 
+def served(server: StoreServer, future: Future) -> object:
+    """Turn the server's loop until the call in another thread is done: its result."""
+    deadline = time.monotonic() + HANG
+    server.run(until=lambda: future.done() or time.monotonic() > deadline, poll=0.01)
+    return future.result(0)
+
+
 def test_a_client_finds_a_server_that_starts_after_it_and_gives_up_on_none() -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
@@ -258,18 +265,24 @@ def test_a_client_finds_a_server_that_starts_after_it_and_gives_up_on_none() -> 
         connecting = pool.submit(StoreClient, "127.0.0.1", port, HANG)
         time.sleep(0.1)  # the client is refused at least once first
         server = StoreServer(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + HANG
-        server.run(until=lambda: connecting.done() or time.monotonic() > deadline, poll=0.01)
-        client = connecting.result()
-        client.set("k", b"v")
+        client = served(server, connecting)
+        assert served(server, pool.submit(client.add, "k", 2)) == 2
         client.close()
-        server.run(until=lambda: not server.peers or time.monotonic() > deadline, poll=0.01)
-        assert server.get("k") == b"v"
         server.close()
 
 
-def add_once(port: int) -> int:
-    with StoreClient("127.0.0.1", port, HANG) as client:
+def test_a_server_on_every_address_takes_clients_of_ipv4_and_of_ipv6() -> None:
+    """As torch's server does: "::" with IPv4 mapped where the machine has IPv6, else 0.0.0.0."""
+    server = StoreServer()
+    hosts = ["127.0.0.1", "localhost"] + (["::1"] if server.listener.family == socket.AF_INET6 else [])
+    with ThreadPoolExecutor(1) as pool:
+        for count, host in enumerate(hosts, 1):
+            assert served(server, pool.submit(add_once, server.port, host)) == 3 * count
+    server.close()
+
+
+def add_once(port: int, host: str = "127.0.0.1") -> int:
+    with StoreClient(host, port, HANG) as client:
         return client.add("x", 3)
 
 
