@@ -288,6 +288,9 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
         stopped = policy.stop_signal is not None or policy.timed_out
         if meeting is not None:  # every node hears how this one ended; one that stops stops them all
             stopped = meeting.finish(policy.exit_status(), stopped or attempt >= options.max_restarts) or stopped
+    if meeting is not None and meeting.elsewhere and not status:  # this node's ranks ended well, another's not
+        say(options, f"{meeting.elsewhere}: the job failed")
+        status = 1
     if earlier is not None and report is not None and report.last is not None:
         earlier.append(report.last)
     return status, stopped

@@ -44,6 +44,7 @@ class NodeRendezvous:
         self.watcher: tcpstore.StoreClient | None = None  # a node's connection that waits for the end
         self.lost: Callable[[str], None] | None = None  # told why the other nodes' job is over
         self.over = False
+        self.elsewhere = ""  # after finish: why the job failed on another node while this one's ended well
 
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"
@@ -62,21 +63,36 @@ class NodeRendezvous:
             self.server.run(lambda: all(self.server.get(k) is not None for k in keys) or time.monotonic() > deadline)
             missing = [k for k, key in enumerate(keys) if self.server.get(key) is None]
         else:
-            try:
-                self.client = tcpstore.StoreClient(self.host, self.port, self.timeout)
-                self.client.set(keys[self.node], socket.gethostname())
-                self.client.wait(keys, self.timeout)
-                missing = []
-            except tcpstore.StoreTimeout:
-                missing = [k for k, key in enumerate(keys) if not self.client.check([key])]  # type: ignore[union-attr]
-            except tcpstore.StoreError as exc:
-                raise LaunchError(f"node {self.node}: {exc}") from None
+            missing = self._join_as_client(keys)
         if missing:
             self.close()
             raise LaunchError(
                 f"node {self.node}: nodes {', '.join(map(str, missing))} of {self.nodes} did not join at "
                 f"{self.host}:{self.port} within {self.timeout:g} s"
             )
+
+    def _join_as_client(self, keys: list[str]) -> list[int]:
+        """The nodes missing at the timeout. Node 0's store of the attempt before may still be
+        up, waiting for the others to finish it: a store that goes away is met again."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.client = tcpstore.StoreClient(self.host, self.port, max(deadline - time.monotonic(), 0.1))
+                self.client.set(keys[self.node], socket.gethostname())
+                self.client.wait(keys, max(deadline - time.monotonic(), 0.1))
+                return []
+            except tcpstore.StoreTimeout:
+                try:
+                    return [k for k, key in enumerate(keys) if self.client is None or not self.client.check([key])]
+                except tcpstore.StoreError:
+                    return [k for k in range(self.nodes) if k != self.node]
+            except tcpstore.StoreError as exc:
+                if self.client is not None:
+                    self.client.close()
+                    self.client = None
+                if time.monotonic() >= deadline:
+                    raise LaunchError(f"node {self.node}: {exc}") from None
+                time.sleep(0.05)
 
     # -- while the ranks run ------------------------------------------------------------------
     def watch_from(self, sel: selectors.BaseSelector, lost: Callable[[str], None]) -> None:
@@ -127,22 +143,22 @@ class NodeRendezvous:
     def finish(self, status: int, last: bool = False) -> bool:
         """Say how this node's job ended (a failure stops the others'), and, with last, that it
         starts no other attempt (a user's signal, the time limit: --max-restarts then restarts
-        no node); node 0 waits for every node to say so before its store goes away. Whether
-        any node said it was the last."""
+        no node); every node waits for every node to say so (node 0's store stays up until
+        then), so one whose ranks ended well learns in `elsewhere` that the job failed on
+        another, and starts the next attempt with it. Whether any node said it was the last."""
         self.over = True
         why = f"node {self.node}'s job ended with status {status}"
-        final = self.key("final")
+        final, failed = self.key("final"), self.key("failed")
+        keys = [self.key(f"done/{k}") for k in range(self.nodes)]
         said_last = last
         try:
             if self.server is not None:
                 if last:
                     self.server.set(final, "1")
-                if status:
-                    self.server.set(self.key("failed"), why)
-                self.server.set(self.key("done/0"), str(status))
-                keys = [self.key(f"done/{k}") for k in range(self.nodes)]
+                if status and self.server.get(failed) is None:
+                    self.server.set(failed, why)
+                self.server.set(keys[0], str(status))
                 deadline = time.monotonic() + DONE_TIMEOUT
-                failed = self.key("failed")
 
                 def finished() -> bool:
                     if self.server.get(failed) is not None and not self.server.peers:
@@ -151,13 +167,24 @@ class NodeRendezvous:
 
                 self.server.run(finished, 0.05)
                 said_last = self.server.get(final) is not None
+                told = self.server.get(failed)
             elif self.client is not None:
                 if last:
                     self.client.set(final, "1")
-                if status:
-                    self.client.set(self.key("failed"), why)
-                self.client.set(self.key(f"done/{self.node}"), str(status))
+                if status and not self.client.check([failed]):
+                    self.client.set(failed, why)
+                self.client.set(keys[self.node], str(status))
+                if not status:  # how the others ended decides whether this node starts again
+                    try:
+                        self.client.wait(keys, DONE_TIMEOUT)
+                    except tcpstore.StoreTimeout:
+                        pass
                 said_last = said_last or self.client.check([final])
+                told = self.client.get(failed) if self.client.check([failed]) else None
+            else:
+                told = None
+            if not status and told is not None:
+                self.elsewhere = told.decode(errors="replace")
         except (tcpstore.StoreError, OSError):
             said_last = True  # node 0 is gone: no attempt can meet again
         finally:

@@ -76,6 +76,17 @@ if sys.argv[1] == "always" or (sys.argv[1] == "once" and attempt == 0 and os.env
     sys.exit(3)
 """
 
+FLAKY_DDP = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), dist.get_rank()
+print("attempt", attempt, "rank", rank, "of", dist.get_world_size(), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(3 if attempt == 0 and rank == 3 else 0)
+"""
+
 
 def shims(launcher: Launcher, tmp_path: Path) -> str:
     """A directory with mpilaunch's shims (torchrun among them), first on a PATH for the test."""
@@ -295,6 +306,19 @@ def test_a_failed_attempt_is_restarted_and_the_next_succeeds(launcher: Launcher,
     assert [a["exit_status"] for a in report["attempts"]] == [3, 0]
     assert sorted((r["attempt"], r["rank"]) for r in report["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert report["exit_status"] == 0
+
+
+def test_one_launcher_per_node_restarts_every_node_together(launcher: Launcher, tmp_path: Path) -> None:
+    """A failure on node 1 in attempt 0: both launchers start attempt 1, which forms its world again."""
+    script = write_script(tmp_path, "flaky.py", FLAKY_DDP)
+    port = free_port()
+    nodes = [_node(launcher, node, port, "--max-restarts", "1", "--restart-delay", "0", script) for node in (0, 1)]
+    outs = [p.communicate(timeout=HANG) for p in nodes]
+    for proc, (_, err) in zip(nodes, outs):
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert "attempt 0 ended with status" in err.decode()
+    said = sorted(line for out, _ in outs for line in out.decode().splitlines())
+    assert said == sorted(f"attempt {a} rank {r} of 4" for a in (0, 1) for r in range(4))
 
 
 def test_a_job_that_always_fails_ends_with_its_status_after_every_attempt(launcher: Launcher, tmp_path: Path) -> None:
