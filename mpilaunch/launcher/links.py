@@ -3,6 +3,9 @@ through the connections that carry them, given up when silent, closed.
 
 Behind relays (tree spawn) a host has no descriptor of its own: its frames arrive on its
 head's connection, and frames for it go down that connection in ROUTED frames.
+
+A link that closed or was given up stays closed: nothing reconnects, and its host's ranks are
+lost with it (the controller's HostLost), as are the hosts it relayed to.
 """
 
 from __future__ import annotations
