@@ -17,7 +17,6 @@ from mpilaunch.agent.reaper import Reaper
 from mpilaunch.host import spawn
 from mpilaunch.protocol.messages import Exited, Failed, RankSpec, Started
 
-
 WALL = 1795000000.0  # the fake's wall clock is its monotonic clock plus this
 
 
