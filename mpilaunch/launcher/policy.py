@@ -114,7 +114,7 @@ class Policy:
 
     def exited(self, event: Exited) -> None:
         state = self.procs[event.proc]
-        state.cpu, state.rss = event.cpu, event.rss
+        state.cpu, state.rss, state.death = event.cpu, event.rss, event.death
         state.error, state.error_file = event.error, event.error_file
         self.rank_ended(state, event.status, mpi=event.mpi)
 

@@ -116,5 +116,6 @@ class ConsoleReporter:
                 reason=failure.reason,
                 before_finalizing=unfinalized,
                 cause=root_cause(failure.error, failure.error_file, self.output.last_lines(failure.proc, 200)),
+                death=failure.death,
             )
             self.output.say(text)

@@ -136,6 +136,19 @@ class PmixDatum(Record):
     rank: int = 0
 
 
+class Death(Record):
+    """How a rank a signal ended died, as its agent found out: killed by the kernel's
+    out-of-memory killer (the memory limit it hit, the host's memory), and its core file."""
+
+    oom: bool = False
+    limit_bytes: int | None = None  # the smallest memory limit of its cgroup and those above; None: none
+    host_bytes: int | None = None  # the host's memory (MemTotal)
+    peak_rss: int | None = None  # bytes, from wait4
+    core: str | None = None  # the core file's path
+    core_handler: str = ""  # core_pattern pipes cores to this program (systemd-coredump, apport): no path
+    core_pattern: str = ""  # a core was dumped but not found where this core_pattern puts it
+
+
 # -- controller to agent -------------------------------------------------------------------
 class Check(Record):
     """Remote agents, once, before any launch: take the launcher's search paths, check each
@@ -353,7 +366,8 @@ class Failed(Record):
 
 
 class Exited(Record):
-    """The rank ended: exit code or -signal, its MPI state, and its resource use (wait4)."""
+    """The rank ended: exit code or -signal, its MPI state, its resource use (wait4), and what
+    its agent found of how a signal killed it."""
 
     proc: int
     status: int
@@ -362,6 +376,7 @@ class Exited(Record):
     rss: int | None = None  # peak resident set, bytes
     error: str = ""  # what the rank left in its TORCHELASTIC_ERROR_FILE (torch's @record), if anything
     error_file: str = ""  # ... and where
+    death: Death | None = None  # for a rank a signal ended: the out-of-memory killer, a core file
 
 
 class StdinAck(Record):
@@ -559,7 +574,7 @@ UP_MESSAGES = (
     Bye,
     Gone,
 )
-PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum)
+PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, Death)
 
 
 def op_name(cls: type) -> str:
