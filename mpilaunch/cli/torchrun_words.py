@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from mpilaunch.cli.cliopts import TORCHRUN_IGNORED
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, TorchRun
 
@@ -39,7 +40,7 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "tee",
     "local_ranks_filter",
     "local_addr",
-    "torch_ignored",
+    *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
 )
 FLAGS = ("standalone", "module", "no_python", "run_path")  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
@@ -74,10 +75,13 @@ def torch_options(
         apps[:] = [a._replace(argv=python_program(a.argv, a.wdir)) for a in apps]
         return {}, []
     for key in TORCH_WORDS:  # torchrun reads PET_<NAME> for an option not given
-        if key not in given and key != "torch_ignored" and f"PET_{key.upper()}" in env:
+        if key not in given and not key.startswith("ignored_") and f"PET_{key.upper()}" in env:
             words[key] = _env_flag(key, env) if key in FLAGS else env[f"PET_{key.upper()}"]
-    ignored = " ".join(map(str, words["torch_ignored"]))  # type: ignore[call-overload]
-    notes = [f"torchrun's option with {ignored} means nothing here: ignored"] if ignored else []
+    notes = [
+        f"torchrun's --{name} means nothing here: ignored"
+        for name in TORCHRUN_IGNORED
+        if words["ignored_" + name.replace("-", "_")] is not None
+    ]
     backend = str(words["rdzv_backend"] or "static").lower()
     if backend not in ("static", "c10d"):
         raise LaunchError(

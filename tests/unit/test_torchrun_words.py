@@ -328,7 +328,10 @@ def test_log_dir_is_the_output_tree_unless_output_filename_is_given() -> None:
 
 def test_ignored_torchrun_options_give_a_note() -> None:
     job = spec("--nproc-per-node", "1", "--shutdown-timeout", "5", "--numa-binding", "node", "t.py")
-    assert job.options.notes == ("torchrun's option with 5 node means nothing here: ignored",)
+    assert job.options.notes == (
+        "torchrun's --numa-binding means nothing here: ignored",
+        "torchrun's --shutdown-timeout means nothing here: ignored",
+    )
     assert spec("--nproc-per-node", "1", "t.py").options.notes == ()
 
 
