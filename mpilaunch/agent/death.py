@@ -32,7 +32,7 @@ from mpilaunch.agent.loop import Timer
 from mpilaunch.protocol.messages import Death
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 

@@ -14,7 +14,7 @@ import time
 from mpilaunch.host import spawn
 from mpilaunch.host.procfs import children_of
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 

@@ -19,7 +19,7 @@ from mpilaunch.host import spawn
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Exited, Failed, Started, StdinAck
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

@@ -25,7 +25,7 @@ from mpilaunch.transport.local import LocalTransport, discard_early_agent, raise
 
 LOCAL = LocalTransport()  # this machine's agents
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.launcher.controller import Controller
 

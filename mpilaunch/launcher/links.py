@@ -20,7 +20,7 @@ from mpilaunch.protocol.messages import encode
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import Link
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 

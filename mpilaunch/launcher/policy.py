@@ -45,7 +45,7 @@ from mpilaunch.plan.spec import Options
 from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 

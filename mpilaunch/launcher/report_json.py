@@ -16,7 +16,7 @@ from mpilaunch.launcher.policy import Policy
 from mpilaunch.launcher.signal_table import name_of
 from mpilaunch.launcher.states import RankState
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 

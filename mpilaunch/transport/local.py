@@ -14,7 +14,7 @@ import sys
 
 from mpilaunch.transport.base import HostResult, Link, Transport
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
