@@ -208,13 +208,14 @@ class Agent(ServiceHost, LinkOwner, Timer):
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
         gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
         started = 0
+        found: dict[tuple[str, str | None], str] = {}  # their programs, looked up once per PATH
         try:
             for spec in message.ranks:
                 cpus = cpus_for(level, spec.local_rank, groups, message.cpus_per_rank)
                 if message.report_bindings:  # in Open MPI's words
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **spec.env}
-                started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
+                started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services, found)
         finally:
             gate.release(started)
 

@@ -330,7 +330,10 @@ class Reaper(Timer):
         job's cgroup, where there is one, holds them anyway."""
         if self.guardian is None or not self.ranks.any() or now < self.next_adoption_scan:
             return
+        first = not self.next_adoption_scan
         self.next_adoption_scan = now + ADOPTION_SCAN
+        if first:  # the ranks were just let through their gates: nothing can be below them yet
+            return
         below = {pid for pid in self.below_ranks() if not self.ranks.is_live(pid)}  # ranks: told at spawn
         for pid in below - self.told:
             self.guardian.watch(pid)

@@ -30,6 +30,36 @@ def present() -> set[FileId]:
         return set()
 
 
+def files(skip: str = "", limit: int = 10000) -> dict[str, FileId] | None:
+    """Every file below /dev/shm, at any depth, by path: its (st_dev, st_ino); folders whose
+    name starts with skip are not entered, nor folders this user may not enter (nor may its
+    ranks). None when there are more than limit entries to look through, or a folder this user
+    may enter cannot be listed: then nobody can say what is new there."""
+    found: dict[str, FileId] = {}
+    try:
+        folders = [(SHM_DIR, os.stat(SHM_DIR).st_dev)]
+    except OSError:
+        return found  # no /dev/shm: nothing a rank maps can be in it
+    entries = 0
+    while folders:
+        folder, dev = folders.pop()
+        try:
+            with os.scandir(folder) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > limit:
+                        return None
+                    if entry.is_dir(follow_symlinks=False):
+                        if not (skip and folder == SHM_DIR and entry.name.startswith(skip)):
+                            folders.append((entry.path, entry.stat(follow_symlinks=False).st_dev))
+                    elif entry.is_file(follow_symlinks=False):
+                        found[entry.path] = (dev, entry.inode())
+        except OSError:
+            if folder == SHM_DIR or os.access(folder, os.X_OK):
+                return None  # a rank of this user may reach files there that cannot be listed
+    return found
+
+
 def _file_id(line: bytes) -> tuple[str, FileId] | None:
     """(path, (dev, ino)) of a /proc/PID/maps line that maps a file in /dev/shm, else None."""
     fields = line.split(None, 5)

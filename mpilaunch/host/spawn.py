@@ -120,9 +120,17 @@ def start(
     merge: bool,
     pass_fds: list[int] | tuple[int, ...],
     gate: Gate,
+    found: dict[tuple[str, str | None], str] | None = None,
 ) -> Started:
-    """Start argv in a new session, waiting at the gate; OSError if it cannot be started."""
-    path = find_program(argv[0], env)  # the error, in words, now; the shell's exec finds the same file
+    """Start argv in a new session, waiting at the gate; OSError if it cannot be started.
+    found: programs already looked up on a PATH (the ranks of one launch run the same few), and
+    where; filled in here."""
+    key = (argv[0], env.get("PATH"))
+    path = found.get(key) if found is not None else None
+    if path is None:
+        path = find_program(argv[0], env)  # the error, in words, now; the shell's exec finds the same file
+        if found is not None:
+            found[key] = path
     out_r, out_w = _pipe()
     err_r, err_w = _pipe() if not merge else (None, out_w)
     if stdin:
