@@ -127,6 +127,7 @@ def scenario_barrier(size: int):
 
 
 RANK_PROGRAMS = {"sh", "sleep"}  # the ranks of the sleep256 scenario; everything else is launcher
+GUARDIAN = "mpilaunch-guardian"  # the agent's guardian is a shell too, and is launcher side
 
 
 def scenario_ompi_barrier(size: int):
@@ -183,7 +184,7 @@ def scenario_sleep256(name: str, prefix: list[str], work: Path, served: tuple[st
             family = [proc]
         for member in family:
             try:
-                if member.name() in RANK_PROGRAMS:
+                if member.name() in RANK_PROGRAMS and GUARDIAN not in member.cmdline():
                     continue
                 with member.oneshot():
                     rss += member.memory_full_info().pss  # shared pages split: launcher and agent share their fork's
