@@ -15,6 +15,7 @@ import stat
 
 SHM_DIR = "/dev/shm"
 _PREFIX = SHM_DIR + "/"
+_PREFIX_BYTES = _PREFIX.encode()
 _DELETED = " (deleted)"
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
@@ -63,7 +64,7 @@ def files(skip: str = "", limit: int = 10000) -> dict[str, FileId] | None:
 def _file_id(line: bytes) -> tuple[str, FileId] | None:
     """(path, (dev, ino)) of a /proc/PID/maps line that maps a file in /dev/shm, else None."""
     fields = line.split(None, 5)
-    if len(fields) < 6 or not fields[5].startswith(_PREFIX.encode()):
+    if len(fields) < 6 or not fields[5].startswith(_PREFIX_BYTES):
         return None
     path = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape")
     if path.endswith(_DELETED):  # already unlinked: nothing to remove
@@ -87,12 +88,18 @@ def mapped_by(pid: int) -> dict[str, FileId]:
     """The /dev/shm files a live process maps, by path ({} once it is gone)."""
     found: dict[str, FileId] = {}
     maps = _maps(pid)
-    if maps and _PREFIX.encode() in maps:
-        for line in maps.splitlines():
+    if maps and _PREFIX_BYTES in maps:
+        for line in _shm_lines(maps):
             entry = _file_id(line)
             if entry is not None:
                 found[entry[0]] = entry[1]
     return found
+
+
+def _shm_lines(maps: bytes) -> list[bytes]:
+    """The lines of a maps text that name something in /dev/shm (an MPI rank's maps run to
+    hundreds of lines, its libraries': only these few are parsed)."""
+    return [line for line in maps.splitlines() if _PREFIX_BYTES in line]
 
 
 def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
@@ -107,8 +114,8 @@ def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
         if maps is None:
             complete = complete and not os.path.exists(f"/proc/{name}")  # gone is fine; unreadable is not
             continue
-        if _PREFIX.encode() in maps:
-            for line in maps.splitlines():
+        if _PREFIX_BYTES in maps:
+            for line in _shm_lines(maps):
                 entry = _file_id(line)
                 if entry is not None and entry[1] in ids:
                     mapped.add(entry[1])
