@@ -45,8 +45,9 @@ def become_subreaper() -> None:
 
 # The guardian: a shell that waits on the agent's pipe (fd 3). A line there lets it go; the
 # pipe's end without one means the agent died, and it kills, three rounds 20 ms apart, what the
-# agent recorded (fd 4: lines "pid start-time", blank where a record was taken back): the
-# process and its group, unless its start time says the pid is someone else's now; and the
+# agent recorded (fd 4: lines "pid start-time", blank where a record was taken back; "-" for
+# the agent's own children, whose pids stay theirs until it reaps them): the process and its
+# group, unless its start time says the pid is someone else's now; and the
 # job's cgroup; then it removes the agent's PMIx server folders. $1: the agent's pid, $2:
 # where those folders are, $3: the cgroup ("": none).
 GUARD_SCRIPT = r"""agent=$1 base=$2 cgroup=$3
@@ -117,9 +118,11 @@ class Guardian:
         finally:
             os.close(read_fd)
 
-    def watch(self, pid: int) -> None:
-        """A rank, a process below one, or an ssh client: kill it (and its group) if the agent dies."""
-        started = start_time(pid)
+    def watch(self, pid: int, started: bytes | None = None) -> None:
+        """A rank, a process below one, or an ssh client: kill it (and its group) if the agent
+        dies. started: its start time, for a process that is not the agent's child (its pid may
+        be someone else's by the time the agent looks again); a child's pid stays its own until
+        the agent reaps it, and its record is taken back as it is reaped."""
         place = self.slots.get(pid)
         if place is None:
             place = self.free.pop() if self.free else self.used
@@ -199,8 +202,9 @@ class Reaper(Timer):
                 return
             if self.relay is not None and self.relay.reaped(pid, status):  # an ssh client of tree spawn
                 self.forget(pid)
-            elif self.ranks.reaped(pid, status, usage):
-                self.forget(pid)
+            elif self.ranks.is_live(pid):
+                self.forget(pid)  # first: its pid is free for anyone from now on
+                self.ranks.reaped(pid, status, usage)
             elif pid in self.told:  # an orphan adopted as subreaper
                 self.told.discard(pid)
                 self.forget(pid)
@@ -343,7 +347,7 @@ class Reaper(Timer):
             return
         below = {pid for pid in self.below_ranks() if not self.ranks.is_live(pid)}  # ranks: told at spawn
         for pid in below - self.told:
-            self.guardian.watch(pid)
+            self.guardian.watch(pid, start_time(pid) or b"-")
         for pid in self.told - below:
             self.guardian.forget(pid)
         self.told = below
