@@ -7,7 +7,8 @@ Run by hand (not part of the tests):
 `memory` runs `python -m mpilaunch ARGS` and samples its processes every 10 ms (the launcher,
 the local agent and its guardian; not the ranks): at the peak of their summed PSS it prints
 each one's /proc/PID/smaps_rollup and its largest mappings, and at the end each one's CPU
-seconds. `profile` runs the command in this
+seconds (run it from a folder with no `mpilaunch` package but the one meant: `-m` looks in
+the current folder first). `profile` runs the command in this
 process under cProfile, timed by each thread's CPU clock (not the wall clock, which a loaded
 machine fills with waits), the forked local agent profiled on its own: the top functions of
 each, by their own time.
@@ -50,15 +51,22 @@ def _mappings(pid: int) -> collections.Counter:
 
 
 def _launcher_side(pid: int, psutil) -> list:  # type: ignore[no-untyped-def]
-    """The launcher, its Python children (the local agent) and their guardians: not the ranks,
-    the agent's other children, whatever program they run."""
+    """The launcher, its Python children (the local agent) and their guardians (a shell, or a
+    fork of the agent with its command line): not the ranks, the agent's other children, and
+    not a child the agent is spawning before its exec (it shares the agent's memory)."""
+    from bench.run import shares_parents_memory
+
     try:
         launcher = psutil.Process(pid)
         found = [launcher]
         for agent in launcher.children():
             if "python" in os.path.basename(os.readlink(f"/proc/{agent.pid}/exe")):
                 found.append(agent)
-                found += [child for child in agent.children() if GUARDIAN in child.cmdline()]
+                line = agent.cmdline()
+                for child in agent.children():
+                    words = child.cmdline()
+                    if GUARDIAN in words or (words == line and not shares_parents_memory(child.pid, agent.pid)):
+                        found.append(child)
         return found
     except (OSError, psutil.Error):
         return []
