@@ -92,7 +92,7 @@ class Guardian:
     """A watcher that kills the ranks' process groups if this agent dies without doing so
     (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
     preexec_fn there is no PR_SET_PDEATHSIG for the ranks. It is a shell (GUARD_SCRIPT), not a
-    fork of the agent: a forked Python keeps a copy of every page the agent writes after the
+    forked Python that stays one: that keeps a copy of every page the agent writes after the
     fork, several MB, to read a pipe. What it is to kill is a table the agent keeps in a file
     of its own with no name (memfd), read only if the agent dies; each record is one write of
     its own, so a death at any point leaves whole records."""
@@ -108,15 +108,21 @@ class Guardian:
         read_fd, self.fd = os.pipe()
         read_fd = above(read_fd, 5)
         args = ["sh", "-c", GUARD_SCRIPT, "mpilaunch-guardian", str(os.getpid()), server_base()]
-        actions = [(os.POSIX_SPAWN_DUP2, read_fd, 3), (os.POSIX_SPAWN_DUP2, self.table, 4)]
-        stops = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # blocked until its trap ignores them
-        try:
-            self.pid = os.posix_spawn(
-                SHELL, [*args, cgroup.path if cgroup is not None else ""], os.environ,
-                file_actions=actions, setsigmask=stops, setsigdef=RESTORED_SIGNALS,
-            )  # fmt: skip
-        finally:
-            os.close(read_fd)
+        args.append(cgroup.path if cgroup is not None else "")
+        # fork and exec, not posix_spawn: that waits for the exec, which on a busy machine keeps
+        # the agent (and the job's start) waiting for a core for the shell.
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
+                for sig in RESTORED_SIGNALS:  # Python ignores them; the shell should not
+                    signal.signal(sig, signal.SIG_DFL)
+                os.dup2(read_fd, 3)
+                os.dup2(self.table, 4)
+                os.execv(SHELL, args)
+            finally:
+                os._exit(127)
+        os.close(read_fd)
 
     def watch(self, pid: int, started: bytes | None = None) -> None:
         """A rank, a process below one, or an ssh client: kill it (and its group) if the agent
