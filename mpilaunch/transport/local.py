@@ -84,9 +84,7 @@ def prestart_local_agent(pmix_guess: Callable[[], tuple[str | None, str | None] 
     says whether to start a PMIx server already (cli/pmix_guess.py)."""
     global _early
     if _early is None:
-        # Both sides need these: imported once, here, the agent gets them with the fork (and
-        # their pages, shared until one side writes to them: ctypes alone is about 1 MB).
-        import ctypes  # noqa: F401
+        # Both sides need these: imported once, here, the agent gets them with the fork.
         import selectors  # noqa: F401
         import signal  # noqa: F401
 
