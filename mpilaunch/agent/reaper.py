@@ -6,7 +6,7 @@ kills by descendants, not only by groups: each rank's process group, and every p
 the agent (a daemon's worker in a session of its own included), SIGTERM first and SIGKILL
 after a grace, then SIGKILL again every KILL_ROUND until nothing is left. Where the host lets
 it, the ranks also run in a cgroup of the job (host/cgroup.py), which nothing started under
-them can leave. The Guardian is a forked watcher that kills what it was told about (and the
+them can leave. The Guardian is a small shell that kills what it was told about (and the
 cgroup) if the agent dies without doing so.
 """
 
@@ -188,7 +188,7 @@ class Reaper(Timer):
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
-        self.guardian: Guardian | None = None  # forked when the agent starts to run
+        self.guardian: Guardian | None = None  # started when the agent starts to run
         self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
         self.told: set[int] = set()  # processes below the ranks (not ranks) the guardian was told about
         self.cgroup: JobCgroup | None = None  # made when the agent starts to run, where the host lets it
