@@ -127,6 +127,8 @@ def scenario_barrier(size: int):
 
 
 RANK_PROGRAMS = {"sh", "sleep"}  # the ranks of the sleep256 scenario; everything else is launcher
+GUARDIAN = "mpilaunch-guardian"  # the agent's guardian is a shell too, and is launcher side
+KCMP_VM = 1  # kcmp(2): do two processes share one address space
 
 
 def scenario_ompi_barrier(size: int):
@@ -156,6 +158,18 @@ def scenario_shell_barrier(python: str, size: int):
     return run
 
 
+def shares_parents_memory(pid: int, ppid: int) -> bool:
+    """Whether pid shares ppid's address space (kcmp KCMP_VM): a child posix_spawn (vfork)
+    started that has not exec'd yet. Its PSS is its parent's, and summing both would count the
+    parent twice; a forked child has memory of its own, shared page by page, and counts."""
+    import ctypes
+
+    number = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+    if number is None or ppid <= 1:
+        return False
+    return ctypes.CDLL(None, use_errno=True).syscall(number, pid, ppid, KCMP_VM, 0, 0) == 0
+
+
 def scenario_sleep256(name: str, prefix: list[str], work: Path, served: tuple[str, ...] = ()) -> dict:
     """256 ranks of `echo; sleep 1`: the launcher side's peak memory (sum of PSS over its
     processes: launcher, agent or proxies, not ranks) and CPU seconds, sampled with psutil.
@@ -183,8 +197,10 @@ def scenario_sleep256(name: str, prefix: list[str], work: Path, served: tuple[st
             family = [proc]
         for member in family:
             try:
-                if member.name() in RANK_PROGRAMS:
+                if member.name() in RANK_PROGRAMS and GUARDIAN not in member.cmdline():
                     continue
+                if shares_parents_memory(member.pid, member.ppid()):
+                    continue  # a child posix_spawn started, before its exec: its memory is its parent's
                 with member.oneshot():
                     rss += member.memory_full_info().pss  # shared pages split: launcher and agent share their fork's
                     times = member.cpu_times()

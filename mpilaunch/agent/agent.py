@@ -212,6 +212,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
         gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
         started = 0
+        found: dict[tuple[str, str | None], str] = {}  # their programs, looked up once per PATH
         try:
             for spec in message.ranks:
                 cpus = cpus_for(level, spec.local_rank, groups, message.cpus_per_rank)
@@ -220,7 +221,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 env = {**base, **spec.env}
                 if "TORCHELASTIC_ERROR_FILE" not in spec.env:  # torch's @record writes the rank's exception there
                     env["TORCHELASTIC_ERROR_FILE"] = self.torch.error_file(message.job, spec.rank)
-                started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services)
+                started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services, found)
         finally:
             gate.release(started)
 

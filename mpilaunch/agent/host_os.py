@@ -35,6 +35,7 @@ class HostOS:
         pass_fds: Sequence[int],
         gate: spawn.Gate,
         cpus: list[int] | None = None,
+        found: dict[tuple[str, str | None], str] | None = None,
     ) -> spawn.Started:
         """A process in a session of its own, held at gate; bound to cpus from its first
         instruction (we bind ourselves around its spawn: the child inherits the mask, and no
@@ -44,7 +45,7 @@ class HostOS:
             saved = os.sched_getaffinity(0)
             os.sched_setaffinity(0, cpus)
         try:
-            return spawn.start(argv, env, wdir, stdin=stdin, merge=merge, pass_fds=pass_fds, gate=gate)
+            return spawn.start(argv, env, wdir, stdin=stdin, merge=merge, pass_fds=pass_fds, gate=gate, found=found)
         finally:
             if saved is not None:
                 os.sched_setaffinity(0, saved)

@@ -82,6 +82,8 @@ class Ranks(Timer):
         self.by_pid: dict[int, RankProcess] = {}
         self.fd_owner: dict[int, tuple[RankProcess, int]] = {}
         self.death = DeathWatch(self.os)  # the memory cgroup of each live rank; how a signal killed one
+        self.live = 0  # ranks not reaped yet
+        self.unreported: dict[int, RankProcess] = {}  # reaped, their `exited` not sent yet
 
     # -- starting ------------------------------------------------------------------------
     def spawn(
@@ -93,8 +95,10 @@ class Ranks(Timer):
         cpus: list[int] | None,
         gate: spawn.Gate,
         services: list[Service],
+        found: dict[tuple[str, str | None], str] | None = None,
     ) -> bool:
-        """Start one rank behind the gate; False (and a `failed` report) if it could not."""
+        """Start one rank behind the gate; False (and a `failed` report) if it could not. found:
+        the programs this launch has looked up (host/spawn.start)."""
         passed: list[int] = []
         try:
             for service in services:
@@ -106,8 +110,9 @@ class Ranks(Timer):
             return False
         try:
             started = self.os.start(
-                spec.argv, env, spec.wdir or None, stdin=spec.stdin, merge=merge, pass_fds=passed, gate=gate, cpus=cpus
-            )
+                spec.argv, env, spec.wdir or None, stdin=spec.stdin, merge=merge, pass_fds=passed, gate=gate,
+                cpus=cpus, found=found,
+            )  # fmt: skip
         except (OSError, NotImplementedError) as exc:  # NotImplementedError: posix_spawn without setsid (glibc < 2.26)
             for service in services:
                 service.not_spawned(job, spec)
@@ -123,6 +128,7 @@ class Ranks(Timer):
         rp.error_file = env.get("TORCHELASTIC_ERROR_FILE")
         self.by_ident[spec.proc] = rp
         self.by_pid[started.pid] = rp
+        self.live += 1
         for stream, fd in ((wire.STDOUT, started.stdout), (wire.STDERR, started.stderr)):
             if fd is not None:
                 rp.open_fds.add(fd)
@@ -210,6 +216,8 @@ class Ranks(Timer):
         rp.rss = usage.ru_maxrss * 1024  # kilobytes on Linux
         rp.death = self.death.ended(pid, status, rp.sent_kill, rp.rss)
         rp.reaped_at = self.os.clock()
+        self.live -= 1
+        self.unreported[rp.ident] = rp
         if rp.stdin_fd is not None:
             dropped = sum(len(c) for c in rp.stdin_queue)
             rp.stdin_queue.clear()
@@ -230,17 +238,19 @@ class Ranks(Timer):
         if rp.open_fds and now - rp.reaped_at < EXIT_REPORT_DELAY:
             return
         rp.reported = True
+        del self.unreported[rp.ident]
         state = self.services.state_of(rp.job, rp.ident) if self.services is not None else "new"
         error = read_error_file(rp.error_file) if rp.status and rp.error_file else ""
         exited = Exited(proc=rp.ident, status=rp.status, mpi=state, cpu=rp.cpu, rss=rp.rss, death=rp.death)
         self.send(exited._replace(error=error, error_file=rp.error_file if error else ""))
 
     def next_deadline(self) -> float | None:
-        due = [rp.reaped_at for rp in self.by_ident.values() if rp.status is not None and not rp.reported]
-        return min(due) + EXIT_REPORT_DELAY if due else None
+        if not self.unreported:
+            return None
+        return min(rp.reaped_at for rp in self.unreported.values()) + EXIT_REPORT_DELAY
 
     def tick(self, now: float) -> None:
-        for rp in self.by_ident.values():
+        for rp in list(self.unreported.values()):
             self.maybe_report(rp, now)
 
     # -- signals and questions -----------------------------------------------------------------
@@ -267,7 +277,10 @@ class Ranks(Timer):
         return bool(self.by_ident)
 
     def any_live(self) -> bool:
-        return any(rp.status is None for rp in self.by_ident.values())
+        return self.live > 0
+
+    def live_pids(self) -> list[int]:
+        return [rp.pid for rp in self.by_pid.values() if rp.status is None]
 
     def all_done(self) -> bool:
         """Every rank reaped and its pipes closed."""

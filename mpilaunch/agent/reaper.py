@@ -6,7 +6,7 @@ kills by descendants, not only by groups: each rank's process group, and every p
 the agent (a daemon's worker in a session of its own included), SIGTERM first and SIGKILL
 after a grace, then SIGKILL again every KILL_ROUND until nothing is left. Where the host lets
 it, the ranks also run in a cgroup of the job (host/cgroup.py), which nothing started under
-them can leave. The Guardian is a forked watcher that kills what it was told about (and the
+them can leave. The Guardian is a small shell that kills what it was told about (and the
 cgroup) if the agent dies without doing so.
 """
 
@@ -32,7 +32,6 @@ ADOPTION_SCAN = 0.5  # seconds between looks at what is below the ranks (told to
 SWEEP_LIMIT = 2.0  # the last sweep kills re-parented descendants, round after round, this long at most
 KILL_ROUND = 0.05  # seconds between SIGKILL rounds while anything of the job is left
 PR_SET_CHILD_SUBREAPER = 36
-FORGET = 1 << 31  # in a pid told to the guardian: that process is gone
 
 
 def become_subreaper() -> None:
@@ -45,33 +44,109 @@ def become_subreaper() -> None:
         pass
 
 
+# The guardian: a shell that waits on the agent's pipe (fd 3). A line there lets it go; the
+# pipe's end without one means the agent died, and it kills, three rounds 20 ms apart, what the
+# agent recorded (fd 4: lines "pid start-time", blank where a record was taken back; "-" for
+# the agent's own children, whose pids stay theirs until it reaps them): the process and its
+# group, unless its start time says the pid is someone else's now; and the
+# job's cgroup; then it removes the agent's PMIx server folders. $1: the agent's pid, $2:
+# where those folders are, $3: the cgroup ("": none).
+GUARD_SCRIPT = r"""agent=$1 base=$2 cgroup=$3
+trap '' TERM HUP INT
+read -r _ <&3 && exit 0
+read -r me </proc/self/stat
+set -- ${me##*") "}
+own=$3
+for round in 1 2 3; do
+    if [ -n "$cgroup" ]; then
+        { echo 1 >"$cgroup/cgroup.kill"; } 2>/dev/null ||
+            { while read -r pid; do kill -9 "$pid"; done <"$cgroup/cgroup.procs"; } 2>/dev/null
+    fi
+    while read -r pid start; do
+        [ -n "$pid" ] || continue
+        group=$pid
+        if { read -r stat <"/proc/$pid/stat"; } 2>/dev/null; then
+            set -- ${stat##*") "}
+            [ "$start" = - ] || [ "${20}" = "$start" ] || continue
+            group=$3
+        fi
+        for g in $pid $group; do [ "$g" = "$own" ] || kill -9 "-$g" 2>/dev/null; done
+        kill -9 "$pid" 2>/dev/null
+    done </proc/self/fd/4
+    sleep 0.02
+done
+if [ -n "$cgroup" ]; then
+    tries=0
+    while [ -d "$cgroup" ] && ! rmdir "$cgroup" 2>/dev/null && [ $tries -lt 200 ]; do
+        tries=$((tries + 1))
+        sleep 0.005
+    done
+fi
+for folder in "$base/mpilaunch-pmix-$agent-"*; do
+    if [ -d "$folder" ]; then rm -rf "$folder"; fi
+done
+"""
+RECORD = 32  # bytes of one record: "%10d %20s\n", or blank
+
+
 class Guardian:
-    """A forked watcher that kills the ranks' process groups if this agent dies without doing so
+    """A watcher that kills the ranks' process groups if this agent dies without doing so
     (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
-    preexec_fn there is no PR_SET_PDEATHSIG for the ranks, and this costs one fork per host."""
+    preexec_fn there is no PR_SET_PDEATHSIG for the ranks. It is a shell (GUARD_SCRIPT), not a
+    forked Python that stays one: that keeps a copy of every page the agent writes after the
+    fork, several MB, to read a pipe. What it is to kill is a table the agent keeps in a file
+    of its own with no name (memfd), read only if the agent dies; each record is one write of
+    its own, so a death at any point leaves whole records."""
 
     def __init__(self, cgroup: JobCgroup | None = None) -> None:
+        from mpilaunch.host.shm import server_base
+        from mpilaunch.host.spawn import RESTORED_SIGNALS, SHELL, above
+
+        self.table = above(_nameless_file(), 5)  # neither 3 nor 4, the numbers it gets in the guardian
+        self.slots: dict[int, int] = {}  # pid -> its record's place in the table
+        self.free: list[int] = []  # places of records taken back
+        self.used = 0  # places ever used
         read_fd, self.fd = os.pipe()
+        read_fd = above(read_fd, 5)
+        args = ["sh", "-c", GUARD_SCRIPT, "mpilaunch-guardian", str(os.getpid()), server_base()]
+        args.append(cgroup.path if cgroup is not None else "")
+        # fork and exec, not posix_spawn: that waits for the exec, which on a busy machine keeps
+        # the agent (and the job's start) waiting for a core for the shell.
         self.pid = os.fork()
         if self.pid == 0:
             try:
-                os.close(self.fd)
-                _guard(read_fd, cgroup)
+                signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
+                for sig in RESTORED_SIGNALS:  # Python ignores them; the shell should not
+                    signal.signal(sig, signal.SIG_DFL)
+                os.dup2(read_fd, 3)
+                os.dup2(self.table, 4)
+                os.execv(SHELL, args)
             finally:
-                os._exit(0)
+                os._exit(127)
         os.close(read_fd)
 
-    def watch(self, pid: int) -> None:
-        """A rank, a process below one, or an ssh client: kill it (and its group) if the agent dies."""
-        self._tell(pid)
+    def watch(self, pid: int, started: bytes | None = None) -> None:
+        """A rank, a process below one, or an ssh client: kill it (and its group) if the agent
+        dies. started: its start time, for a process that is not the agent's child (its pid may
+        be someone else's by the time the agent looks again); a child's pid stays its own until
+        the agent reaps it, and its record is taken back as it is reaped."""
+        place = self.slots.get(pid)
+        if place is None:
+            place = self.free.pop() if self.free else self.used
+            self.used = max(self.used, place + 1)
+            self.slots[pid] = place
+        self._write(place, b"%10d %20s\n" % (pid, started or b"-"))
 
     def forget(self, pid: int) -> None:
         """The process was reaped: its pid (and process group id) may be reused by anyone now."""
-        self._tell(pid | FORGET)
+        place = self.slots.pop(pid, None)
+        if place is not None:
+            self._write(place, b" " * (RECORD - 1) + b"\n")
+            self.free.append(place)
 
-    def _tell(self, value: int) -> None:
+    def _write(self, place: int, record: bytes) -> None:
         try:
-            os.write(self.fd, value.to_bytes(4, "big"))
+            os.pwrite(self.table, record, place * RECORD)
         except OSError:
             pass
 
@@ -79,88 +154,29 @@ class Guardian:
         """Every rank is gone: the guardian leaves without killing anything, and is reaped here,
         so that nothing of the agent's session outlives it (not even a zombie for init)."""
         try:
-            os.write(self.fd, bytes(4))
+            os.write(self.fd, b"\n")
             os.close(self.fd)
         except OSError:
             pass
+        os.close(self.table)
         try:
-            os.waitpid(self.pid, 0)  # it exits as soon as it reads the zero (or sees the pipe close)
+            os.waitpid(self.pid, 0)  # it exits as soon as it reads the line (or sees the pipe close)
         except ChildProcessError:  # reaped already
             pass
 
 
-def _guard(read_fd: int, cgroup: JobCgroup | None) -> None:
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    os.closerange(3, read_fd)  # not the link: the controller must see the agent's end
-    os.closerange(read_fd + 1, 1 << 16)
-    recorded: dict[int, bytes | None] = {}  # pid -> its start time when we were told of it
-    agent = os.getppid()
-    buf = b""
-    while True:
-        try:
-            data = os.read(read_fd, 4096)
-        except InterruptedError:
-            continue
-        except OSError:
-            data = b""
-        if not data:
-            _kill_recorded(recorded, cgroup)
-            _remove_server_folders(agent)
-            return
-        buf += data
-        while len(buf) >= 4:
-            pid, buf = int.from_bytes(buf[:4], "big"), buf[4:]
-            if pid == 0:
-                return
-            if pid & FORGET:
-                recorded.pop(pid & ~FORGET, None)
-            else:
-                recorded[pid] = start_time(pid)
-
-
-def _kill_recorded(recorded: dict[int, bytes | None], cgroup: JobCgroup | None) -> None:
-    """The agent died: SIGKILL the job's cgroup, and each recorded process (a rank, a process
-    below one) with its process group (a rank's is its pid; an orphan's may be a dead rank's
-    group). A process whose start time changed is someone else's now, with a reused pid."""
-    own = os.getpgrp()  # the agent's group: never ours to kill
-    for _ in range(3):  # what a killed parent's death re-parents is in the cgroup, or recorded
-        if cgroup is not None:
-            cgroup.kill()
-        for pid, started in recorded.items():
-            now = start_time(pid)
-            if now is not None and started is not None and now != started:
-                continue
-            try:
-                group = os.getpgid(pid)
-            except OSError:
-                group = pid  # gone: its group may still have members (a pid is not reused while it does)
-            for pgid in {pid, group} - {own}:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.02)
-    if cgroup is not None:
-        cgroup.remove(tries=200)
-
-
-def _remove_server_folders(agent: int) -> None:
-    """The dead agent's PMIx server folders (its ranks are dead too): nobody else removes them."""
-    from mpilaunch.host.shm import SERVER_FOLDER, remove_folder, server_base
-
-    prefix, base = SERVER_FOLDER.format(pid=agent), server_base()
+def _nameless_file() -> int:
+    """A file with no name, gone with its last descriptor (memfd; an O_TMPFILE one where the C
+    library has no memfd_create)."""
     try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix):
-            remove_folder(os.path.join(base, name))
+        return os.memfd_create("mpilaunch-guardian", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        for folder in ("/dev/shm", os.environ.get("TMPDIR") or "/tmp"):
+            try:
+                return os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            except (AttributeError, OSError):
+                continue
+        raise
 
 
 class Reaper(Timer):
@@ -174,7 +190,7 @@ class Reaper(Timer):
     def __init__(self, ranks: Ranks, host_os: HostOS | None = None) -> None:
         self.ranks = ranks
         self.os = host_os if host_os is not None else ranks.os  # reap, signal, look: the seam tests replace
-        self.guardian: Guardian | None = None  # forked when the agent starts to run
+        self.guardian: Guardian | None = None  # started when the agent starts to run
         self.relay: Relay | None = None  # tree spawn: its ssh clients are children of ours too
         self.told: set[int] = set()  # processes below the ranks (not ranks) the guardian was told about
         self.cgroup: JobCgroup | None = None  # made when the agent starts to run, where the host lets it
@@ -195,8 +211,9 @@ class Reaper(Timer):
             pid, status, usage = ended
             if self.relay is not None and self.relay.reaped(pid, status):  # an ssh client of tree spawn
                 self.forget(pid)
-            elif self.ranks.reaped(pid, status, usage):
-                self.forget(pid)
+            elif self.ranks.is_live(pid):
+                self.forget(pid)  # first: its pid is free for anyone from now on
+                self.ranks.reaped(pid, status, usage)
             elif pid in self.told:  # an orphan adopted as subreaper
                 self.told.discard(pid)
                 self.forget(pid)
@@ -331,10 +348,13 @@ class Reaper(Timer):
         job's cgroup, where there is one, holds them anyway."""
         if self.guardian is None or not self.ranks.any() or now < self.next_adoption_scan:
             return
+        first = not self.next_adoption_scan
         self.next_adoption_scan = now + ADOPTION_SCAN
+        if first:  # the ranks were just let through their gates: nothing can be below them yet
+            return
         below = {pid for pid in self.below_ranks() if not self.ranks.is_live(pid)}  # ranks: told at spawn
         for pid in below - self.told:
-            self.guardian.watch(pid)
+            self.guardian.watch(pid, start_time(pid) or b"-")
         for pid in self.told - below:
             self.guardian.forget(pid)
         self.told = below

@@ -5,11 +5,15 @@ after they start and then less and less often (FIRST_LOOK doubling up to LOOK_CA
 one of them ends (its node's peers map the same segment; not again within END_LOOK_GAP, as a
 job's ranks end together and each look reads every live rank's maps), and before it kills them. At the end
 of the agent's run, host/shm.py removes what they left. Not seen, so not removed: a segment
-made and left by a job whose ranks all end within FIRST_LOOK, or after their last look.
+made and left by a job whose ranks all end within FIRST_LOOK, or after their last look. A look
+reads the maps only when /dev/shm holds a file it could record (unseen): most looks of
+most jobs find nothing new there and cost one listing, and a look stops reading maps once it
+has recorded every file it could.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 from mpilaunch.agent.loop import Timer
@@ -35,22 +39,40 @@ class ShmWatch(Timer):
         self.live = 0
         self.last_look = float("-inf")
 
-    def live_pids(self) -> list[int]:
-        return [rp.pid for rp in self.ranks.by_pid.values() if rp.status is None]
-
     def look(self) -> None:
         """Record what every live rank, and each process below it (a script's MPI program), maps
-        in /dev/shm now."""
+        in /dev/shm now: until every file there that a look could record is recorded (the ranks
+        of a host map the same segments: most looks read one rank's maps, or none)."""
         self.last_look = time.monotonic()
-        for pid in self.live_pids():
+        unseen = self.unseen()
+        if unseen is not None and not unseen:
+            return
+        for pid in self.ranks.live_pids():
             for process in with_descendants(pid):
-                self.seen.update(shm.mapped_by(process))
+                found = shm.mapped_by(process)
+                self.seen.update(found)
+                if unseen is not None:
+                    for path in [path for path, ident in found.items() if unseen.get(path) == ident]:
+                        del unseen[path]
+                    if not unseen:
+                        return
+
+    def unseen(self) -> dict[str, shm.FileId] | None:
+        """The files in /dev/shm a look could record: not there before the job, and not seen yet
+        at their path (None: /dev/shm could not be listed in full, so any may be). Listing
+        /dev/shm costs far less than reading a rank's maps. This agent's own PMIx server folder
+        is left out: it is removed, whoever maps it, before what the ranks left (Agent.run)."""
+        present = shm.files(skip=shm.SERVER_FOLDER.format(pid=os.getpid()))
+        if present is None:
+            return None
+        before, seen = self.before, self.seen
+        return {path: ident for path, ident in present.items() if ident not in before and seen.get(path) != ident}
 
     def next_deadline(self) -> float | None:
         return self.next_look
 
     def tick(self, now: float) -> None:
-        live = len(self.live_pids())
+        live = self.ranks.live
         if live > self.live:  # ranks started (a job, or a spawned one): look soon
             self.gap = FIRST_LOOK
             self.next_look = now + FIRST_LOOK

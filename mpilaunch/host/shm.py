@@ -15,6 +15,7 @@ import stat
 
 SHM_DIR = "/dev/shm"
 _PREFIX = SHM_DIR + "/"
+_PREFIX_BYTES = _PREFIX.encode()
 _DELETED = " (deleted)"
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
@@ -30,10 +31,40 @@ def present() -> set[FileId]:
         return set()
 
 
+def files(skip: str = "", limit: int = 10000) -> dict[str, FileId] | None:
+    """Every file below /dev/shm, at any depth, by path: its (st_dev, st_ino); folders whose
+    name starts with skip are not entered, nor folders this user may not enter (nor may its
+    ranks). None when there are more than limit entries to look through, or a folder this user
+    may enter cannot be listed: then nobody can say what is new there."""
+    found: dict[str, FileId] = {}
+    try:
+        folders = [(SHM_DIR, os.stat(SHM_DIR).st_dev)]
+    except OSError:
+        return found  # no /dev/shm: nothing a rank maps can be in it
+    entries = 0
+    while folders:
+        folder, dev = folders.pop()
+        try:
+            with os.scandir(folder) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > limit:
+                        return None
+                    if entry.is_dir(follow_symlinks=False):
+                        if not (skip and folder == SHM_DIR and entry.name.startswith(skip)):
+                            folders.append((entry.path, entry.stat(follow_symlinks=False).st_dev))
+                    elif entry.is_file(follow_symlinks=False):
+                        found[entry.path] = (dev, entry.inode())
+        except OSError:
+            if folder == SHM_DIR or os.access(folder, os.X_OK):
+                return None  # a rank of this user may reach files there that cannot be listed
+    return found
+
+
 def _file_id(line: bytes) -> tuple[str, FileId] | None:
     """(path, (dev, ino)) of a /proc/PID/maps line that maps a file in /dev/shm, else None."""
     fields = line.split(None, 5)
-    if len(fields) < 6 or not fields[5].startswith(_PREFIX.encode()):
+    if len(fields) < 6 or not fields[5].startswith(_PREFIX_BYTES):
         return None
     path = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape")
     if path.endswith(_DELETED):  # already unlinked: nothing to remove
@@ -57,12 +88,18 @@ def mapped_by(pid: int) -> dict[str, FileId]:
     """The /dev/shm files a live process maps, by path ({} once it is gone)."""
     found: dict[str, FileId] = {}
     maps = _maps(pid)
-    if maps and _PREFIX.encode() in maps:
-        for line in maps.splitlines():
+    if maps and _PREFIX_BYTES in maps:
+        for line in _shm_lines(maps):
             entry = _file_id(line)
             if entry is not None:
                 found[entry[0]] = entry[1]
     return found
+
+
+def _shm_lines(maps: bytes) -> list[bytes]:
+    """The lines of a maps text that name something in /dev/shm (an MPI rank's maps run to
+    hundreds of lines, its libraries': only these few are parsed)."""
+    return [line for line in maps.splitlines() if _PREFIX_BYTES in line]
 
 
 def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
@@ -77,8 +114,8 @@ def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
         if maps is None:
             complete = complete and not os.path.exists(f"/proc/{name}")  # gone is fine; unreadable is not
             continue
-        if _PREFIX.encode() in maps:
-            for line in maps.splitlines():
+        if _PREFIX_BYTES in maps:
+            for line in _shm_lines(maps):
                 entry = _file_id(line)
                 if entry is not None and entry[1] in ids:
                     mapped.add(entry[1])

@@ -59,7 +59,7 @@ def close_on_exec_all() -> None:
                 pass
 
 
-def _above(fd: int, floor: int) -> int:
+def above(fd: int, floor: int) -> int:
     """fd itself if it is at least floor, else a close-on-exec copy that is (the original closed)."""
     if fd >= floor:
         return fd
@@ -73,7 +73,7 @@ def _above(fd: int, floor: int) -> int:
 def _above_stdio(fd: int) -> int:
     """fd, or a copy above 2 when it landed on a free 0, 1 or 2 (dup2 onto itself would leave it
     close-on-exec in the rank)."""
-    return _above(fd, 3)
+    return above(fd, 3)
 
 
 def _pipe() -> tuple[int, int]:
@@ -98,7 +98,7 @@ class Gate:
         read, self.write = os.pipe()
         # Never 3 or 4, the numbers it gets in the rank: a dup2 onto itself would keep it
         # close-on-exec where the C library predates glibc 2.29.
-        self.read = _above(read, 5)
+        self.read = above(read, 5)
 
     def release(self, count: int) -> None:
         os.close(self.read)  # ours: with it closed, shells that died make the write fail, not hang
@@ -120,9 +120,17 @@ def start(
     merge: bool,
     pass_fds: list[int] | tuple[int, ...],
     gate: Gate,
+    found: dict[tuple[str, str | None], str] | None = None,
 ) -> Started:
-    """Start argv in a new session, waiting at the gate; OSError if it cannot be started."""
-    path = find_program(argv[0], env)  # the error, in words, now; the shell's exec finds the same file
+    """Start argv in a new session, waiting at the gate; OSError if it cannot be started.
+    found: programs already looked up on a PATH (the ranks of one launch run the same few), and
+    where; filled in here."""
+    key = (argv[0], env.get("PATH"))
+    path = found.get(key) if found is not None else None
+    if path is None:
+        path = find_program(argv[0], env)  # the error, in words, now; the shell's exec finds the same file
+        if found is not None:
+            found[key] = path
     out_r, out_w = _pipe()
     err_r, err_w = _pipe() if not merge else (None, out_w)
     if stdin:

@@ -7,6 +7,7 @@ with the subreaper sweep alone (the default) and with the job's cgroup (MPILAUNC
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -83,4 +84,37 @@ def test_nothing_started_under_a_rank_survives_the_job(
         assert ended - started < 10
     left, waited = left_after(launcher, ended)
     assert not left, f"{len(left)} processes left {waited:.2f} s after the job ended: {left}"
+    assert not list(CGROUPS.glob("mpilaunch-*")), "a cgroup of the job was left"
+
+
+@pytest.mark.parametrize("cgroup", ["cgroup", "sweep"])
+@pytest.mark.parametrize("shape", ["worker", "chain", "group"])
+def test_the_guardian_ends_the_trees_when_the_agent_is_killed(
+    launcher: Launcher, tmp_path: Path, shape: str, cgroup: str
+) -> None:
+    """kill -9 of the local agent once both ranks' trees stand and the agent has looked below
+    its ranks: its guardian kills the ranks' groups and the processes it was told about (the
+    orphans in sessions of their own), and the cgroup where there is one; the launcher names
+    the lost agent."""
+    from tests.procs import parent_pid
+
+    if cgroup == "cgroup" and shape == "group":
+        pytest.skip("the cgroup is tried on the shapes that leave every group")
+    records = tmp_path / "tree"
+    records.mkdir()
+    options = ["--oversubscribe", "-n", "2", PY, ESCAPE, shape, "sleep", str(records)]
+    proc = launcher.popen(*options, env={"MPILAUNCH_CGROUP": "1" if cgroup == "cgroup" else "0"})
+    deadline = time.monotonic() + 20
+    while tree_size(records) < 2 * TREE_SIZE[shape] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tree_size(records) == 2 * TREE_SIZE[shape], "the ranks never made their trees"
+    time.sleep(1.2)  # the agent tells its guardian what is below its ranks twice a second
+    agent = [p for p in tagged_pids(launcher.tag) if parent_pid(p) == proc.pid]
+    assert len(agent) == 1, agent
+    os.kill(agent[0], signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and b"lost the agent of host localhost" in err, err.decode()[-2000:]
+    left, waited = left_after(launcher, killed)
+    assert not left, f"{len(left)} processes left {waited:.2f} s after the agent was killed: {left}"
     assert not list(CGROUPS.glob("mpilaunch-*")), "a cgroup of the job was left"

@@ -44,7 +44,7 @@ class FakeOS:
         self.on_disk: dict[str, float] = {}  # path -> modification time (core files)
         self.zombies: dict[int, str] = {}  # pid -> its /proc/PID/cgroup while a zombie
 
-    def start(self, argv, env, wdir, *, stdin, merge, pass_fds, gate, cpus=None):  # type: ignore[no-untyped-def]
+    def start(self, argv, env, wdir, *, stdin, merge, pass_fds, gate, cpus=None, found=None):  # type: ignore[no-untyped-def]
         if self.refuse is not None:
             error, self.refuse = self.refuse, None
             raise error

@@ -337,6 +337,7 @@ class PmixService(Service, PmixSide):
         env.update(self.compat)  # over what setup_fork offers, which another build may lack
         env.update(users)  # but a value the user gave wins
         served.idents[spec.rank] = spec.proc
+        served.ranks[spec.proc] = spec.rank
         served.states[spec.proc] = "new"
         env.setdefault("OMPI_MCA_schizo", "^orte")  # Open MPI 4.1 would else ignore PMIx and run alone
         assert self.dir is not None
@@ -353,9 +354,9 @@ class PmixService(Service, PmixSide):
         served = self.jobs.get(job)
         if served is None or self.server is None:
             return
-        for rank, proc in served.idents.items():
-            if proc == ident:
-                self.server.deregister_client(lib.proc(served.spec.nspace, rank))  # its files go now
+        rank = served.ranks.get(ident)
+        if rank is not None:
+            self.server.deregister_client(lib.proc(served.spec.nspace, rank))  # its files go now
 
     def state_of(self, job: int, ident: int) -> str | None:
         self.take_upcalls()  # a finalize queued before the rank's exit counts

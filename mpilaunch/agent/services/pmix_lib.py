@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -170,41 +171,88 @@ def infos(array: object, count: int) -> list[tuple[str, int, object]]:
 
 
 class InfoList:
-    """An array of pmix_info_t built from (key, type, value) rows, with everything it points to
-    kept alive as long as the list is."""
+    """An array of pmix_info_t built from (key, type, value) rows, laid out with everything it
+    points to (strings, procs, nested arrays) in one buffer that lives as long as the list. A
+    job's rows hold an array per rank: as one buffer they are one allocation, handed back whole
+    when the list goes, not thousands of small ctypes objects that leave the heap fragmented."""
 
     def __init__(self, rows: list[tuple[str, int, object]]) -> None:
-        self.keep: list[object] = []
-        self.array = (Info * max(1, len(rows)))()
+        infos, arrays, procs, text = _measure(rows)
         self.count = len(rows)
-        for slot, (key, kind, value) in zip(self.array, rows):
-            slot.key = key.encode()
-            self._set(slot.value, kind, value)
+        infos = max(1, infos)
+        self.buffer = bytearray(infos * _INFO + arrays * _DARRAY + procs * _PROC + text)
+        base = ctypes.addressof((ctypes.c_char * len(self.buffer)).from_buffer(self.buffer))
+        self.array = (Info * infos).from_buffer(self.buffer)
+        self._base = base
+        # The next free Info, DataArray, Proc and string byte, as offsets in the buffer.
+        first_array = infos * _INFO
+        first_proc = first_array + arrays * _DARRAY
+        self._free = [len(rows) * _INFO, first_array, first_proc, first_proc + procs * _PROC]
+        self._fill(rows, 0)
 
-    def _set(self, target: Value, kind: int, value: object) -> None:
-        target.type = kind
-        if kind == BOOL:
-            target.data.flag = bool(value)
-        elif kind == STRING:
-            encoded = ctypes.create_string_buffer(str(value).encode())
-            self.keep.append(encoded)
-            target.data.string = ctypes.cast(encoded, ctypes.c_char_p)
-        elif kind == UINT16:
-            target.data.uint16 = int(value)  # type: ignore[call-overload]
-        elif kind in (UINT32, PROC_RANK):
-            target.data.uint32 = int(value)  # type: ignore[call-overload]
-        elif kind == PROC:  # value: (nspace, rank)
-            who = proc(*value)  # type: ignore[misc]
-            self.keep.append(who)
-            target.data.proc = ctypes.pointer(who)
-        elif kind == DATA_ARRAY:  # value: a list of (key, type, value) rows, as an info array
-            inner = InfoList(value)  # type: ignore[arg-type]
-            self.keep.append(inner)
-            darray = DataArray(INFO, inner.count, ctypes.cast(inner.array, ctypes.c_void_p))
-            self.keep.append(darray)
-            target.data.darray = ctypes.pointer(darray)
-        else:
-            raise ValueError(f"PMIx data type {kind} is not built here")
+    def _fill(self, rows: list[tuple[str, int, object]], at: int) -> None:
+        """Write rows as Info structures from offset `at` (their slots taken already)."""
+        buffer, free = self.buffer, self._free
+        for key, kind, value in rows:
+            _HEAD.pack_into(buffer, at, key.encode(), 0, kind)
+            data = at + _DATA
+            if kind == BOOL:
+                _BOOL.pack_into(buffer, data, bool(value))
+            elif kind == STRING:
+                _POINTER.pack_into(buffer, data, self._string(str(value).encode()))
+            elif kind == UINT16:
+                _UINT16.pack_into(buffer, data, int(value))  # type: ignore[call-overload]
+            elif kind in (UINT32, PROC_RANK):
+                _UINT32.pack_into(buffer, data, int(value))  # type: ignore[call-overload]
+            elif kind == PROC:  # value: (nspace, rank)
+                nspace, rank = value  # type: ignore[misc]
+                where = free[2]
+                free[2] += _PROC
+                _PROC_LAYOUT.pack_into(buffer, where, nspace.encode()[:255], rank)
+                _POINTER.pack_into(buffer, data, self._base + where)
+            elif kind == DATA_ARRAY:  # value: a list of (key, type, value) rows, as an info array
+                inner: list[tuple[str, int, object]] = value  # type: ignore[assignment]
+                first = free[0]
+                free[0] += len(inner) * _INFO
+                where = free[1]
+                free[1] += _DARRAY
+                _DARRAY_LAYOUT.pack_into(buffer, where, INFO, len(inner), self._base + first)
+                _POINTER.pack_into(buffer, data, self._base + where)
+                self._fill(inner, first)
+            else:
+                raise ValueError(f"PMIx data type {kind} is not built here")
+            at += _INFO
+
+    def _string(self, text: bytes) -> int:
+        where = self._free[3]
+        self.buffer[where : where + len(text)] = text  # the byte after it is a zero already
+        self._free[3] += len(text) + 1
+        return self._base + where
+
+
+def _measure(rows: list[tuple[str, int, object]]) -> tuple[int, int, int, int]:
+    """(Info structures, DataArrays, Procs, string bytes) that rows need, nested arrays included."""
+    infos, arrays, procs, text = len(rows), 0, 0, 0
+    for _key, kind, value in rows:
+        if kind == STRING:
+            text += len(str(value).encode()) + 1
+        elif kind == PROC:
+            procs += 1
+        elif kind == DATA_ARRAY:
+            inner = _measure(value)  # type: ignore[arg-type]
+            infos, arrays, procs, text = infos + inner[0], arrays + 1 + inner[1], procs + inner[2], text + inner[3]
+    return infos, arrays, procs, text
+
+
+# Where InfoList writes: the layouts of pmix_info_t's head (key, flags, value.type), its value's
+# data, pmix_data_array_t and pmix_proc_t, from the ctypes structures above.
+_INFO, _DARRAY, _PROC = ctypes.sizeof(Info), ctypes.sizeof(DataArray), ctypes.sizeof(Proc)
+_DATA = Info.value.offset + Value.data.offset
+_HEAD = struct.Struct(f"={Info.key.size}sI{Info.value.offset - Info.flags.offset - 4}xH")
+_WORD = {4: "I", 8: "Q"}[ctypes.sizeof(ctypes.c_void_p)]  # a pointer, a size_t
+_BOOL, _UINT16, _UINT32, _POINTER = (struct.Struct(f"={code}") for code in ("?", "H", "I", _WORD))
+_DARRAY_LAYOUT = struct.Struct(f"=H{DataArray.size.offset - 2}x{_WORD}{_WORD}")
+_PROC_LAYOUT = struct.Struct(f"={Proc.nspace.size}sI")
 
 
 class Server:

@@ -19,6 +19,7 @@ class ServedJob:
         self.number = number
         self.spec = spec
         self.idents: dict[int, int] = {}  # rank -> process id
+        self.ranks: dict[int, int] = {}  # process id -> rank
         self.states: dict[int, str] = {}  # process id -> new, init or finalized
         self.fences: dict[str, int] = {}  # participants -> fences so far (the next one's number)
         self.path: str | None = None  # the PATH its ranks were given (-x PATH), if any

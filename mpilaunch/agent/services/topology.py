@@ -6,6 +6,12 @@ HWLOC_THISSYSTEM=1 and HWLOC_THISSYSTEM_ALLOWED_RESOURCES=1, so that the CPUs th
 use, a Slurm step's or a cgroup's, are still read from the system), it takes 5. The file is
 written once per boot, host and hwloc version, after a start that read the machine itself;
 the user's own HWLOC_XMLFILE wins.
+
+With a kept description hwloc discovers nothing itself: its plugins (PCI, OpenCL, GL, CUDA,
+...; the libxml2 reader, whose format hwloc's own reader reads as well) would be loaded only
+to go unused, and they map libxml2, ICU, libstdc++, X11 and OpenCL into the agent, more than
+its own code. They are kept out (HWLOC_PLUGINS_BLACKLIST) while the server reads a description
+that was checked; a machine read in full loads them all.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ KEEP_IMPORTANT = 3  # HWLOC_TYPE_FILTER_KEEP_IMPORTANT: the I/O devices MPI libr
 HWLOC_OBJ_PU = 3
 MAX_DESCRIPTION = 64 << 20  # bytes: a machine of thousands of cores with every device is a few MB
 NAMES = ("HWLOC_XMLFILE", "HWLOC_THISSYSTEM", "HWLOC_THISSYSTEM_ALLOWED_RESOURCES")
+PLUGINS = "HWLOC_PLUGINS_BLACKLIST"
+# hwloc 2's plugins: discovery that a description makes unneeded, and the libxml2 reader.
+UNUSED_PLUGINS = ",".join(
+    f"hwloc_{name}" for name in ("xml_libxml", "pci", "opencl", "cuda", "nvml", "rsmi", "levelzero", "gl")
+)
 
 
 def _hwloc() -> ctypes.CDLL | None:
@@ -63,6 +74,7 @@ class CachedTopology:
         self.used = False
         self.note: str | None = None
         self.held: ctypes.c_void_p | None = None
+        self.plugins: str | None = None  # the user's HWLOC_PLUGINS_BLACKLIST, while ours is set
 
     def before(self) -> None:
         if self.path is None:
@@ -70,11 +82,16 @@ class CachedTopology:
         data, why = files.read_kept(self.path, MAX_DESCRIPTION)
         if data is None and why is None:  # none kept yet
             return
+        if data is not None:
+            self.plugins = os.environ.get(PLUGINS, "")
+            os.environ[PLUGINS] = f"{self.plugins},{UNUSED_PLUGINS}" if self.plugins else UNUSED_PLUGINS
         why = f"was {why}" if data is None else self.check(data)
         if why is None:
             os.environ.update(dict(zip(NAMES, (self.path, "1", "1"))))
             self.used = True
             return
+        self.release()  # the machine is read instead, with every plugin
+        self.restore_plugins()
         files.discard(self.path)
         self.note = f"the kept hwloc description {self.path} {why}: discarded, this machine is read instead"
 
@@ -98,12 +115,25 @@ class CachedTopology:
             return f"describes {units} processing units (this machine has {cpus})"
         return None
 
-    def after(self) -> None:
+    def release(self) -> None:
+        """Destroy the topology loaded by check (hwloc unloads its components with the last)."""
         if self.held is not None:
             hwloc = _hwloc()
             if hwloc is not None:
                 hwloc.hwloc_topology_destroy(self.held)
             self.held = None
+
+    def restore_plugins(self) -> None:
+        if self.plugins is not None:
+            if self.plugins:
+                os.environ[PLUGINS] = self.plugins
+            else:
+                os.environ.pop(PLUGINS, None)
+            self.plugins = None
+
+    def after(self) -> None:
+        self.release()
+        self.restore_plugins()
         if self.used:
             for name in NAMES:
                 os.environ.pop(name, None)
