@@ -4,10 +4,11 @@ Run by hand:  python -m bench.restart [--pairs 10] [--nproc 2] [--torch]
 Both launchers run the same rank script with --nproc-per-node N --max-restarts 1 (mpilaunch with
 --restart-delay 0: torchrun waits for nothing between attempts either). On attempt 0
 (TORCHELASTIC_RESTART_COUNT=0) every rank stamps its start; rank 1 waits until all N have, then
-stamps the time and exits 1 while the others sleep (the launcher must stop them). On attempt 1
-every rank stamps its start on its first line and exits 0. The stamps are CLOCK_MONOTONIC, one
-clock for every process of the machine. Measured: failure to the first rank of attempt 1 running
-(the restart), failure to the last one running, and the whole command's wall time.
+stamps the time and leaves with status 1 at once (os._exit: a torch rank's interpreter shutdown
+would add its own time) while the others sleep (the launcher must stop them). On attempt 1 every
+rank stamps its start on its first line and exits 0. The stamps are CLOCK_MONOTONIC, one clock for
+every process of the machine. Measured: failure to the first rank of attempt 1 running (the
+restart), failure to the last one running, and the whole command's wall time.
 
 torchrun notices a failed rank by polling every --monitor-interval seconds; it runs with its
 default interval and with a small one (--small-interval), each said in the table. mpilaunch's
@@ -60,7 +61,7 @@ if rank == "1":
         time.sleep(0.01)
     time.sleep(0.2)  # the launcher idle, every rank up: then the failure
     stamp("failed", time.clock_gettime(time.CLOCK_MONOTONIC))
-    sys.exit(1)
+    os._exit(1)  # at once: the stamp is the process's end, with no interpreter finalization after it
 time.sleep(60)
 """
 
