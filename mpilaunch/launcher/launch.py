@@ -21,7 +21,7 @@ from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.protocol.wire import STDERR, STDOUT
 from mpilaunch.transport.base import HostResult, Link, Transport, transport_class
-from mpilaunch.transport.local import LocalTransport, discard_early_agent, raise_fd_limit
+from mpilaunch.transport.local import LocalTransport, discard_early_agent, prestart_local_agent, raise_fd_limit
 
 LOCAL = LocalTransport()  # this machine's agents
 
@@ -214,6 +214,7 @@ def run_job(spec: JobSpec) -> int:
             f"attempt {attempt} ended with status {status}: the job starts again in {delay:g} s "
             f"(attempt {attempt + 1} of {options.max_restarts + 1})",
         )
+        prestart_local_agent()  # the next attempt's agent sets itself up during the delay
         time.sleep(delay)  # Ctrl-C or SIGTERM meanwhile leaves at once, as before a run (entry.main)
         attempt += 1
 
