@@ -123,7 +123,7 @@ def test_horovods_open_mpi_line_runs_a_job_over_ssh_with_its_port_and_key(
         "mpirun --allow-run-as-root --tag-output -np 4 -H node1:2,node2:2 -bind-to none -map-by slot "
         f"-mca pml ob1 -mca btl ^openib {rsh_args} -mca btl_tcp_if_include lo -x NCCL_SOCKET_IFNAME=lo "
     ), line
-    assert " -x PATH " in line and " -x PYTHONPATH " in line, line  # Horovod's -x for each variable
+    assert " -x PATH " in line and " -x HOME " in line, line  # Horovod's -x for each variable
     ranks = sorted(text for text in out.splitlines() if "<stdout>:rank" in text)
     assert ranks == [
         f"[1,{r}]<stdout>:rank {r} of 4 sum 6 host {bed.address(f'node{r // 2 + 1}')} Open MPI lo" for r in range(4)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mpilaunch.agent import shm_watch
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.host import shm
 
@@ -74,6 +75,7 @@ def test_a_look_reads_no_maps_without_a_new_file_and_stops_once_it_has_recorded_
         return None if found is None else {path: ident for path, ident in found.items() if path.startswith(ours)}
 
     monkeypatch.setattr(shm, "files", our_files)
+    monkeypatch.setattr(shm_watch, "with_descendants", lambda pid: [pid])  # the runner's children are no ranks
     me = os.getpid()
     watch = ShmWatch(Ranks([me, me, me]))  # type: ignore[arg-type]
     watch.look()
