@@ -136,6 +136,15 @@ class PmixDatum(Record):
     rank: int = 0
 
 
+class RankStack(Record):
+    """One rank's stack as a tool printed it (agent/stacks.py), or why there is none."""
+
+    proc: int
+    text: str = ""  # the tool's output, whole (every thread)
+    tool: str = ""  # py-spy, eu-stack or gdb
+    why: str = ""  # when no stack was taken: why not
+
+
 # -- controller to agent -------------------------------------------------------------------
 class Check(Record):
     """Remote agents, once, before any launch: take the launcher's search paths, check each
@@ -195,6 +204,14 @@ class Finish(Record):
     """The run is over: stop leftovers with this grace, then exit."""
 
     grace: float
+
+
+class TakeStacks(Record):
+    """Take the stack of every running rank of this host, each tool's run bounded by limit
+    seconds, and answer Stacks with snap."""
+
+    snap: int
+    limit: float = 5.0
 
 
 class PmiFenceDone(Record):
@@ -501,6 +518,15 @@ class PmiSpawn(Record):
     apps: tuple[SpawnApp, ...]
 
 
+class Stacks(Record):
+    """The answer to TakeStacks: each running rank's stack; note: one line for the user, when
+    this host lacks the tools for some of them."""
+
+    snap: int
+    stacks: tuple[RankStack, ...]
+    note: str = ""
+
+
 class Bye(Record):
     """The agent is about to exit; end of file follows."""
 
@@ -520,6 +546,7 @@ DOWN_MESSAGES = (
     Signal,
     Kill,
     Finish,
+    TakeStacks,
     PmiFenceDone,
     PmixFenceDone,
     PmixDmodexAsk,
@@ -556,10 +583,13 @@ UP_MESSAGES = (
     PmiError,
     PmiName,
     PmiSpawn,
+    Stacks,
     Bye,
     Gone,
 )
-PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum)
+PARTS = (
+    AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, RankStack,
+)  # fmt: skip
 
 
 def op_name(cls: type) -> str:
