@@ -73,8 +73,11 @@ def snapshot_lines(groups: Sequence[Group], missing: Sequence[tuple[tuple[int, i
     are not the largest, whole (the only group's too); then the ranks without a stack and why."""
     lines = [f"  {rank_words(g.ranks)} ({len(g.ranks)}): {one_line(g.threads)}" for g in groups]
     for g in groups[1:] if len(groups) > 1 else groups:
-        lines.append(f"{rank_words(g.ranks)}:")
+        lines.append(f"  {rank_words(g.ranks)}, whole:")
         lines += [f"    {line}" for line in frame_lines(g.threads)]
+    by_why: dict[str, list[tuple[int, int]]] = {}
     for who, why in missing:
-        lines.append(f"  {rank_words([who])}: no stack: {why}")
+        by_why.setdefault(why, []).append(who)
+    for why, ranks in by_why.items():
+        lines.append(f"  {rank_words(ranks)}: no stack: {why}")
     return lines

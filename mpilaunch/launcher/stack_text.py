@@ -14,7 +14,7 @@ import re
 
 from mpilaunch.protocol.record import Record
 
-MAIN = "main"  # the name of a native program's main thread (the one whose id is the process id)
+MAIN = "main"  # a native program's main thread (the one whose id is the process id); others by number
 
 _PYSPY_THREAD = re.compile(r'Thread (0x[0-9A-Fa-f]+|\d+) \((\w+)\)(?:: "(.*)")?\s*$')
 _PYSPY_FRAME = re.compile(r"\s+(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
@@ -52,7 +52,7 @@ def read_pyspy(text: str) -> list[Thread]:
         if header is not None:
             if name:
                 threads.append(Thread(name, tuple(reversed(frames))))
-            name, frames = header.group(3) or f"thread {len(threads) + 1}", []
+            name, frames = header.group(3) or str(len(threads) + 1), []
             continue
         found = _PYSPY_FRAME.match(line) if name else None
         if found is not None:
@@ -75,7 +75,7 @@ def read_eu_stack(text: str) -> list[Thread]:
         if header is not None:
             if name:
                 threads.append(Thread(name, tuple(reversed(frames))))
-            name = MAIN if header.group(1) == pid else f"thread {len(threads) + 1}"
+            name = MAIN if header.group(1) == pid else str(len(threads) + 1)
             frames = []
             continue
         found = _EU_FRAME.match(line) if name else None
@@ -100,7 +100,7 @@ def read_gdb(text: str) -> list[Thread]:
         if header is not None:
             if name:
                 threads.append(Thread(name, tuple(reversed(frames))))
-            name, frames = (MAIN if header.group(1) == "1" else f"thread {header.group(1)}"), []
+            name, frames = (MAIN if header.group(1) == "1" else header.group(1)), []
             continue
         found = _GDB_FRAME.match(line) if line.startswith("#") else None
         if found is not None:

@@ -208,6 +208,8 @@ class StackSnapshots:
         whys = "; ".join(WHY_WORDS.get(w, w).format(hang=self.hang or 0) for w in snap.whys)
         tree = self.output.trees.get(1)
         where = f"; each rank's in {tree.root}/rank.N/stack.{snap.number}" if tree is not None else ""
+        if not taken:
+            return f"mpilaunch: no stack of the {len(snap.asked)} running ranks could be taken ({whys})"
         return (
             f"mpilaunch: stacks of {taken} of {len(snap.asked)} running ranks ({whys}): "
             f"{groups} group{'s' if groups != 1 else ''}, largest first{where}"
