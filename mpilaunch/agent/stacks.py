@@ -164,6 +164,7 @@ class StackTaker(Timer):
         """Start tools while there is room; answer once every rank of the request is read."""
         request = self.requests[0]
         env = {k: v for k, v in self.env.items() if k != "DEBUGINFOD_URLS"}  # nothing fetched from the network
+        env["RUST_BACKTRACE"] = "0"  # py-spy's errors in one line, without its own stack
         while self.todo and len(self.reading) < PARALLEL:
             ident, pid = self.todo.pop(0)
             found = command_for(self.tools, pid)

@@ -121,6 +121,7 @@ def threads_of(tool: str, text: str) -> tuple[tuple[Thread, ...], str]:
     threads = [t for t in reader(text) if t.frames] if reader is not None else []
     if not threads:
         said = [line.strip() for line in text.splitlines() if line.strip()]
-        return (), f"{tool}: {said[-1][:200]}" if said else f"{tool or 'the tool'} printed no stack"
+        said = [line for line in said if line.startswith("Error:")][:1] or said[-1:]  # py-spy's error first
+        return (), f"{tool}: {said[0][:200]}" if said else f"{tool or 'the tool'} printed no stack"
     main = [t for t in threads if t.name in (MAIN, "MainThread")][:1]
     return tuple(main + [t for t in threads if t not in main]), ""
