@@ -263,7 +263,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if self.stacks is None:  # made at the first request: a plain job never imports it
             from mpilaunch.agent.stacks import StackTaker
 
-            self.stacks = StackTaker(self.loop, self.send, self.ranks, self.reaper.watch, self.host, self.host_env)
+            self.stacks = StackTaker(self.loop, self.send, self.ranks, self.reaper.watch, self.host_env)
         self.stacks.take(message)
 
     pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 PARALLEL = 16  # tool processes at once: a few per core is enough to hide their waits on the ranks
 MAX_TEXT = 1 << 18  # bytes of one tool's output sent up (a deep stack of many threads is far less)
 SHELLS = ("sh", "bash", "dash", "zsh", "ksh")  # a rank that is a shell waiting on one child: the child is read
-DEBUG_HINT = "pip install 'mpilaunch[debug]'"
+NO_TOOL = "no py-spy, eu-stack or gdb"
 
 
 def find_tools(path: str) -> dict[str, str]:
@@ -114,21 +114,19 @@ class StackTaker(Timer):
         send: Callable[[Record], None],
         ranks: Ranks,
         watch: Callable[[int], None],
-        host: str,
         env: dict[str, str],
     ) -> None:
         self.loop = loop
         self.send = send
         self.ranks = ranks
         self.watch = watch  # the guardian kills a tool with the ranks if the agent dies
-        self.host = host
         self.env = env  # the host's environment (its PATH finds the tools), final once ranks run
         self.requests: list[TakeStacks] = []
         self.todo: list[tuple[int, int]] = []  # (process id, pid) of the request being answered
         self.reading: dict[int, Reading] = {}  # by the tool's pipe
         self.done: list[RankStack] = []
         self.tools: dict[str, str] = {}
-        self.note = ""
+        self.lacks = ""
         loop.add_timer(self)
 
     def take(self, message: TakeStacks) -> None:
@@ -141,24 +139,16 @@ class StackTaker(Timer):
         live = [(ident, rp.pid) for ident, rp in sorted(self.ranks.by_ident.items()) if rp.status is None]
         self.todo = [(ident, target_of(pid)) for ident, pid in live]
         self.done = []
-        self.note = self.missing_note(self.todo)
+        self.lacks = self.lacking(self.todo)
         self.more()
 
-    def missing_note(self, todo: list[tuple[int, int]]) -> str:
-        """One line for the user when this host lacks what some of its ranks need."""
+    def lacking(self, todo: list[tuple[int, int]]) -> str:
+        """What this host lacks that some of its ranks need: "tools", "py-spy" or nothing."""
         if not todo or "py-spy" in self.tools:
             return ""
         if not self.tools:
-            return (
-                f"mpilaunch: host {self.host} has no py-spy, eu-stack or gdb: no stacks taken there "
-                f"({DEBUG_HINT} gives py-spy; elfutils gives eu-stack)"
-            )
-        if any(is_python(pid) for _, pid in todo):
-            return (
-                f"mpilaunch: host {self.host} has no py-spy: its Python ranks' stacks are native frames "
-                f"({DEBUG_HINT} for their Python frames)"
-            )
-        return ""
+            return "tools"
+        return "py-spy" if any(is_python(pid) for _, pid in todo) else ""
 
     def more(self) -> None:
         """Start tools while there is room; answer once every rank of the request is read."""
@@ -169,7 +159,7 @@ class StackTaker(Timer):
             ident, pid = self.todo.pop(0)
             found = command_for(self.tools, pid)
             if found is None:
-                self.done.append(RankStack(proc=ident, why=f"no py-spy, eu-stack or gdb on host {self.host}"))
+                self.done.append(RankStack(proc=ident, why=NO_TOOL))
                 continue
             tool, argv = found
             try:
@@ -181,7 +171,7 @@ class StackTaker(Timer):
             self.reading[fd] = Reading(ident, pid, tool, tool_pid, fd, time.monotonic() + request.limit)
             self.loop.watch(fd, self.read)
         if not self.todo and not self.reading:
-            self.send(Stacks(snap=request.snap, stacks=tuple(sorted(self.done)), note=self.note))
+            self.send(Stacks(snap=request.snap, stacks=tuple(sorted(self.done)), lacks=self.lacks))
             self.requests.pop(0)
             if self.requests:
                 self.begin()

@@ -32,6 +32,11 @@ LIMIT = 5.0  # seconds each tool gets per rank
 PARALLEL = 16  # tools an agent runs at once (agent/stacks.py)
 MARGIN = 5.0  # more seconds for the answers to come up the links
 ASKED_BY_CLIENT = "mpilaunch stacks"
+DEBUG_HINT = "pip install 'mpilaunch[debug]'"
+LACKS = {
+    "py-spy": "has no py-spy: its Python ranks' stacks are native frames ({hint} for their Python frames)",
+    "tools": "has no py-spy, eu-stack or gdb: no stacks taken there ({hint} gives py-spy; elfutils gives eu-stack)",
+}
 WHY_WORDS = {"hang": "no output for {hang:g} s", "timeout": "--timeout", ASKED_BY_CLIENT: "asked by mpilaunch stacks"}
 
 
@@ -45,7 +50,7 @@ class Snapshot:
         self.deadline = now + wait
         self.waiting: set[int] = set()  # hosts not answered yet
         self.stacks: dict[int, RankStack] = {}
-        self.notes: list[str] = []
+        self.notes: list[tuple[int, str]] = []  # (host, line), said before the stacks in host order
         self.asked: list[int] = []  # the process ids running when it was asked for
 
 
@@ -131,8 +136,9 @@ class StackSnapshots:
         if snap is None or message.snap != snap.number or link.index not in snap.waiting:
             return  # the answer to a snapshot given up on
         snap.stacks.update((s.proc, s) for s in message.stacks)
-        if message.note:
-            snap.notes.append(message.note)
+        if message.lacks in LACKS:
+            said = LACKS[message.lacks].format(hint=DEBUG_HINT)
+            snap.notes.append((link.index, f"mpilaunch: host {self.plan.hosts[link.index].name} {said}"))
         snap.waiting.discard(link.index)
         if not snap.waiting:
             self.complete()
@@ -176,7 +182,7 @@ class StackSnapshots:
             if threads:
                 found[who] = threads
             else:
-                missing.append((who, why))
+                missing.append((who, f"{why} (host {self.plan.hosts[state.rank.host].name})"))
             if stack.text or why:
                 self.output.keep(proc, f"stack.{snap.number}", (stack.text or f"no stack: {why}\n").encode())
         groups = group(found)
@@ -189,7 +195,8 @@ class StackSnapshots:
                 "missing": [{"job": job, "rank": rank, "why": why} for (job, rank), why in missing],
             }
         )
-        text = "\n".join([*snap.notes, self.header(snap, len(found), len(groups)), *snapshot_lines(groups, missing)])
+        notes = [note for _, note in sorted(snap.notes)]
+        text = "\n".join([*notes, self.header(snap, len(found), len(groups)), *snapshot_lines(groups, missing)])
         for client in snap.clients:
             client.reply(text + "\n")
         if any(why != ASKED_BY_CLIENT for why in snap.whys):

@@ -519,12 +519,12 @@ class PmiSpawn(Record):
 
 
 class Stacks(Record):
-    """The answer to TakeStacks: each running rank's stack; note: one line for the user, when
-    this host lacks the tools for some of them."""
+    """The answer to TakeStacks: each running rank's stack; lacks: what this host has not, for
+    the user to hear (py-spy: Python ranks were read as native programs; tools: none at all)."""
 
     snap: int
     stacks: tuple[RankStack, ...]
-    note: str = ""
+    lacks: str = ""
 
 
 class Bye(Record):
