@@ -112,6 +112,26 @@ def test_with_no_tool_one_line_says_how_to_get_them(launcher: Launcher, tmp_path
     ]
 
 
+def test_a_tool_that_never_answers_is_killed_at_the_limit(
+    launcher: Launcher, tmp_path: Path, venv_python: str
+) -> None:
+    """An eu-stack that hangs: each rank is listed without a stack after 5 s, the tool is killed
+    (the launcher fixture finds no process left), the ranks go on and the job ends well."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    write_script(tools, "eu-stack", "#!/bin/sh\nexec /bin/sleep 60\n")
+    (tools / "eu-stack").chmod(0o755)
+    launcher.argv = lambda *args: [venv_python, "-m", "mpilaunch", *args]  # type: ignore[method-assign]
+    job, flag = start(launcher, tmp_path, env={"PATH": str(tools)})
+    job.proc.send_signal(signal.SIGQUIT)
+    job.wait_err(r"^  ranks 0-2: no stack")
+    err = ended_well(job, flag)
+    assert snapshot(err) == [
+        "mpilaunch: no stack of the 3 running ranks could be taken (SIGQUIT)",
+        "  ranks 0-2: no stack: eu-stack gave no stack within 5 s (host localhost)",
+    ]
+
+
 def test_native_ranks_and_a_shell_that_runs_python(launcher: Launcher, tmp_path: Path) -> None:
     """A native program's native stack (eu-stack); a rank that is a shell waiting for Python is
     read in that Python."""
@@ -246,9 +266,9 @@ def test_sigquit_at_start_up_never_leaves_a_traceback_or_a_process(launcher: Lau
     """Before the run handles it, SIGQUIT ends the launcher as Ctrl-C does (128 + SIGQUIT; by the
     signal while Python starts); once it runs, it takes stacks and the job goes on."""
     seen = set()
-    for attempt in range(8):
-        proc = launcher.popen("-n", "2", "sleep", "1")
-        time.sleep(attempt * 0.04)
+    for delay in (0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.5, 2.0):
+        proc = launcher.popen("-n", "2", "sleep", "3")
+        time.sleep(delay)
         proc.send_signal(signal.SIGQUIT)
         _, err = proc.communicate(timeout=30)
         text = err.decode(errors="replace")
