@@ -132,7 +132,7 @@ class JsonReport:
             "timed_out_by": policy.timed_out_by or None,
             "first_failure": first,
             "ranks": [self.rank(state) for state in policy.procs],
-            "stacks": self.stacks,
+            **({"stacks": self.stacks} if self.stacks else {}),
         }
 
     def with_attempts(self, document: dict[str, object]) -> dict[str, object]:
