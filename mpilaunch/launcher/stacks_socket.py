@@ -17,7 +17,6 @@ and written as it takes the text. `_socket` only: the launcher does not import `
 from __future__ import annotations
 
 import _socket
-import json
 import os
 import stat
 import sys
@@ -162,6 +161,8 @@ class StacksServer:
         client.request += data
         if data and b"\n" not in client.request and len(client.request) < MAX_REQUEST:
             return
+        import json  # only when someone asks: a plain run does not import it
+
         try:
             request = json.loads(client.request.split(b"\n", 1)[0])
             ok = isinstance(request, dict) and request.get("op") == "stacks"
