@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from mpilaunch.launcher.events import Silent, StacksTaken, WantStacks
+from mpilaunch.launcher.events import Silent, StacksTaken, WantStacks, table
 from mpilaunch.launcher.states import RUNNING, STOPPING
 from mpilaunch.protocol.messages import MessageError, RankStack, Stacks, TakeStacks
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mpilaunch.launcher.policy import Policy
     from mpilaunch.launcher.stacks_socket import Client, StacksServer
     from mpilaunch.plan.build import LaunchPlan
+    from mpilaunch.protocol.record import Record
 
 LIMIT = 5.0  # seconds each tool gets per rank
 PARALLEL = 16  # tools an agent runs at once (agent/stacks.py)
@@ -74,13 +75,15 @@ class StackSnapshots:
         self.hang = plan.options.hang_timeout
         self.last_output = clock()  # the controller sets it at every chunk of rank output
         self.server: StacksServer | None = None
+        self.take = table({WantStacks: lambda event: self.want(event.why)})
 
     def rows(self) -> dict[type, Callable]:
+        """The controller's rows for what agents send."""
         return {Stacks: self.took}
 
-    def __call__(self, event: object) -> None:
-        if type(event) is WantStacks:
-            self.want(event.why)  # type: ignore[attr-defined]
+    def __call__(self, event: Record) -> None:
+        """A subscriber of the run's events: WantStacks."""
+        self.take(event)
 
     # -- asking --------------------------------------------------------------------------------
     def serve(self, sel: BaseSelector) -> None:
@@ -215,6 +218,8 @@ class StackSnapshots:
         whys = "; ".join(WHY_WORDS.get(w, w).format(hang=self.hang or 0) for w in snap.whys)
         tree = self.output.trees.get(1)
         where = f"; each rank's in {tree.root}/rank.N/stack.{snap.number}" if tree is not None else ""
+        if not snap.asked:
+            return f"mpilaunch: no stacks ({whys}): no rank is running"
         if not taken:
             return f"mpilaunch: no stack of the {len(snap.asked)} running ranks could be taken ({whys})"
         return (
