@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from mpilaunch.picture.page import render
 from tests.conftest import Launcher, write_script
 from tests.stackjob import MPI4PY_RANK, Running, release, snapshot, two_groups
 
@@ -77,6 +78,9 @@ def test_sigquit_prints_two_groups_and_the_job_goes_on(launcher: Launcher, tmp_p
     snap = document["stacks"][0]
     assert [g["ranks"] for g in snap["groups"]] == [[[1, 0], [1, 1]], [[1, 2]]] and snap["missing"] == []
     assert snap["groups"][1]["frames"][-1].endswith("in stuck_here") and snap["taken"] > document["started"]
+    page = render(document)  # `mpilaunch report` draws the snapshots
+    stacks = page.split('<section id="stacks">', 1)[1].split("</section>", 1)[0]
+    assert stacks.count("ranks 0-1 (2)") == 2 and stacks.count("rank 2 (1)") == 2 and "in stuck_here" in stacks
 
 
 def test_without_py_spy_the_stacks_are_native(launcher: Launcher, tmp_path: Path, venv_python: str) -> None:
