@@ -8,9 +8,10 @@ tools are looked for in the agent's interpreter's own bin directory first (where
 
 While a request is answered, the host's ranks are stopped (SIGSTOP to each rank's process group,
 SIGCONT once every one was read): the tools get the cores instead of competing with ranks that
-spin in an MPI progress loop (64 of them on 2 cores took 7 s to read, running), and the stacks
-are one moment of the host. The ranks' results do not change; a signal sent to them meanwhile
-reaches them when they go on. py-spy reads a stopped rank without attaching (--nonblocking).
+spin in an MPI progress loop (on a small machine with many ranks, reading them running took
+ten times as long: bench/stacks.py), and the stacks are one moment of the host. The ranks'
+results do not change; a signal sent to them meanwhile reaches them when they go on. py-spy
+reads a stopped rank without attaching (--nonblocking).
 
 Each tool runs as a child of the agent in a session of its own, its output read through the
 agent's loop (the loop never waits for it), PARALLEL at a time, each bounded by the request's
