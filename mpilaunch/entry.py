@@ -1,7 +1,9 @@
-"""The `mpilaunch` command: the local agent is forked before anything else is imported.
+"""The `mpilaunch` command: the local agent is forked as soon as the command line is read
+(cli/cmdline.py: the options table and the scanner), before the parser, the planner and the
+launcher are imported.
 
 A short job waits on its local agent's own start (imports, subreaper, guardian, PMI server).
-Forked first, the agent does that on the other core while the launcher imports, reads the
+Forked first, the agent does that on the other core while the launcher imports, parses the
 command line and plans. Command lines that start no job here (--help, --version, --dry-run,
 `check`, `allrun`) skip the early fork; a job that turns out not to need the agent (refused,
 or remote-only) ends it.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

@@ -52,7 +52,7 @@ from mpilaunch.protocol.messages import (
 )
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -333,7 +333,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         signal.set_wakeup_fd(wake_w)
         self.loop.watch(wake_r, _drain)
         self.loop.watch(self.link, self.read_link)
-        for timer in (self.reaper, self, self.ranks, self.heartbeat, self.shm, self.services):
+        for timer in (self.reaper, self, self.ranks, self.ranks.death, self.heartbeat, self.shm, self.services):
             self.loop.add_timer(timer)  # services add themselves when a launch starts them
         reached = os.environ.get("SSH_CONNECTION", "").split()  # client, port, the address we were reached at, port
         self.send(

@@ -14,9 +14,11 @@ import time
 from mpilaunch.host import spawn
 from mpilaunch.host.procfs import children_of
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+KMSG_RECORDS = 1 << 16  # records of the kernel log read at most (a ring of a few MB holds fewer)
 
 
 class HostOS:
@@ -59,11 +61,23 @@ class HostOS:
     def getpgrp(self) -> int:
         return os.getpgrp()
 
+    zombie: tuple[int, str | None] = (0, None)  # the last child a signal ended, and its /proc/PID/cgroup
+
     def reap(self) -> tuple[int, int, os.struct_rusage] | None:
         """A child that ended (pid, wait status, resource use), None if none has, without waiting;
-        ChildProcessError when there is no child at all."""
-        pid, status, usage = os.wait4(-1, os.WNOHANG)
-        return (pid, status, usage) if pid else None
+        ChildProcessError when there is no child at all. A child a signal ended is looked at
+        before it is reaped: a zombie still shows its cgroup v2 path (agent/death.py)."""
+        found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if found is None:
+            return None
+        if found.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            self.zombie = (found.si_pid, self.read_text(f"/proc/{found.si_pid}/cgroup"))
+        pid, status, usage = os.wait4(found.si_pid, 0)
+        return pid, status, usage
+
+    def zombie_cgroup(self, pid: int) -> str | None:
+        """pid's /proc/PID/cgroup as it was just before it was reaped, if a signal ended it."""
+        return self.zombie[1] if self.zombie[0] == pid else None
 
     def children(self, pid: int | None = None) -> list[int]:
         """The children of pid (this process's by default)."""
@@ -71,3 +85,60 @@ class HostOS:
 
     def clock(self) -> float:
         return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    # -- what agent/death.py reads ---------------------------------------------------------------
+    def read_text(self, path: str) -> str | None:
+        """A small file's text (a /proc or cgroup file), None if it cannot be read."""
+        try:
+            with open(path, "rb") as handle:
+                return handle.read(1 << 16).decode("utf-8", "replace")
+        except OSError:
+            return None
+
+    def cwd_of(self, pid: int | None) -> str | None:
+        """pid's working directory (this process's for None), None if it cannot be read."""
+        try:
+            return os.getcwd() if pid is None else os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return None
+
+    def kernel_log(self) -> list[str] | None:
+        """The records of the kernel log (/dev/kmsg), None where this user may not read it."""
+        try:
+            fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        records: list[str] = []
+        try:
+            while len(records) < KMSG_RECORDS:
+                try:
+                    data = os.read(fd, 8192)
+                except BrokenPipeError:  # a record was overwritten while we read: go on from the next
+                    continue
+                except OSError:  # EAGAIN: the end; EPERM: not ours to read after all
+                    break
+                if not data:
+                    break
+                records.append(data.decode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+        return records or None
+
+    def matches(self, pattern: str) -> list[tuple[str, float]]:
+        """Files matching a glob pattern, with their modification times."""
+        import glob
+
+        found = []
+        for path in glob.glob(pattern):
+            try:
+                found.append((path, os.stat(path).st_mtime))
+            except OSError:
+                pass
+        return found
+
+    def identity(self) -> tuple[int, int, str]:
+        """This process's uid, gid and host name (what a rank it started has, unless it changed them)."""
+        return os.getuid(), os.getgid(), os.uname().nodename

@@ -14,7 +14,7 @@ import time
 from mpilaunch.agent.loop import Timer
 from mpilaunch.protocol.messages import Ping
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

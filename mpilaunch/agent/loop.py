@@ -11,7 +11,7 @@ from __future__ import annotations
 import selectors
 import time
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import selectors
+import signal
 
+from mpilaunch.agent.death import DeathWatch
 from mpilaunch.agent.host_os import HostOS
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.services.base import ServiceError
@@ -17,12 +19,12 @@ from mpilaunch.host import spawn
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Exited, Failed, Started, StdinAck
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from mpilaunch.agent.services.base import Service, Services
-    from mpilaunch.protocol.messages import RankSpec
+    from mpilaunch.protocol.messages import Death, RankSpec
     from mpilaunch.protocol.record import Record
 
 EXIT_REPORT_DELAY = 0.2  # wait this long for a dead rank's pipes to close before reporting
@@ -45,6 +47,8 @@ class RankProcess:
         self.reaped_at = 0.0
         self.reported = False
         self.error_file: str | None = None  # TORCHELASTIC_ERROR_FILE: read when it ends
+        self.sent_kill = False  # this agent sent it SIGKILL (a SIGKILL it did not send is looked into)
+        self.death: Death | None = None  # how a signal killed it (agent/death.py)
 
 
 ERROR_FILE_MAX = 1 << 20  # bytes of a rank's error file sent up (a traceback is far less)
@@ -77,6 +81,7 @@ class Ranks(Timer):
         self.by_ident: dict[int, RankProcess] = {}
         self.by_pid: dict[int, RankProcess] = {}
         self.fd_owner: dict[int, tuple[RankProcess, int]] = {}
+        self.death = DeathWatch(self.os)  # the memory cgroup of each live rank; how a signal killed one
 
     # -- starting ------------------------------------------------------------------------
     def spawn(
@@ -113,6 +118,7 @@ class Ranks(Timer):
         for service in services:
             service.spawned(job, spec, started.pid)
         self.watch(started.pid)
+        self.death.spawned(started.pid, spec.wdir)
         rp = RankProcess(spec.proc, job, started.pid)
         rp.error_file = env.get("TORCHELASTIC_ERROR_FILE")
         self.by_ident[spec.proc] = rp
@@ -202,6 +208,7 @@ class Ranks(Timer):
         rp.status = os.waitstatus_to_exitcode(status)
         rp.cpu = round(usage.ru_utime + usage.ru_stime, 6)
         rp.rss = usage.ru_maxrss * 1024  # kilobytes on Linux
+        rp.death = self.death.ended(pid, status, rp.sent_kill, rp.rss)
         rp.reaped_at = self.os.clock()
         if rp.stdin_fd is not None:
             dropped = sum(len(c) for c in rp.stdin_queue)
@@ -225,7 +232,7 @@ class Ranks(Timer):
         rp.reported = True
         state = self.services.state_of(rp.job, rp.ident) if self.services is not None else "new"
         error = read_error_file(rp.error_file) if rp.status and rp.error_file else ""
-        exited = Exited(proc=rp.ident, status=rp.status, mpi=state, cpu=rp.cpu, rss=rp.rss)
+        exited = Exited(proc=rp.ident, status=rp.status, mpi=state, cpu=rp.cpu, rss=rp.rss, death=rp.death)
         self.send(exited._replace(error=error, error_file=rp.error_file if error else ""))
 
     def next_deadline(self) -> float | None:
@@ -241,6 +248,7 @@ class Ranks(Timer):
         """Signal the process group of every rank not yet reaped (its pid cannot have been reused)."""
         for rp in self.by_ident.values():
             if rp.status is None:
+                rp.sent_kill = rp.sent_kill or sig == signal.SIGKILL
                 try:
                     self.os.killpg(rp.pid, sig)
                 except (ProcessLookupError, PermissionError):

@@ -19,7 +19,7 @@ import time
 from mpilaunch.agent.loop import Timer
 from mpilaunch.host.procfs import start_time
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

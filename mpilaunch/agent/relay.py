@@ -22,7 +22,7 @@ from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Gone, Note, Ping, RelayHost, RelayHosts, encode
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

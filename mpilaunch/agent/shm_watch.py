@@ -16,7 +16,7 @@ from mpilaunch.agent.loop import Timer
 from mpilaunch.host import shm
 from mpilaunch.host.procfs import with_descendants
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.agent.ranks import Ranks
 

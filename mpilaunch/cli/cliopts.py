@@ -18,10 +18,8 @@ MAX_RANKS = 65536  # the largest job planned (plan/placement.MAX_RANKS): more is
 MAX_SECONDS = 365 * 86400.0  # --timeout (and MPIEXEC_TIMEOUT): a year
 # torchrun's options that mean nothing here: accepted with their value, said once
 TORCHRUN_IGNORED = (
-    "--event-log-handler", "--event_log_handler", "--logs-specs", "--logs_specs", "--numa-binding",
-    "--numa_binding", "--signals-to-handle", "--signals_to_handle", "--shutdown-timeout", "--shutdown_timeout",
-    "--duplicate-stdout-filters", "--duplicate_stdout_filters", "--duplicate-stderr-filters",
-    "--duplicate_stderr_filters",
+    "event-log-handler", "logs-specs", "numa-binding", "signals-to-handle", "shutdown-timeout",
+    "duplicate-stdout-filters", "duplicate-stderr-filters",
 )  # fmt: skip
 # hydra's launchers that mpilaunch has no engine of its own for: read as auto, with a note
 OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "sge", "ll", "cobalt", "persist", "manual")
@@ -371,7 +369,15 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="torchrun's: only these local ranks' output on the console.",
     ),
     Opt("local_addr", ("--local-addr", "--local_addr"), metavar="ADDR", help="torchrun's: this node's address."),
-    Opt("torch_ignored", TORCHRUN_IGNORED, MULTI, metavar="VALUE", help="torchrun's other options: accepted, said."),
+    *(
+        Opt(
+            "ignored_" + name.replace("-", "_"),
+            (f"--{name}", f"--{name.replace('-', '_')}"),
+            metavar="VALUE",
+            help="torchrun's: means nothing here, said.",
+        )
+        for name in TORCHRUN_IGNORED
+    ),
     Opt(
         "quiet", ("-q", "--quiet", "-quiet"), FLAG, help="Silence mpilaunch's own notes (errors and the summary stay)."
     ),

@@ -13,7 +13,7 @@ from mpilaunch.host.mpi_family import own_open_mpi
 from mpilaunch.host.programs import find_program, program_family
 from mpilaunch.plan.pmi import BOTH, served_mpi
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.cli.cmdline import CommandLine
 

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from mpilaunch.cli.cliopts import TORCHRUN_IGNORED
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, TorchRun
 
@@ -39,8 +40,9 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "tee",
     "local_ranks_filter",
     "local_addr",
-    "torch_ignored",
+    *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
 )
+FLAGS = ("standalone", "module", "no_python", "run_path")  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
 RUN_PATH = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
@@ -72,11 +74,14 @@ def torch_options(
     if not torch_mode:
         apps[:] = [a._replace(argv=python_program(a.argv, a.wdir)) for a in apps]
         return {}, []
-    for key in list(words):  # torchrun reads PET_<NAME> for an option not given
-        if key not in given and f"PET_{key.upper()}" in env:
-            words[key] = env[f"PET_{key.upper()}"]
-    ignored = " ".join(map(str, words["torch_ignored"]))  # type: ignore[call-overload]
-    notes = [f"torchrun's option with {ignored} means nothing here: ignored"] if ignored else []
+    for key in TORCH_WORDS:  # torchrun reads PET_<NAME> for an option not given
+        if key not in given and not key.startswith("ignored_") and f"PET_{key.upper()}" in env:
+            words[key] = _env_flag(key, env) if key in FLAGS else env[f"PET_{key.upper()}"]
+    notes = [
+        f"torchrun's --{name} means nothing here: ignored"
+        for name in TORCHRUN_IGNORED
+        if words["ignored_" + name.replace("-", "_")] is not None
+    ]
     backend = str(words["rdzv_backend"] or "static").lower()
     if backend not in ("static", "c10d"):
         raise LaunchError(
@@ -87,7 +92,7 @@ def torch_options(
     nnodes = node_count(words["nnodes"], name)
     if any(a.np is not None for a in apps) and "nproc_per_node" in given:
         raise LaunchError("-n and --nproc-per-node: give one of them (torchrun's is ranks per node)")
-    node_rank = words["node_rank"]
+    node_rank = None if words["node_rank"] is None else _whole("--node-rank", words["node_rank"], 0, 65536)
     endpoint = None
     standalone = bool(words["standalone"])
     if standalone:
@@ -96,13 +101,18 @@ def torch_options(
     if per_node:
         if node_rank is None and backend == "static":
             raise LaunchError("--nnodes N with torchrun's static rendezvous: give this node's --node-rank")
+        if node_rank is None:  # c10d's agents number themselves as they arrive; these launchers do not
+            raise LaunchError(
+                "--nnodes N with --rdzv-backend c10d: mpilaunch's launchers do not number the nodes as they "
+                "arrive; give this node's --node-rank (in Slurm, $SLURM_NODEID)"
+            )
         endpoint = _endpoint(words, backend)
-        if node_rank is not None and not 0 <= int(node_rank) < nnodes:  # type: ignore[operator]
+        if not 0 <= node_rank < nnodes:
             raise LaunchError(f"--node-rank {node_rank}: expected 0 to {nnodes - 1} for --nnodes {nnodes}")
     torch = TorchRun(
         nproc_per_node=nproc,
         nnodes=nnodes,
-        node_rank=int(node_rank) if per_node and node_rank is not None else None,  # type: ignore[call-overload]
+        node_rank=node_rank if per_node else None,
         endpoint=endpoint,
         run_id=str(words["rdzv_id"]) if words["rdzv_id"] not in (None, "none") else "",
         role=str(words["role"] or "default"),
@@ -150,10 +160,12 @@ def nproc_per_node(value: str) -> int:
     if value == "gpu":
         from mpilaunch.host.hostinfo import count_gpus
 
-        count = count_gpus(os.environ.get("PATH", os.defpath))
+        found = count_gpus(os.environ.get("PATH", os.defpath))
+        count = found.get("count")
         if not count:
-            raise LaunchError("--nproc-per-node gpu: no GPU found on this machine (nvidia-smi counts none)")
-        return count
+            why = found.get("error") or ("nvidia-smi counts none" if count == 0 else "no nvidia-smi on PATH")
+            raise LaunchError(f"--nproc-per-node gpu: no GPU found on this machine ({why})")
+        return int(count)
     raise LaunchError(f"--nproc-per-node {value!r}: expected a number from 1, auto, cpu or gpu")
 
 
@@ -177,9 +189,12 @@ def node_count(value: object, name: str) -> int | None:
 
 def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
     """Where the nodes' launchers meet: --rdzv-endpoint HOST[:PORT], else --master-addr:--master-port."""
-    text = words["rdzv_endpoint"]
+    text = str(words["rdzv_endpoint"] or "").strip()
     if text:
-        host, _, port = str(text).rpartition(":") if ":" in str(text) else (str(text), "", "")
+        bracketed = text.startswith("[") and text.endswith("]")  # [IPv6] without a port, as torchrun reads it
+        host, _, port = text.rpartition(":") if ":" in text and not bracketed else (text, "", "")
+        if len(host) > 1 and host[0] == "[" and host[-1] == "]":
+            host = host[1:-1]
         port_number = int(port) if port.isdigit() else C10D_PORT if backend == "c10d" else STATIC_PORT
         if not host or not 0 < port_number < 65536:
             raise LaunchError(f"--rdzv-endpoint {text!r}: expected HOST[:PORT]")
@@ -188,7 +203,24 @@ def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
         raise LaunchError(
             "--nnodes N: say where the nodes meet, with --master-addr (and --master-port) or --rdzv-endpoint"
         )
-    return str(words["master_addr"]), int(words["master_port"] or STATIC_PORT)  # type: ignore[call-overload]
+    port = STATIC_PORT if words["master_port"] is None else _whole("--master-port", words["master_port"], 1, 65535)
+    return str(words["master_addr"]), port
+
+
+def _whole(option: str, value: object, low: int, high: int) -> int:
+    """A number torchrun's option (or its PET_ variable, not checked as the command line is) gives."""
+    text = str(value).strip()
+    if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+        raise LaunchError(f"{option} {text!r}: expected a number from {low} to {high}")
+    return int(text)
+
+
+def _env_flag(key: str, env: Mapping[str, str]) -> bool:
+    """PET_STANDALONE and the like: 0 is off, another number on (torchrun's check_env)."""
+    text = env[f"PET_{key.upper()}"].strip()
+    if not (text.isascii() and text.lstrip("-").isdigit()):
+        raise LaunchError(f"PET_{key.upper()}={text!r}: expected 0 or 1")
+    return int(text) != 0
 
 
 def std_streams(option: str, value: object) -> tuple[tuple[int, int], ...]:

@@ -22,7 +22,7 @@ import time
 
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections import deque

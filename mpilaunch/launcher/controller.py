@@ -67,7 +67,7 @@ from mpilaunch.protocol.messages import (
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.local import LocalTransport
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

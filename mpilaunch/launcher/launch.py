@@ -25,7 +25,7 @@ from mpilaunch.transport.local import LocalTransport, discard_early_agent, raise
 
 LOCAL = LocalTransport()  # this machine's agents
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.launcher.controller import Controller
 
@@ -379,8 +379,8 @@ def probe(plan: LaunchPlan) -> tuple[dict[int, Link], Facts]:
     if not remote:
         return {}, Facts(host_info=dict(plan.host_info), families=families)
     links: dict[int, Link] = {}
-    if local:
-        links[local[0]] = LOCAL.agent()
+    if local:  # the first (forked early) now; any other this machine runs (--launcher local) with the launch
+        links.update({index: result.link for index, result in LOCAL.start({local[0]: plan.hosts[local[0]]}).items()})  # type: ignore[misc]
     try:
         remote_links, results = start_remote_agents(plan, remote)
     except BaseException:
@@ -410,11 +410,10 @@ def execute(plan: LaunchPlan, host_tags: bool = False, notes: bool = True) -> Co
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
     # agents answer waits in their links until the controller reads it.
     try:
+        here = {index: plan.hosts[index] for index in final.launches if index not in links}
+        links.update({index: result.link for index, result in LOCAL.start(here).items()})  # type: ignore[misc]
         for index, launch in final.launches.items():
-            link = links.get(index)
-            if link is None:
-                link = links[index] = LOCAL.agent()
-            link.send(encode(launch))
+            links[index].send(encode(launch))
         from mpilaunch.launcher.controller import Controller
 
         return Controller(plan, sink, links, summary=not host_tags, launched=True, agents=LOCAL.agent)

@@ -3,6 +3,9 @@ through the connections that carry them, given up when silent, closed.
 
 Behind relays (tree spawn) a host has no descriptor of its own: its frames arrive on its
 head's connection, and frames for it go down that connection in ROUTED frames.
+
+A link that closed or was given up stays closed: nothing reconnects, and its host's ranks are
+lost with it (the controller's HostLost), as are the hosts it relayed to.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from mpilaunch.protocol.messages import encode
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import Link
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 

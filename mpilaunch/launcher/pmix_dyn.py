@@ -22,7 +22,7 @@ from mpilaunch.protocol.messages import (
     PmixUnpublish,
 )
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

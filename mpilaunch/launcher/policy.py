@@ -48,7 +48,7 @@ from mpilaunch.plan.spec import Options
 from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -124,7 +124,7 @@ class Policy:
 
     def exited(self, event: Exited) -> None:
         state = self.procs[event.proc]
-        state.cpu, state.rss = event.cpu, event.rss
+        state.cpu, state.rss, state.death = event.cpu, event.rss, event.death
         state.error, state.error_file = event.error, event.error_file
         self.rank_ended(state, event.status, mpi=event.mpi)
 

@@ -8,7 +8,9 @@ Node 0's launcher serves a TCPStore there (host/tcpstore.py); it is also the ran
 While they run, a node that ends badly says so (`mpilaunch/failed`), which stops every other
 node's job; a launcher that goes away is seen by the store's end of its connection (node 0),
 or by the end of the connection to node 0 (the others). At the end each node writes
-`mpilaunch/done/K`; node 0 keeps the store up until every node has.
+`mpilaunch/done/K`; node 0 keeps the store up until every other node's launcher has hung up,
+having read whether any node said it was the last attempt (`mpilaunch/final`, which node 0
+writes before its own done: a failed node waits for that before it reads it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 JOIN_TIMEOUT = 600.0  # seconds a launcher waits for the other nodes' (torchrun's join_timeout)
-DONE_TIMEOUT = 30.0  # seconds node 0 keeps the store up for the others to finish saying so
 PREFIX = "mpilaunch/"
 
 
@@ -43,6 +44,7 @@ class NodeRendezvous:
         self.client: tcpstore.StoreClient | None = None
         self.watcher: tcpstore.StoreClient | None = None  # a node's connection that waits for the end
         self.lost: Callable[[str], None] | None = None  # told why the other nodes' job is over
+        self.sel: selectors.BaseSelector | None = None  # the controller's, watched from
         self.over = False
         self.elsewhere = ""  # after finish: why the job failed on another node while this one's ended well
 
@@ -98,7 +100,7 @@ class NodeRendezvous:
     def watch_from(self, sel: selectors.BaseSelector, lost: Callable[[str], None]) -> None:
         """From now on `lost(why)` is called, once, when another node's job ended badly or its
         launcher went away: the controller's loop serves the store (node 0) or waits on it."""
-        self.lost = lost
+        self.lost, self.sel = lost, sel
         if self.server is not None:
             self.server.set(self.key("running"), "1")
             sel.register(self.server.sel, selectors.EVENT_READ, lambda fd: self._serve())
@@ -117,7 +119,8 @@ class NodeRendezvous:
 
     def _woken(self) -> None:
         """The watching connection spoke: another node failed, or node 0's launcher is gone."""
-        assert self.watcher is not None and self.client is not None
+        assert self.watcher is not None and self.client is not None and self.sel is not None
+        self.sel.unregister(self.watcher.fileno())  # it said what it had to; its end later is no news
         try:
             self.watcher.wait_end(self.timeout)
             why = self.client.get(self.key("failed")).decode(errors="replace")
@@ -126,12 +129,16 @@ class NodeRendezvous:
         self._lose(why)
 
     def _closed(self, peer: tcpstore.Peer) -> None:
-        """Node 0: a connection closed; one that said a node joined is that node's launcher."""
+        """Node 0: a connection closed; one that said a node joined is that node's launcher.
+        While the nodes still meet, that node has not joined after all: the others wait for it
+        again (another launcher of that node may come) and, at the timeout, name it."""
         if self.server is None or self.over:
             return
         for k in range(1, self.nodes):
             joined, done = self.key(f"joined/{k}"), self.key(f"done/{k}")
             if joined in peer.wrote and self.server.get(done) is None:
+                if self.lost is None:  # meeting (node 0's store is served only then before watch_from)
+                    self.server.delete(joined)
                 self._lose(f"node {k}'s launcher went away")
 
     def _lose(self, why: str) -> None:
@@ -143,14 +150,17 @@ class NodeRendezvous:
     def finish(self, status: int, last: bool = False) -> bool:
         """Say how this node's job ended (a failure stops the others'), and, with last, that it
         starts no other attempt (a user's signal, the time limit: --max-restarts then restarts
-        no node); every node waits for every node to say so (node 0's store stays up until
-        then), so one whose ranks ended well learns in `elsewhere` that the job failed on
-        another, and starts the next attempt with it. Whether any node said it was the last."""
+        no node). A node waits until the job has ended everywhere, or failed somewhere and node
+        0 has said whether that was the last attempt; node 0's store stays until every other
+        node's launcher has hung up. So a node whose ranks ended well learns in `elsewhere`
+        that the job failed on another, and starts the next attempt with it. Whether any node
+        said it was the last."""
         self.over = True
         why = f"node {self.node}'s job ended with status {status}"
         final, failed = self.key("final"), self.key("failed")
         keys = [self.key(f"done/{k}") for k in range(self.nodes)]
         said_last = last
+        told: bytes | None = None
         try:
             if self.server is not None:
                 if last:
@@ -158,14 +168,9 @@ class NodeRendezvous:
                 if status and self.server.get(failed) is None:
                     self.server.set(failed, why)
                 self.server.set(keys[0], str(status))
-                deadline = time.monotonic() + DONE_TIMEOUT
-
-                def finished() -> bool:
-                    if self.server.get(failed) is not None and not self.server.peers:
-                        return True  # a failure: the others stop; nobody is left to wait for
-                    return all(self.server.get(k) is not None for k in keys) or time.monotonic() > deadline
-
-                self.server.run(finished, 0.05)
+                nodes = {self.key(f"joined/{k}") for k in range(1, self.nodes)}
+                # each node's launcher hangs up once it has read what it needs (or is gone)
+                self.server.run(lambda: not any(peer.wrote & nodes for peer in self.server.peers.values()), 0.05)
                 said_last = self.server.get(final) is not None
                 told = self.server.get(failed)
             elif self.client is not None:
@@ -174,15 +179,10 @@ class NodeRendezvous:
                 if status and not self.client.check([failed]):
                     self.client.set(failed, why)
                 self.client.set(keys[self.node], str(status))
-                if not status:  # how the others ended decides whether this node starts again
-                    try:
-                        self.client.wait(keys, DONE_TIMEOUT)
-                    except tcpstore.StoreTimeout:
-                        pass
+                while not (self.client.check(keys) or self.client.check([failed, keys[0]])):
+                    time.sleep(0.05)  # the others still run: node 0's store answers while they do
                 said_last = said_last or self.client.check([final])
                 told = self.client.get(failed) if self.client.check([failed]) else None
-            else:
-                told = None
             if not status and told is not None:
                 self.elsewhere = told.decode(errors="replace")
         except (tcpstore.StoreError, OSError):

@@ -10,6 +10,7 @@ from mpilaunch.launcher.root_cause import FRAMES_SHOWN, RootCause
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.rank_env import mask
+from mpilaunch.protocol.messages import Death
 
 RULE = "-" * 74
 
@@ -113,6 +114,7 @@ def failure_summary(
     reason: str | None = None,
     before_finalizing: bool = False,
     cause: RootCause | None = None,
+    death: Death | None = None,
 ) -> str:
     if aborted:
         head = (
@@ -126,13 +128,21 @@ def failure_summary(
         )
     where = f"{rank}" if job == 1 else f"{rank} of spawned job {job}"
     lines = [RULE]
-    if cause is not None:  # the rank's own words first: what most readers came for
+    oom = oom_words(death) if death is not None else None
+    if oom is not None:  # how it died first: what most readers came for
+        lines += [f"rank {where} on {host} was {oom}", *([] if cause is not None else [""])]
+    if cause is not None:  # the rank's own words
         lines += [f"rank {where} on {host} raised {cause.line}", ""]
     lines += [head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
     lines.append(f"  Command:   {shown_command(argv)}")
     lines.append(f"  {describe_status(status, before_finalizing)}")
     if reason:
         lines.append(f"  Reason:    {reason}")
+    if oom is not None:
+        lines.append(f"  Killed by: {oom[len('killed by ') :]}")
+    core = core_words(death, pid) if death is not None else None
+    if core is not None:
+        lines.append(f"  Core file: {core}")
     if cause is not None:
         lines.append(f"  Error:     {cause.line}  (from {cause.source})")
         if cause.frames:
@@ -147,6 +157,42 @@ def failure_summary(
         lines.append(f"Killed by mpilaunch: {rank_list(killed, killed_other)}")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+def size(value: int) -> str:
+    """Bytes for people: 100 MiB, 23.5 GiB."""
+    number = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if number < 1024 or unit == "TiB":
+            break
+        number /= 1024
+    return f"{number:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def oom_words(death: Death) -> str | None:
+    """`killed by the out-of-memory killer (cgroup limit 100 MiB / host memory 24 GiB; peak RSS
+    96 MiB)`, if it was."""
+    if not death.oom:
+        return None
+    limits = (("cgroup limit", death.limit_bytes), ("host memory", death.host_bytes))
+    memory = [f"{what} {size(n)}" for what, n in limits if n]
+    parts = [" / ".join(memory)] if memory else []
+    if death.peak_rss:
+        parts.append(f"peak RSS {size(death.peak_rss)}")
+    return "killed by the out-of-memory killer" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def core_words(death: Death, pid: int | None) -> str | None:
+    """Where the core file is, or where it went when there is no file to name."""
+    if death.core:
+        return death.core
+    if death.core_handler == "systemd-coredump":
+        return "dumped to systemd-coredump, not to a file" + (f" (coredumpctl info {pid})" if pid else "")
+    if death.core_handler:
+        return f"dumped to {death.core_handler} (core_pattern pipes cores to it), not to a file"
+    if death.core_pattern:
+        return f"dumped, but not found where core_pattern ({death.core_pattern}) puts it"
+    return None
 
 
 COMMAND_SHOWN = 400  # characters of a failed rank's command in the summary (--report-json has it whole)

@@ -16,12 +16,13 @@ from mpilaunch.launcher.policy import Policy
 from mpilaunch.launcher.signal_table import name_of
 from mpilaunch.launcher.states import RankState
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from mpilaunch.launcher.output import OutputSink
     from mpilaunch.plan.build import JobPlan, LaunchPlan
+    from mpilaunch.protocol.messages import Death
     from mpilaunch.protocol.record import Record
 
 SCHEMA = 1
@@ -36,6 +37,11 @@ def status_fields(status: int | None) -> dict[str, object]:
     except ValueError:
         name = f"signal {-status}"
     return {"exit_code": None, "signal": name}
+
+
+def death_fields(death: Death) -> dict[str, object]:
+    """How a signal killed the rank, as its agent found out (picture/reading.py draws it)."""
+    return {"oom": death.oom, "limit_bytes": death.limit_bytes, "peak_rss": death.peak_rss, "core": death.core}
 
 
 class JsonReport:
@@ -74,6 +80,8 @@ class JsonReport:
         return None if monotonic is None else round(monotonic + self.wall_offset, 6)
 
     def rank(self, state: RankState) -> dict[str, object]:
+        death = state.death
+        known = {"death": death_fields(death)} if death is not None else {}
         return {
             "attempt": self.plan.attempt,
             "job": state.job,
@@ -89,6 +97,7 @@ class JsonReport:
             "reason": state.reason,
             "cpu_seconds": state.cpu,
             "peak_rss_bytes": state.rss,
+            **known,
         }
 
     def document(self, status: int) -> dict[str, object]:

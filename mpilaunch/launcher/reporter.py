@@ -23,7 +23,7 @@ from mpilaunch.launcher.policy import Policy, abort_status
 from mpilaunch.launcher.signal_table import ACTIONS, name_of
 from mpilaunch.launcher.states import RankState
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -124,5 +124,6 @@ class ConsoleReporter:
                 reason=failure.reason,
                 before_finalizing=unfinalized,
                 cause=root_cause(failure.error, failure.error_file, self.output.last_lines(failure.proc, 200)),
+                death=failure.death,
             )
             self.output.say(text)

@@ -10,6 +10,8 @@ from mpilaunch.protocol.record import Record
 
 FRAMES_SHOWN = 6  # innermost frames in the summary (--report-json has every one)
 TRACEBACK = "Traceback (most recent call last):"
+# what Python prints for the script itself without a traceback above: its file, line, caret
+COMPILE_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 
 
 class RootCause(Record):
@@ -36,7 +38,7 @@ def from_error_file(text: str, path: str) -> RootCause | None:
 
     try:
         document = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # the rank wrote what it liked there: [[[[... is no error file
         return None
     message = document.get("message") if isinstance(document, dict) else None
     if isinstance(message, str):
@@ -44,7 +46,8 @@ def from_error_file(text: str, path: str) -> RootCause | None:
         return RootCause(kind, said, (), _file(path))
     if not isinstance(message, dict):
         return None
-    stack = (message.get("extraInfo") or {}).get("py_callstack") or ""
+    extra = message.get("extraInfo")
+    stack = (extra.get("py_callstack") if isinstance(extra, dict) else None) or ""
     found = from_traceback(str(stack).splitlines(), _file(path)) if stack else None
     line = str(message.get("message") or "")
     kind, _, said = line.partition(": ")
@@ -61,7 +64,9 @@ def from_traceback(lines: Sequence[str], source: str = "its stderr") -> RootCaus
     """The last Python traceback in these lines (a rank's last stderr lines), if one ends them."""
     starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK]
     if not starts:
-        return None
+        starts = _compile_error(lines)
+        if not starts:
+            return None
     block = list(lines[starts[-1] + 1 :])
     frames: list[str] = []
     exception = ""
@@ -80,6 +85,19 @@ def from_traceback(lines: Sequence[str], source: str = "its stderr") -> RootCaus
         return None
     kind, _, said = exception.partition(": ")
     return RootCause(kind, said, tuple(reversed(frames)), source)
+
+
+def _compile_error(lines: Sequence[str]) -> list[int]:
+    """A script that does not compile: `  File "x.py", line 3` over its code and caret, then
+    `SyntaxError: ...`; the index before that File line, as a traceback's header would be."""
+    for end in range(len(lines) - 1, -1, -1):
+        if lines[end].split(":", 1)[0] in COMPILE_ERRORS:
+            for at in range(end - 1, max(end - 5, -1), -1):
+                stripped = lines[at].strip()
+                if stripped.startswith("File ") and ", line " in stripped:
+                    return [at - 1]
+            return []
+    return []
 
 
 def _exception_line(line: str) -> bool:

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from mpilaunch.plan.placement import Rank
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from mpilaunch.protocol.messages import Death
+
 PLANNED, RUNNING, STOPPING, EXITED, FAILED = "planned", "running", "stopping", "exited", "failed"
 RANK_MOVES = {
     PLANNED: frozenset((RUNNING, STOPPING, EXITED, FAILED)),
@@ -45,11 +49,13 @@ def moved(current: str, new: str, moves: dict[str, frozenset[str]]) -> str:
 class RankState:
     """One process of the run as the controller knows it (a plain class: see plan/spec.py).
 
-    Times are the policy clock's (monotonic seconds); cpu and rss come from the agent's wait4."""
+    Times are the policy clock's (monotonic seconds); cpu and rss come from the agent's wait4,
+    death from its look at how a signal killed the rank (agent/death.py)."""
 
     __slots__ = (
         "abort_code",
         "cpu",
+        "death",
         "ended_at",
         "error",
         "error_file",
@@ -83,6 +89,7 @@ class RankState:
         self.ended_at: float | None = None
         self.cpu: float | None = None
         self.rss: int | None = None
+        self.death: Death | None = None  # how a signal killed it, as its agent found out
 
     @property
     def done(self) -> bool:

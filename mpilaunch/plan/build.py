@@ -110,7 +110,8 @@ def in_slurm_allocation(env: Mapping[str, str], source: str) -> bool:
 
 
 def with_slots(hosts: list[Host], source: str, options: Options) -> list[Host]:
-    """Fill in core counts for hosts listed without slots (only known here for this machine)."""
+    """Fill in core counts for hosts listed without slots (only known here for this machine).
+    A remote host's CPUs come in its agent's Hello, after placement: its count must be given."""
     unknown = [h.name for h in hosts if h.slots is None and over_ssh(options, h)]
     if unknown:
         raise LaunchError(f"{source}: no slot count for remote host {unknown[0]!r}; give one with slots=N or host:N")
@@ -139,6 +140,11 @@ class Here:
 
 
 def master_address(options: Options, hosts: list[Host], used: set[int], rank0_host: int) -> str:
+    """MASTER_ADDR as planned, before any host is reached: 127.0.0.1 when every rank runs here,
+    this machine's name when rank 0 runs here and others elsewhere, else rank 0's host's name.
+    It is what --dry-run shows; once the agents answered, the address rank 0's host was really
+    reached at (or this machine's as the hosts see it) replaces it (launch.remote_facts,
+    finalize)."""
     if not over_ssh(options, hosts[rank0_host]):
         all_local = not any(over_ssh(options, hosts[i]) for i in used)
         return "127.0.0.1" if all_local else os.uname().nodename  # socket.gethostname() is uname's

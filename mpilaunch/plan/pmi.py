@@ -6,7 +6,7 @@ from __future__ import annotations
 from mpilaunch.errors import LaunchError
 from mpilaunch.protocol.messages import MPI4PY_HINT, UNKNOWN, PmiJob, PmixJob
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the early agent's guess (cli/pmix_guess.py) imports this before the fork
     from collections.abc import Mapping, Sequence
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -134,6 +134,19 @@ class PmixDatum(Record):
     binary: bool = False  # a byte object (Open MPI's connect/accept agrees on a context id with them)
     nspace: str = ""
     rank: int = 0
+
+
+class Death(Record):
+    """How a rank a signal ended died, as its agent found out: killed by the kernel's
+    out-of-memory killer (the memory limit it hit, the host's memory), and its core file."""
+
+    oom: bool = False
+    limit_bytes: int | None = None  # the smallest memory limit of its cgroup and those above; None: none
+    host_bytes: int | None = None  # the host's memory (MemTotal)
+    peak_rss: int | None = None  # bytes, from wait4
+    core: str | None = None  # the core file's path
+    core_handler: str = ""  # core_pattern pipes cores to this program (systemd-coredump, apport): no path
+    core_pattern: str = ""  # a core was dumped but not found where this core_pattern puts it
 
 
 class RankStack(Record):
@@ -370,7 +383,8 @@ class Failed(Record):
 
 
 class Exited(Record):
-    """The rank ended: exit code or -signal, its MPI state, and its resource use (wait4)."""
+    """The rank ended: exit code or -signal, its MPI state, its resource use (wait4), and what
+    its agent found of how a signal killed it."""
 
     proc: int
     status: int
@@ -379,6 +393,7 @@ class Exited(Record):
     rss: int | None = None  # peak resident set, bytes
     error: str = ""  # what the rank left in its TORCHELASTIC_ERROR_FILE (torch's @record), if anything
     error_file: str = ""  # ... and where
+    death: Death | None = None  # for a rank a signal ended: the out-of-memory killer, a core file
 
 
 class StdinAck(Record):
@@ -588,7 +603,7 @@ UP_MESSAGES = (
     Gone,
 )
 PARTS = (
-    AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, RankStack,
+    AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, Death, RankStack,
 )  # fmt: skip
 
 

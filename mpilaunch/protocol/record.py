@@ -12,7 +12,7 @@ and the shared methods of `_Tuple` (6 us a class), its annotations kept as the s
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # True for type checkers, which treat the name specially: no typing import here
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from typing import NamedTuple as Record

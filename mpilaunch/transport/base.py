@@ -12,7 +12,7 @@ a run on one machine never imports paramiko.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # messages: imported by the agent after the early fork, not before it
     from collections.abc import Mapping
 

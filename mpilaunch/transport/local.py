@@ -14,7 +14,7 @@ import sys
 
 from mpilaunch.transport.base import HostResult, Link, Transport
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
@@ -99,10 +99,12 @@ _early: LocalLink | None = None  # forked by prestart_local_agent, not yet taken
 
 
 def prestart_local_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> None:
-    """Fork the local agent now, before the command line is read: its imports and set-up
+    """Fork the local agent now, before the command line is parsed: its imports and set-up
     (subreaper, guardian, PMI server) then run on another core while this process imports and
     plans, instead of after it (about 10 ms of a short job). pmix_guess, called in the agent,
-    says whether to start a PMIx server already (cli/pmix_guess.py)."""
+    says whether to start a PMIx server already (cli/pmix_guess.py). Forking this early is sound
+    because the launcher never changes its environment or working directory afterwards: the
+    agent has the same as a later fork would."""
     global _early
     if _early is None:
         # Both sides need these: imported once, here, the agent gets them with the fork.
@@ -140,7 +142,11 @@ def start_local_agent() -> LocalLink:
 
 
 def _fork_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> LocalLink:
-    """Fork an agent; it runs in its own session so terminal signals reach only the controller."""
+    """Fork an agent; it runs in its own session so terminal signals reach only the controller.
+    It keeps no descriptor of the launcher's but its socket: an agent holding the launcher's
+    connection to a remote sshd would keep it open after a kill -9 of the launcher, and the
+    remote agent would never see the end of its link (launch.probe forks this machine's agent
+    before any connection too)."""
     ours, theirs = _socket.socketpair()
     for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
         if stream is not None:

@@ -22,7 +22,7 @@ import time
 
 from mpilaunch.transport.stage1 import STAGE1, python_line
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 

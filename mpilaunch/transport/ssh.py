@@ -27,7 +27,7 @@ from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
 from mpilaunch.transport.sshconfig import not_honoured
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import paramiko  # only for annotations: imported when paramiko is the SSH client
 

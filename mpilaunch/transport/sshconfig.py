@@ -15,7 +15,7 @@ import os
 
 from mpilaunch.errors import LaunchError
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

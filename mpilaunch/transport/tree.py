@@ -9,6 +9,11 @@ Every host still has its own link in the controller: a RelayedLink sends through
 host's connection, wrapped in ROUTED frames that the relays pass down, and the relays wrap
 what comes up. Each relaying host is sent its RelayHosts right behind its check; the hosts
 below greet the launcher through the heads (launcher/greeting.py), as any other.
+
+Only remote hosts are in the tree (a relay ships its own code, which a forked local agent does
+not have: Agent.start_relay refuses), and `mpilaunch check` and `allrun` start their hosts
+directly. Collectives are not merged per level: each host's fence goes up on its own (a PMI
+barrier's answer comes down once per head, as an ALL frame).
 """
 
 from __future__ import annotations

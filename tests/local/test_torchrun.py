@@ -104,6 +104,11 @@ def added(rank_env: dict[str, str], parent: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in rank_env.items() if parent.get(k) != v}
 
 
+def _default_sigint() -> None:
+    """As from a terminal (a test run in the background hands its children SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -343,7 +348,9 @@ def test_a_job_that_always_fails_ends_with_its_status_after_every_attempt(launch
 
 def test_ctrl_c_is_never_restarted(launcher: Launcher, tmp_path: Path) -> None:
     script = write_script(tmp_path, "wait.py", "import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
-    proc = launcher.popen("--nproc-per-node", "2", "--max-restarts", "2", "--restart-delay", "0", script)
+    proc = launcher.popen(
+        "--nproc-per-node", "2", "--max-restarts", "2", "--restart-delay", "0", script, preexec_fn=_default_sigint
+    )
     try:
         _lines_until(proc, 2, "ready")
         proc.send_signal(signal.SIGINT)
@@ -354,6 +361,29 @@ def test_ctrl_c_is_never_restarted(launcher: Launcher, tmp_path: Path) -> None:
             proc.communicate()
     assert proc.returncode == 130, err.decode()
     assert "starts again" not in err.decode()
+
+
+def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher, tmp_path: Path) -> None:
+    proc = launcher.popen(
+        "--max-restarts", "3", "--restart-delay", "600", "sh", "-c", "exit 3", preexec_fn=_default_sigint
+    )
+    try:
+        fd = proc.stderr.fileno()  # type: ignore[union-attr]
+        said = b""
+        while b"starts again in 600 s" not in said:
+            assert select.select([fd], [], [], HANG)[0], said
+            chunk = os.read(fd, 65536)
+            assert chunk, said
+            said += chunk
+        proc.send_signal(signal.SIGINT)
+        proc.wait(HANG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+    assert proc.returncode == 130
 
 
 def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) -> None:

@@ -98,8 +98,8 @@ def test_nothing_is_left_on_any_host(launcher: Launcher, bed: SshBed, tmp_path: 
     proc.send_signal(sig)
     proc.communicate(timeout=60)
     signalled = time.monotonic()
-    if sig == signal.SIGTERM:
-        assert proc.returncode == 143, proc.returncode
+    if sig == signal.SIGTERM:  # (a SIGTERM before the interpreter reached mpilaunch's code ends it as a C program)
+        assert proc.returncode == 143 or (moment.startswith("start-up") and proc.returncode == -signal.SIGTERM)
     left = _left(launcher, bed, signalled)
     COUNTS[f"{shape} {moment}"] = len(left)
     if left:

@@ -5,6 +5,7 @@ reads them) and made-up pids; exits are wait statuses the test queues."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import signal
 
@@ -15,6 +16,8 @@ from mpilaunch.agent.ranks import EXIT_REPORT_DELAY, Ranks
 from mpilaunch.agent.reaper import Reaper
 from mpilaunch.host import spawn
 from mpilaunch.protocol.messages import Exited, Failed, RankSpec, Started
+
+WALL = 1795000000.0  # the fake's wall clock is its monotonic clock plus this
 
 
 class Usage:
@@ -35,6 +38,11 @@ class FakeOS:
         self.groups: dict[int, int] = {}  # pid -> process group
         self.ends: dict[int, list[int]] = {}  # pid -> the test's ends of its stdout/stderr pipes
         self.refuse: OSError | None = None  # the next start fails so
+        # what agent/death.py reads
+        self.files: dict[str, str] = {}  # path -> text (/proc files, cgroup files)
+        self.kmsg: list[str] | None = None  # the kernel log's records (None: not readable)
+        self.on_disk: dict[str, float] = {}  # path -> modification time (core files)
+        self.zombies: dict[int, str] = {}  # pid -> its /proc/PID/cgroup while a zombie
 
     def start(self, argv, env, wdir, *, stdin, merge, pass_fds, gate, cpus=None):  # type: ignore[no-untyped-def]
         if self.refuse is not None:
@@ -77,6 +85,27 @@ class FakeOS:
     def clock(self) -> float:
         return self.now
 
+    def wall(self) -> float:
+        return WALL + self.now
+
+    def read_text(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def cwd_of(self, pid: int | None) -> str | None:
+        return "/work" if pid is None else self.files.get(f"/proc/{pid}/cwd")
+
+    def kernel_log(self) -> list[str] | None:
+        return self.kmsg
+
+    def matches(self, pattern: str) -> list[tuple[str, float]]:
+        return [(path, mtime) for path, mtime in self.on_disk.items() if fnmatch.fnmatchcase(path, pattern)]
+
+    def identity(self) -> tuple[int, int, str]:
+        return 1000, 1000, "node1"
+
+    def zombie_cgroup(self, pid: int) -> str | None:
+        return self.zombies.get(pid)
+
     def end(self, pid: int, status: int) -> None:
         """The process ends: its pipes close, its wait status is there to reap."""
         for fd in self.ends.pop(pid, []):
@@ -96,6 +125,7 @@ class Agent:
         self.reaper = Reaper(self.ranks)
         self.loop.add_timer(self.reaper)
         self.loop.add_timer(self.ranks)
+        self.loop.add_timer(self.ranks.death)
 
     def spawn(self, proc: int, argv: tuple[str, ...] = ("prog",), cpus: list[int] | None = None) -> bool:
         spec = RankSpec(proc=proc, rank=proc, local_rank=proc, app=0, argv=argv, wdir="/", env={})

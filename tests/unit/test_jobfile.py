@@ -259,7 +259,7 @@ def test_no_program_anywhere(tmp_path: Path) -> None:
 
 
 @given(st.text(max_size=200))
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 def test_fuzz_any_text_only_raises_launch_errors(text: str) -> None:
     try:
         parse(text, "fuzz.yaml")
@@ -277,7 +277,9 @@ _keys = st.sampled_from([*option_keys(PARAMS), "env", "command", "apps", "junk"]
 
 
 @given(st.dictionaries(_keys, _values, max_size=6))
-@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 def test_fuzz_job_files_through_parse_args(tmp_path: Path, data: dict) -> None:
     """Random but well-formed YAML: parse_args gives a JobSpec or one LaunchError naming the file."""
     path = tmp_path / "fuzz.yaml"

@@ -18,7 +18,7 @@ from mpilaunch.host.mpi_family import mixed_reason
 from mpilaunch.protocol.messages import MessageError, PmiError
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.protocol.messages import Launch, RankSpec
 

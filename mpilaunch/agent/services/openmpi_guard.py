@@ -13,7 +13,7 @@ from mpilaunch.agent.services.base import Service
 from mpilaunch.host.procfs import children_of
 from mpilaunch.protocol.messages import PmiError
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

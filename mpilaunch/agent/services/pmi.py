@@ -16,7 +16,7 @@ from mpilaunch.agent.services.base import Service
 from mpilaunch.agent.services.pmi_server import JobServer
 from mpilaunch.protocol.messages import Note, PmiError, PmiFenceDone, PmiNameReply, PmiSpawnReply
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
 

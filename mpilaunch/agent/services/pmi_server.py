@@ -8,7 +8,7 @@ from mpilaunch.agent.services.pmi_job import JobState, PmiClient
 from mpilaunch.protocol.messages import PmiError, PmiFenceDone, PmiJob, PmiNameReply, PmiSpawnReply
 from mpilaunch.protocol.record import Record
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType

@@ -35,7 +35,7 @@ from mpilaunch.protocol.messages import (
     PmixSpawnReply,
 )
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections.abc import Callable

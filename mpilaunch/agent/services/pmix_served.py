@@ -3,7 +3,7 @@ jobs its server knows, its loop's queue and the agent (services/pmix.py is the r
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see protocol/record.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

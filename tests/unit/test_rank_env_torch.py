@@ -1,0 +1,117 @@
+"""torchrun's variables (plan/rank_env.py): what job_variables and rank_variables give for
+torchrun's fields, by hand and through the plan the launcher builds (parse_args, build_plan)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mpilaunch.cli.parse import parse_args
+from mpilaunch.launcher.here import ThisMachine
+from mpilaunch.plan.build import build_plan
+from mpilaunch.plan.placement import Rank
+from mpilaunch.plan.rank_env import JobLayout, job_variables, rank_environment, rank_variables
+
+KNOBS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+
+
+@pytest.fixture(autouse=True)
+def _no_pet(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("PET_"):
+            monkeypatch.delenv(name)
+
+
+def node_ranks(count: int) -> list[Rank]:
+    """One launcher's node: its ranks numbered from 0, as its own placement gives them."""
+    return [Rank(rank=r, app=0, host=0, local_rank=r, local_size=count, node_rank=0) for r in range(count)]
+
+
+def layout(ranks: list[Rank], **fields: object) -> JobLayout:
+    return JobLayout(ranks, [len(ranks)], len(ranks), "job7", "n0", 29500, **fields)  # type: ignore[arg-type]
+
+
+def test_a_node_of_torchruns_launcher_per_node_numbers_its_ranks_in_the_world() -> None:
+    """Node 2 of 3, two ranks each: RANK from 4, the world's sizes, the node's rank."""
+    ranks = node_ranks(2)
+    job = layout(ranks, offset=4, world=6, node=2, nodes=3, torch=True, agent_store=True)
+    common = job_variables(job, {})
+    assert common["WORLD_SIZE"] == common["ROLE_WORLD_SIZE"] == common["OMPI_COMM_WORLD_SIZE"] == "6"
+    assert common["PMI_SIZE"] == common["RANK_SIZE"] == "6"
+    assert common["GROUP_WORLD_SIZE"] == "3" and common["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    envs = [rank_environment(r, common, (), {}, job) for r in ranks]
+    assert [e["RANK"] for e in envs] == [e["ROLE_RANK"] for e in envs] == ["4", "5"]
+    assert [e["OMPI_COMM_WORLD_RANK"] for e in envs] == [e["PMI_RANK"] for e in envs] == ["4", "5"]
+    assert [e["LOCAL_RANK"] for e in envs] == [e["OMPI_COMM_WORLD_LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert {e["GROUP_RANK"] for e in envs} == {e["NODE_RANK"] for e in envs} == {"2"}
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+
+
+def test_without_a_launcher_per_node_the_ranks_are_the_job() -> None:
+    ranks = [Rank(rank=r, app=0, host=r // 2, local_rank=r % 2, local_size=2, node_rank=r // 2) for r in range(6)]
+    common = job_variables(layout(ranks, torch=True), {})
+    assert common["WORLD_SIZE"] == "6" and common["GROUP_WORLD_SIZE"] == "3"  # the hosts of these ranks
+    assert rank_variables(ranks[5])["RANK"] == "5" and rank_variables(ranks[5])["GROUP_RANK"] == "2"
+    assert rank_variables(ranks[5], 10, 1)["RANK"] == "15" and rank_variables(ranks[5], 10, 1)["GROUP_RANK"] == "3"
+
+
+def test_restart_count_max_restarts_role_and_run_id() -> None:
+    ranks = node_ranks(1)
+    common = job_variables(layout(ranks, attempt=3, max_restarts=5, role="trainer", run_id="rdzv9"), {})
+    assert (common["TORCHELASTIC_RESTART_COUNT"], common["TORCHELASTIC_MAX_RESTARTS"]) == ("3", "5")
+    assert (common["ROLE_NAME"], common["TORCHELASTIC_RUN_ID"]) == ("trainer", "rdzv9")
+    common = job_variables(layout(ranks), {})
+    assert common["TORCHELASTIC_RUN_ID"] == common["MPILAUNCH_JOB_ID"] == "job7"  # no --rdzv-id: the job's id
+    assert common["TORCHELASTIC_RESTART_COUNT"] == "0" and common["ROLE_NAME"] == "default"
+    assert common["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+
+
+def test_torchruns_knobs_only_for_torchruns_command_line() -> None:
+    ranks = node_ranks(1)
+    assert KNOBS.items() <= job_variables(layout(ranks, torch=True), {}).items()
+    assert not set(KNOBS) & set(job_variables(layout(ranks), {}))
+
+
+def test_the_launchers_master_variables_win_only_without_a_launcher_per_node() -> None:
+    ranks = node_ranks(1)
+    launcher_env = {"MASTER_ADDR": "elsewhere", "MASTER_PORT": "12345", "PYTHONUNBUFFERED": "0"}
+    common = job_variables(layout(ranks, torch=True), launcher_env)
+    assert (common["MASTER_ADDR"], common["MASTER_PORT"], common["PYTHONUNBUFFERED"]) == ("elsewhere", "12345", "0")
+    common = job_variables(layout(ranks, offset=1, world=2, node=1, nodes=2, torch=True), launcher_env)
+    assert (common["MASTER_ADDR"], common["MASTER_PORT"], common["PYTHONUNBUFFERED"]) == ("n0", "29500", "0")
+
+
+# -- through the plan the launcher builds ------------------------------------------------------------
+def plan_envs(words: list[str], env: dict[str, str] | None = None, attempt: int = 0) -> list[dict[str, str]]:
+    plan, _ = build_plan(parse_args(words), {"PATH": os.defpath, **(env or {})}, ThisMachine(), attempt=attempt)
+    return plan.job.envs
+
+
+def test_node_one_of_two_through_the_plan() -> None:
+    words = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", "29600"]
+    words += ["--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-id", "exp1", "--no-python", "true"]
+    envs = plan_envs(words, {"MASTER_ADDR": "stale", "MASTER_PORT": "12345"}, attempt=2)
+    assert [e["RANK"] for e in envs] == ["2", "3"] and [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    for env in envs:
+        assert (env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"], env["GROUP_RANK"], env["LOCAL_WORLD_SIZE"]) == (
+            "4",
+            "2",
+            "1",
+            "2",
+        )
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29600")  # node 0's store, not stale
+        assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "3")
+        assert env["TORCHELASTIC_RUN_ID"] == "exp1" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert KNOBS.items() <= env.items()
+
+
+def test_one_launcher_with_torchruns_words_and_a_plain_job() -> None:
+    envs = plan_envs(["--nproc-per-node", "2", "--no-python", "true"])
+    assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"1"} and {e["GROUP_RANK"] for e in envs} == {"0"}
+    assert {e["TORCHELASTIC_RUN_ID"] for e in envs} == {envs[0]["MPILAUNCH_JOB_ID"]}
+    assert KNOBS.items() <= envs[0].items() and envs[0]["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    plain = plan_envs(["-n", "2", "true"])
+    assert not set(KNOBS) & set(plain[0]) and plain[0]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert plain[1]["RANK"] == "1" and plain[1]["TORCHELASTIC_RESTART_COUNT"] == "0"

@@ -1,0 +1,356 @@
+"""torchrun's launchers per node meeting (launcher/rendezvous.py), over real loopback sockets
+to mpilaunch's own TCPStore server (host/tcpstore.py): each node's NodeRendezvous in a thread of
+this process, or, where a launcher is killed, in a child process killed by its pid.
+
+Each node's controller loop is stood in for by `Loop`: a selector turned as the controller's
+is, each ready key's callback called with its descriptor."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mpilaunch.errors import LaunchError
+from mpilaunch.host import tcpstore
+from mpilaunch.launcher.rendezvous import NodeRendezvous
+from mpilaunch.plan.spec import TorchRun
+
+HANG = 30.0  # a guard against a hang, never a measure
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    sock = tcpstore.listening_socket("", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def node(rank: int, nodes: int, port: int, timeout: float = HANG, attempt: int = 0) -> NodeRendezvous:
+    torch = TorchRun(nproc_per_node=1, nnodes=nodes, node_rank=rank, endpoint=(HOST, port))
+    return NodeRendezvous(torch, attempt, timeout)
+
+
+class Background:
+    """A call in a thread: its result or its exception, once it returned."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
+
+    def _run(self, call: Callable[[], object]) -> None:
+        try:
+            self.result = call()
+        except BaseException as exc:  # handed to the test
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def value(self) -> object:
+        self.thread.join(HANG)
+        assert self.done(), "the call never returned"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Loop:
+    """A node's controller loop: the selector that watch_from registers with, and what `lost` heard."""
+
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.heard: list[str] = []
+
+    def lost(self, why: str) -> None:
+        self.heard.append(why)
+
+    def turn_until(self, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + HANG
+        while not done() and time.monotonic() < deadline:
+            for key, _ in self.sel.select(0.02):
+                key.data(key.fd)
+        assert done(), "the loop never got there"
+
+    def quiet(self) -> bool:
+        """Nothing registered is ready: the loop would sleep, not spin."""
+        return not self.sel.select(0)
+
+
+def meet(zero: NodeRendezvous, others: list[NodeRendezvous], loop: Loop) -> None:
+    """Every node joins; node 0's loop then serves the store, as its controller's does from the
+    start of the ranks: a node whose last word came after node 0 saw all keys is answered then."""
+    joining = [Background(other.join) for other in others]
+    zero.join()
+    zero.watch_from(loop.sel, loop.lost)
+    loop.turn_until(lambda: all(j.done() for j in joining))
+    for j in joining:
+        j.value()
+
+
+@pytest.fixture
+def meeting() -> Iterator[tuple[NodeRendezvous, NodeRendezvous, Loop, Loop]]:
+    """Two nodes that met and watch each other, each with its loop."""
+    port = free_port()
+    zero, one = node(0, 2, port), node(1, 2, port)
+    loops = Loop(), Loop()
+    meet(zero, [one], loops[0])
+    watching = Background(lambda: one.watch_from(loops[1].sel, loops[1].lost))  # connects to node 0's store
+    loops[0].turn_until(watching.done)
+    watching.value()
+    yield zero, one, *loops
+    for side in (zero, one):
+        side.close()
+    for loop in loops:
+        loop.sel.close()
+
+
+def test_two_nodes_join_and_finish_well(meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop]) -> None:
+    zero, one, loop0, loop1 = meeting
+    assert zero.server is not None
+    hostname = os.uname().nodename.encode()
+    assert zero.server.get("mpilaunch/0/joined/0") == zero.server.get("mpilaunch/0/joined/1") == hostname
+    assert zero.server.get("mpilaunch/0/running") == b"1"
+    finishing = Background(lambda: zero.finish(0))  # node 0 keeps the store up until node 1 said so
+    assert one.finish(0) is False
+    assert finishing.value() is False
+    assert loop0.heard == loop1.heard == []
+    assert zero.server is None and one.client is None and one.watcher is None  # all closed
+
+
+def test_each_attempt_meets_under_its_own_keys() -> None:
+    port = free_port()
+    zero, one = node(0, 2, port, attempt=3), node(1, 2, port, attempt=3)
+    loop = Loop()
+    try:
+        meet(zero, [one], loop)
+        assert zero.server is not None
+        assert sorted(zero.server.keys()) == ["mpilaunch/3/joined/0", "mpilaunch/3/joined/1", "mpilaunch/3/running"]
+    finally:
+        zero.close()
+        one.close()
+        loop.sel.close()
+
+
+def test_node_zero_alone_names_the_node_that_did_not_join() -> None:
+    port = free_port()
+    alone = node(0, 2, port, timeout=0.3)
+    with pytest.raises(LaunchError) as caught:
+        alone.join()
+    assert str(caught.value) == f"node 0: nodes 1 of 2 did not join at {HOST}:{port} within 0.3 s"
+    assert alone.server is None  # closed: the port is free again
+    tcpstore.listening_socket("", port).close()
+
+
+def test_a_node_that_waits_names_the_missing_ones() -> None:
+    port = free_port()
+    zero, one = node(0, 4, port, timeout=1.5), node(1, 4, port, timeout=0.5)
+    waiting = Background(zero.join)
+    with pytest.raises(LaunchError) as caught:
+        one.join()
+    assert str(caught.value) == f"node 1: nodes 2, 3 of 4 did not join at {HOST}:{port} within 0.5 s"
+    with pytest.raises(LaunchError) as caught:
+        waiting.value()
+    assert str(caught.value).startswith("node 0: nodes ") and "3 of 4 did not join" in str(caught.value)
+
+
+def test_no_node_zero_at_all_is_said() -> None:
+    port = free_port()
+    with pytest.raises(LaunchError) as caught:
+        node(1, 2, port, timeout=0.3).join()
+    assert str(caught.value).startswith(f"node 1: cannot connect to the store at {HOST}:{port}")
+
+
+def test_the_port_in_use_is_one_line() -> None:
+    taken = tcpstore.listening_socket("", 0)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(LaunchError) as caught:
+            node(0, 2, port).join()
+        assert str(caught.value) == f"node 0 cannot serve the rendezvous on port {port}: Address already in use"
+    finally:
+        taken.close()
+
+
+def test_node_one_failing_stops_node_zero(meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop]) -> None:
+    zero, one, loop0, loop1 = meeting
+    failing = Background(lambda: one.finish(3))  # then waits to hear whether node 0's was the last
+    loop0.turn_until(lambda: bool(loop0.heard))  # node 0's loop serves the store meanwhile
+    assert loop0.heard == ["node 1's job ended with status 3"]
+    assert zero.finish(143) is False  # its ranks stopped; no node said it is the last
+    assert failing.value() is False  # both may start another attempt
+    assert loop0.heard == ["node 1's job ended with status 3"] and loop1.heard == []
+
+
+def test_node_one_failing_hears_that_node_zeros_end_is_the_last(
+    meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop],
+) -> None:
+    """Node 1 fails; node 0 then stops on a user's signal (or its time limit): node 1 must not
+    start an attempt that node 0 will never join."""
+    zero, one, loop0, _loop1 = meeting
+    failing = Background(lambda: one.finish(1))
+    loop0.turn_until(lambda: bool(loop0.heard))
+    guard = time.monotonic() + 1.0  # time for node 1 to decide alone, were it to
+    loop0.turn_until(lambda: failing.done() or time.monotonic() > guard)
+    assert zero.finish(130, last=True) is True
+    assert failing.value() is True
+
+
+def test_node_zero_keeps_its_store_until_node_one_hung_up(
+    meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop],
+) -> None:
+    """Node 1's done reaches node 0 before its question (was any node the last?): node 0 must
+    still be there to answer it."""
+    zero, one, _loop0, _loop1 = meeting
+    assert one.client is not None
+    finishing = Background(lambda: zero.finish(0))
+    one.client.set("mpilaunch/0/done/1", "0")
+    finishing.thread.join(1.0)  # time for node 0 to go away, were it to
+    assert one.client.check(["mpilaunch/0/final"]) is False
+    one.close()
+    assert finishing.value() is False
+
+
+def test_node_zero_failing_stops_node_one(meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop]) -> None:
+    zero, one, loop0, loop1 = meeting
+    failing = Background(lambda: zero.finish(2))  # serves until node 1 is done too
+    loop1.turn_until(lambda: bool(loop1.heard))
+    assert loop1.heard == ["node 0's job ended with status 2"]
+    assert loop1.quiet()  # the watcher said it, once
+    assert one.finish(143) is False
+    assert failing.value() is False
+    assert loop0.heard == []
+
+
+def test_node_zero_going_away_is_told_to_node_one(
+    meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop],
+) -> None:
+    zero, one, _loop0, loop1 = meeting
+    zero.close()  # its launcher gone: the store with it
+    loop1.turn_until(lambda: bool(loop1.heard))
+    assert loop1.heard == [f"node 0's launcher at {HOST}:{zero.port} went away"]
+    assert loop1.quiet()  # told once: the closed connection is not looked at again (the loop would spin)
+    assert one.finish(143) is True  # nobody to meet again: no other attempt
+
+
+def test_node_ones_client_closing_without_done_is_its_launcher_gone(
+    meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop],
+) -> None:
+    _zero, one, loop0, _loop1 = meeting
+    assert one.client is not None
+    one.client.close()  # the connection that said node 1 joined
+    loop0.turn_until(lambda: bool(loop0.heard))
+    assert loop0.heard == ["node 1's launcher went away"]
+
+
+def test_last_on_one_node_is_last_on_every_node(meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop]) -> None:
+    """A user's signal or the time limit on one node: no node starts another attempt."""
+    zero, one, _loop0, loop1 = meeting
+    finishing = Background(lambda: zero.finish(130, last=True))
+    loop1.turn_until(lambda: bool(loop1.heard))
+    assert one.finish(143) is True
+    assert finishing.value() is True
+
+
+def test_last_from_node_one_reaches_node_zero(meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop]) -> None:
+    zero, one, loop0, _loop1 = meeting
+    finishing = Background(lambda: one.finish(130, last=True))
+    loop0.turn_until(lambda: bool(loop0.heard))
+    assert zero.finish(143) is True
+    assert finishing.value() is True
+
+
+NODE = textwrap.dedent(
+    """\
+    import selectors, sys, time
+    from mpilaunch.launcher.rendezvous import NodeRendezvous
+    from mpilaunch.plan.spec import TorchRun
+
+    rank, nodes, port, timeout = map(int, sys.argv[1:5])
+    torch = TorchRun(nproc_per_node=1, nnodes=nodes, node_rank=rank, endpoint=("127.0.0.1", port))
+    here = NodeRendezvous(torch, 0, timeout)
+    here.join()
+    sel = selectors.DefaultSelector()
+    here.watch_from(sel, lambda why: None)
+    while True:
+        for key, _ in sel.select(1.0):
+            key.data(key.fd)
+    """
+)
+
+
+def start_node(rank: int, nodes: int, port: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", NODE, str(rank), str(nodes), str(port), str(int(HANG))],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(HANG)
+
+
+def test_node_ones_launcher_killed_while_running_is_told_to_node_zero() -> None:
+    port = free_port()
+    zero = node(0, 2, port)
+    child = start_node(1, 2, port)
+    try:
+        zero.join()
+        loop = Loop()
+        zero.watch_from(loop.sel, loop.lost)
+        loop.turn_until(lambda: zero.server is not None and len(zero.server.peers) == 2)  # its watcher too
+        os.kill(child.pid, signal.SIGKILL)
+        loop.turn_until(lambda: bool(loop.heard))
+        assert loop.heard == ["node 1's launcher went away"]
+    finally:
+        kill(child)
+        zero.close()
+
+
+def test_a_node_killed_before_the_others_joined_has_not_joined() -> None:
+    """Node 1 joins, then its launcher is killed while node 2's is still on its way: the others
+    wait for node 1 again, naming it, rather than start ranks that would never meet its; a
+    node 1 started again joins them."""
+    port = free_port()
+    zero = node(0, 3, port)
+    waiting = Background(zero.join)
+    child = start_node(1, 3, port)
+    try:
+        with tcpstore.StoreClient(HOST, port, HANG) as look:
+            look.wait(["mpilaunch/0/joined/1"])
+            kill(child)
+            deadline = time.monotonic() + HANG
+            while look.check(["mpilaunch/0/joined/1"]) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not look.check(["mpilaunch/0/joined/1"]), "node 1's launcher is gone, its key stayed"
+        with pytest.raises(LaunchError) as caught:
+            node(2, 3, port, timeout=0.5).join()
+        assert str(caught.value) == f"node 2: nodes 1 of 3 did not join at {HOST}:{port} within 0.5 s"
+        assert not waiting.done()
+        again, two = node(1, 3, port), node(2, 3, port)
+        joining = [Background(again.join), Background(two.join)]
+        waiting.value()  # node 0 met them
+        loop = Loop()
+        zero.watch_from(loop.sel, loop.lost)
+        loop.turn_until(lambda: all(j.done() for j in joining))
+        for j in joining:
+            j.value()
+        for side in (again, two):
+            side.close()
+        loop.sel.close()
+    finally:
+        kill(child)
+        zero.close()
