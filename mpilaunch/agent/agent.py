@@ -46,6 +46,7 @@ from mpilaunch.protocol.messages import (
     PutDone,
     RelayHosts,
     Signal,
+    TakeStacks,
     decode,
     encode,
 )
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from mpilaunch.agent.relay import Relay
+    from mpilaunch.agent.stacks import StackTaker
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
@@ -74,6 +76,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.finishing = False
         self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
         self.relay: Relay | None = None  # tree spawn: the hosts this agent started
+        self.stacks: StackTaker | None = None  # made at the first TakeStacks
         self.torch = TorchSupport(self.loop, self.send, self.host)  # error files; torchrun's agent store
         self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
@@ -91,6 +94,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
             Finish: self.finish,
             RelayHosts: self.start_relay,
             Drop: self.drop,
+            TakeStacks: self.take_stacks,
             Ping: lambda message: None,  # any frame is a word from the launcher
             **self.services.takes(),
         }
@@ -255,6 +259,13 @@ class Agent(ServiceHost, LinkOwner, Timer):
     def drop(self, message: Drop) -> None:
         if self.relay is not None:
             self.relay.drop(message.host)
+
+    def take_stacks(self, message: TakeStacks) -> None:
+        if self.stacks is None:  # made at the first request: a plain job never imports it
+            from mpilaunch.agent.stacks import StackTaker
+
+            self.stacks = StackTaker(self.loop, self.send, self.ranks, self.reaper.watch, self.host_env)
+        self.stacks.take(message)
 
     pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None
 

@@ -193,6 +193,29 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "timeout", ("--timeout", "-timeout"), check=FLOAT_POS, maximum=MAX_SECONDS, help="End the job after S seconds."
     ),
     Opt(
+        "get_stack_traces",
+        ("--get-stack-traces", "-get-stack-traces"),
+        FLAG,
+        help="With --timeout: print every rank's stack, grouped, before the job is killed.",
+    ),
+    Opt(
+        "hang_timeout",
+        ("--hang-timeout", "-hang-timeout"),
+        check=FLOAT_POS,
+        maximum=MAX_SECONDS,
+        metavar="S",
+        help="When no rank wrote any output for S seconds: print every rank's stack (again after each "
+        "further S of silence); the job goes on.",
+    ),
+    Opt(
+        "hang_action",
+        ("--hang-action", "-hang-action"),
+        check=CHOICE,
+        choices=("stacks", "kill"),
+        default="stacks",
+        help="What --hang-timeout does: stacks (the job goes on) or kill (after the stacks; status 124, as a timeout).",
+    ),
+    Opt(
         "kill_timeout",
         ("--kill-timeout", "-kill-timeout"),
         check=FLOAT_NONNEG,
@@ -416,7 +439,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
 VERSION_FLAGS = ("--version", "-V", "-version")
-SUBCOMMANDS = ("check", "allrun", "shims", "report")  # first words that are not a job: cli/main.SUBCOMMAND
+SUBCOMMANDS = ("check", "allrun", "shims", "report", "stacks")  # first words that are not a job: cli/main.SUBCOMMAND
 APP_PARAMS = ("np", "wdir", "argv", "app_env", "app_envlist")  # per app context; the rest are the job's
 
 

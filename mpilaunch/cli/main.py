@@ -1,4 +1,4 @@
-"""`mpilaunch ...`: a run, or a subcommand (`check`, `allrun`, `shims`, `report`); bad input is one line
+"""`mpilaunch ...`: a run, or a subcommand (`check`, `allrun`, `shims`, `report`, `stacks`); bad input is one line
 and status 2, never a traceback. Started as `mpirun`, `mpiexec`, `ompi_info`, ... (see
 `mpilaunch shims`), the command line is read as that program's."""
 
@@ -48,7 +48,8 @@ def main(line: CommandLine | list[str] | None = None) -> None:
 
 
 def subcommand(word: str, args: list[str]) -> int:
-    """`mpilaunch shims DIR`, `mpilaunch report RUN.json -o OUT`, or a per-host command (`check`, `allrun`)."""
+    """`mpilaunch shims DIR`, `mpilaunch report RUN.json -o OUT`, `mpilaunch stacks [PID]`, or a
+    per-host command (`check`, `allrun`)."""
     if word == "shims":
         from mpilaunch.cli.shims import run_shims
 
@@ -57,6 +58,10 @@ def subcommand(word: str, args: list[str]) -> int:
         from mpilaunch.cli.reportcli import run_report
 
         return run_report(args)
+    if word == "stacks":
+        from mpilaunch.cli.stackscli import run_stacks
+
+        return run_stacks(args)
     from mpilaunch.cli.hostcli import run_subcommand
 
     return run_subcommand(word, args)

@@ -168,3 +168,20 @@ def start(
         for fd in child_ends:
             os.close(fd)
     return Started(pid, in_w, out_r, err_r)
+
+
+def start_tool(path: str, argv: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """A helper program of the agent's own (a stack dumper), in a session of its own: its pid and
+    the read end of one pipe that has its stdout and stderr; stdin is /dev/null."""
+    out_r, out_w = _pipe()
+    null = _above_stdio(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, out_w, 2)]
+    try:
+        pid = _spawn(path, argv, env, actions)
+    except BaseException:
+        os.close(out_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(null)
+    return pid, out_r

@@ -37,6 +37,7 @@ from mpilaunch.launcher.policy import Policy
 from mpilaunch.launcher.reporter import ConsoleReporter
 from mpilaunch.launcher.signals import SignalPipe
 from mpilaunch.launcher.spawns import Spawner
+from mpilaunch.launcher.stacks import StackSnapshots
 from mpilaunch.launcher.states import RankState
 from mpilaunch.launcher.stdin import StdinFeed
 from mpilaunch.plan.build import JobPlan, LaunchPlan, launch_messages
@@ -114,6 +115,7 @@ class Controller:
         self.pmi = JobWidePmi(self.links, self.mixed_families, clock)
         self.signals = signals if signals is not None else SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
+        self.stacks = StackSnapshots(plan, self.policy, self.links, output, clock)
         self.spawner = Spawner(plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch)
         self.stdin = StdinFeed(  # job 1's process ids are its ranks
             self.sel, list(plan.stdin_ranks), self.send_stdin, self.in_flight, lambda p: self.procs[p].done
@@ -135,6 +137,7 @@ class Controller:
             Bye: ignore,  # end of file follows
             **self.pmi.rows(),
             **self.spawner.rows(),
+            **self.stacks.rows(),
         }
         self.events.subscribe(
             table(
@@ -147,6 +150,7 @@ class Controller:
                 }
             )
         )
+        self.events.subscribe(self.stacks)  # WantStacks
         self.events.subscribe(ConsoleReporter(plan.hosts, self.policy, self.jobs, output, summary))
         for index, link in (links or {}).items():  # agents started before the run (remote hosts)
             self.links.add(index, link)
@@ -239,6 +243,7 @@ class Controller:
     def _frame(self, link: HostLink, kind: int, value: object, now: float) -> None:
         if kind == wire.OUTPUT:
             proc, stream, chunk = value  # type: ignore[misc]
+            self.stacks.last_output = now  # --hang-timeout counts from here
             self.output.write(self._own_proc(link, proc), stream, chunk, now)
         elif kind == wire.CONTROL:
             message = decode(value, UP)  # type: ignore[arg-type]
@@ -289,6 +294,7 @@ class Controller:
             return self._run()
         finally:  # on any way out, no rank may outlive the launcher: kill what is still recorded as running
             self.links.close_all()
+            self.stacks.close()
             self.kill_groups([s for s in self.procs if not s.done])
             self.links.wait_all()
             self.output.unlock()
@@ -297,6 +303,7 @@ class Controller:
 
     def start(self) -> None:
         self.signals.install(self.sel)
+        self.stacks.serve(self.sel)
         now = self.clock()
         for link in self.links:
             if link.link.unread:  # frames read during start-up, not used there
@@ -324,6 +331,7 @@ class Controller:
                     self.policy.next_deadline(),
                     self.output.next_deadline(),
                     self.pmi.next_deadline(),
+                    self.stacks.next_deadline(),
                     silent_at,
                     look_again,
                 )
@@ -347,6 +355,7 @@ class Controller:
                         self.policy.take(SignalReceived(sig))
             self.output.flush_idle(now)
             self.pmi.tick(now)
+            self.stacks.tick(now)
         self.output.close()
         self.policy.links_closed()
         status = self.policy.exit_status()

@@ -30,6 +30,18 @@ class NodesEnded(Record):
     why: str
 
 
+class Silent(Record):
+    """No rank wrote any output for this many seconds (--hang-timeout)."""
+
+    seconds: float
+
+
+class StacksTaken(Record):
+    """A snapshot of every rank's stack asked for with this why is printed (launcher/stacks.py)."""
+
+    why: str
+
+
 class HostLost(Record):
     """An agent's link ended (EOF, a garbled frame, silence, its relay lost): its ranks are lost.
     confirmed: the link's end says the agent (or its guardian) stops them; not after a silence."""
@@ -51,6 +63,13 @@ class Forward(Record):
     """Send this signal to every rank."""
 
     sig: int
+
+
+class WantStacks(Record):
+    """Take every rank's stack and print them grouped; why: SIGQUIT, timeout or hang (the
+    snapshot's `why` in --report-json)."""
+
+    why: str
 
 
 class FinishAgents(Record):
@@ -89,7 +108,12 @@ class HardStop(Record):
 
 
 class TimedOut(Record):
+    """--timeout, or with hang: --hang-timeout with --hang-action kill; stacks: every rank's stack
+    is taken before the kill (--get-stack-traces, --hang-timeout)."""
+
     timeout: float
+    hang: bool = False
+    stacks: bool = False
 
 
 class AgentLost(Record):

@@ -280,6 +280,7 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
             controller.output,
             launcher_command(),
             earlier,
+            controller.stacks.taken,
         )
         controller.events.subscribe(report)
     policy = controller.policy

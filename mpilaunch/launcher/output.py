@@ -378,9 +378,14 @@ class OutputSink:
     def keep_error(self, proc: int, text: str) -> str:
         """A failed rank's error file (torch's @record), kept in its log directory as error.json
         (the agent's copy goes with the agent): its path there, or "" with no log tree."""
+        return self.keep(proc, "error.json", text.encode("utf-8", "surrogateescape"))
+
+    def keep(self, proc: int, name: str, data: bytes) -> str:
+        """A file of the rank's beside its output (error.json, stack.K): its path, or "" with no
+        log tree (or when it could not be written: said once)."""
         job, rank = self.where[proc]
         tree = self.trees.get(job)
-        path = tree.keep(rank, "error.json", text.encode("utf-8", "surrogateescape")) if tree else None
+        path = tree.keep(rank, name, data) if tree else None
         if tree is not None and tree.failed:
             for failed, why in tree.failed:
                 self.say(f"mpilaunch: cannot write {failed}: {why}; the rest of that output is not kept")

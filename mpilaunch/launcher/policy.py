@@ -26,9 +26,12 @@ from mpilaunch.launcher.events import (
     RankNotStarted,
     RankStarted,
     SignalReceived,
+    Silent,
+    StacksTaken,
     TimedOut,
+    WantStacks,
 )
-from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, STOP
+from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, STACKS, STACKS_TWICE, STOP
 from mpilaunch.launcher.states import (
     ABORTING,
     DONE,
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
 
 TIMEOUT_STATUS = 124
 FINISH_GRACE = 0.5  # what the agents give leftovers (a rank's daemon) once every rank ended
+STACKS_WAIT = 60.0  # a kill that waits for the ranks' stacks waits this long at most
 
 
 class Policy:
@@ -66,6 +70,10 @@ class Policy:
         self.abort_at: float | None = None  # after a stop signal and a failure: when ranks still running are killed
         self.deadline: float | None = None  # --timeout
         self.signals_seen: dict[int, int] = {}
+        self.stacks_asked: dict[int, float] = {}  # a STACKS signal -> when it last asked for stacks
+        self.kill_after: set[str] = set()  # the stacks a kill waits for (timeout, hang)
+        self.kill_at: float | None = None  # ... and when it stops waiting
+        self.timed_out_by = ""  # --timeout or --hang-timeout
         self.first_failure: RankState | None = None
         self.failed: list[int] = []  # process ids, in the order they failed
         self.elsewhere: str | None = None  # why another node's job ended this one (torchrun's way)
@@ -78,6 +86,8 @@ class Policy:
             SignalReceived: self.signal,
             HostLost: self.host_lost,
             NodesEnded: self.nodes_ended,
+            Silent: self.silent,
+            StacksTaken: self.stacks_taken,
         }
 
     # -- the table of processes -------------------------------------------------------------
@@ -136,6 +146,13 @@ class Policy:
         one of the same kills every rank at once)."""
         sig = event.sig
         action, sent = ACTIONS.get(sig, (FORWARD, sig))
+        if action == STACKS:  # a first one asks for stacks; a second within STACKS_TWICE stops the run
+            now, last = self.clock(), self.stacks_asked.pop(sig, None)
+            if last is None or now - last > STACKS_TWICE:
+                self.stacks_asked[sig] = now
+                self.publish(WantStacks(signal.Signals(sig).name))
+                return
+            action = STOP
         count = self.signals_seen.get(sig, 0) + 1
         self.signals_seen[sig] = count
         if action == STOP and count > 1:
@@ -170,9 +187,33 @@ class Policy:
             self.elsewhere = event.why
             self.abort(self.options.kill_timeout)
 
+    def silent(self, event: Silent) -> None:
+        """--hang-timeout: stacks, and with --hang-action kill the end of the job once they are out."""
+        if self.phase not in (RUNNING, INTERRUPTED):
+            return
+        if self.options.hang_action != "kill":
+            self.publish(WantStacks("hang"))
+            return
+        self.timed_out, self.timed_out_by = True, "--hang-timeout"
+        self.publish(TimedOut(event.seconds, hang=True, stacks=True))
+        self.kill_after_stacks("hang")
+
+    def kill_after_stacks(self, why: str) -> None:
+        self.kill_after.add(why)
+        self.kill_at = self.clock() + STACKS_WAIT
+        self.publish(WantStacks(why))
+
+    def stacks_taken(self, event: StacksTaken) -> None:
+        if event.why in self.kill_after:
+            self.kill_after.clear()
+            self.kill_at = None
+            self.abort(self.options.kill_timeout)
+
     def tick(self) -> None:
         """Time passed: the grace after a stop signal, the --timeout, and the end of the ranks."""
         now = self.clock()
+        if self.kill_at is not None and now >= self.kill_at:  # the stacks never came: the kill goes on
+            self.stacks_taken(StacksTaken(next(iter(self.kill_after))))
         if self.abort_at is not None and now >= self.abort_at:
             self.abort_at = None
             if not self.all_done():
@@ -180,15 +221,19 @@ class Policy:
         if self.deadline is not None and now >= self.deadline:
             self.deadline = None
             if not self.all_done():
-                self.timed_out = True
-                self.publish(TimedOut(self.options.timeout or 0.0))
-                self.abort(self.options.kill_timeout)
+                self.timed_out, self.timed_out_by = True, "--timeout"
+                stacks = self.options.get_stack_traces
+                self.publish(TimedOut(self.options.timeout or 0.0, stacks=stacks))
+                if stacks:
+                    self.kill_after_stacks("timeout")
+                else:
+                    self.abort(self.options.kill_timeout)
         if self.phase in (RUNNING, INTERRUPTED, ABORTING) and self.all_done():
             self.move(FINISHING)
             self.publish(FinishAgents(FINISH_GRACE))
 
     def next_deadline(self) -> float | None:
-        due = [t for t in (self.abort_at, self.deadline) if t is not None]
+        due = [t for t in (self.abort_at, self.deadline, self.kill_at) if t is not None]
         return min(due) if due else None
 
     def links_closed(self) -> None:

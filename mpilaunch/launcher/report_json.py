@@ -56,9 +56,10 @@ class JsonReport:
         output: OutputSink,
         command: Sequence[str],
         earlier: list[dict[str, object]] | None = None,
+        stacks: list[dict[str, object]] | None = None,
     ) -> None:
         """earlier: the documents of the run's earlier attempts (--max-restarts), which the
-        report lists with this one."""
+        report lists with this one; stacks: the run's snapshots of stacks (launcher/stacks.py)."""
         self.path = path
         self.earlier = earlier
         self.last: dict[str, object] | None = None  # this attempt's document, once written
@@ -67,6 +68,7 @@ class JsonReport:
         self.jobs = jobs
         self.output = output
         self.command = list(command)
+        self.stacks = stacks if stacks is not None else []
         self.wall_offset = time.time() - time.monotonic()  # the policy's clock is monotonic
         self.started = time.time()
         self.take = table({RunEnded: self.write})
@@ -136,8 +138,10 @@ class JsonReport:
             "outcome": outcome,
             "aborted": policy.aborted,
             "stop_signal": name_of(policy.stop_signal) if policy.stop_signal is not None else None,
+            "timed_out_by": policy.timed_out_by or None,
             "first_failure": first,
             "ranks": [self.rank(state) for state in policy.procs],
+            **({"stacks": self.stacks} if self.stacks else {}),
         }
 
     def with_attempts(self, document: dict[str, object]) -> dict[str, object]:

@@ -58,7 +58,7 @@ class ConsoleReporter:
                 RankNotStarted: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} could not start: {e.error}"),
                 MpiFailure: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} {e.reason}"),
                 HardStop: lambda e: self.say(f"{name_of(e.sig)} again: killing every rank"),
-                TimedOut: lambda e: self.say(f"the job exceeded --timeout {e.timeout:g} s; killing every rank"),
+                TimedOut: self.timed_out,
                 AgentLost: self.agent_lost,
                 Garbled: lambda e: self.say(f"garbled message from the agent of {self.hosts[e.host].name}: {e.why}"),
                 AgentNote: lambda e: self.output.say(e.text),
@@ -74,6 +74,14 @@ class ConsoleReporter:
 
     def say(self, text: str) -> None:
         self.output.say(f"mpilaunch: {text}")
+
+    def timed_out(self, event: TimedOut) -> None:
+        if event.hang:
+            what = f"no rank wrote any output for {event.timeout:g} s (--hang-timeout, --hang-action kill)"
+        else:
+            what = f"the job exceeded --timeout {event.timeout:g} s"
+        then = "taking every rank's stack, then " if event.stacks else ""
+        self.say(f"{what}; {then}killing every rank")
 
     def agent_lost(self, event: AgentLost) -> None:
         because = f" ({event.why})" if event.why else ""

@@ -4,7 +4,10 @@ FORWARD: sent on to every rank; the run goes on (the ranks may end it), as mpiru
     forward SIGUSR1, SIGUSR2 and SIGALRM.
 STOP: the run is stopped by it, as by Ctrl-C: the row's signal goes to every rank, the summary
     says `stopped by NAME`, --report-json records it, the status is 128 + the signal; the same
-    signal again kills every rank at once. SIGQUIT and the rest end the job as SIGTERM does.
+    signal again kills every rank at once. The rest end the job as SIGTERM does.
+STACKS: every rank's stack is taken and printed, grouped, and the run goes on (SIGQUIT, Ctrl-\\);
+    the same signal again within STACKS_TWICE seconds is a STOP with the row's signal (Ctrl-\\
+    twice is Ctrl-C: SIGINT to every rank, status 128 + SIGQUIT).
 
 Signals whose default action does not end a process (SIGCHLD, SIGCONT, SIGTSTP, SIGWINCH...)
 have no row, nor SIGKILL and SIGSTOP, which cannot be caught, nor SIGPIPE and SIGXFSZ, which
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import _signal
 
-FORWARD, STOP = "forward", "stop"
+FORWARD, STOP, STACKS = "forward", "stop", "stacks"
+STACKS_TWICE = 1.0  # seconds within which a second SIGQUIT stops the run instead
 
 # Raised by the kernel for a fault of the launcher's own, not only sent by someone: caught once
 # (the handler is reset as it runs), so that a real fault still ends the launcher (signals.py).
@@ -29,7 +33,7 @@ def _rows() -> dict[int, tuple[str, int]]:
         _signal.SIGINT: (STOP, _signal.SIGINT),
         _signal.SIGTERM: (STOP, _signal.SIGTERM),
         _signal.SIGHUP: (STOP, _signal.SIGHUP),
-        _signal.SIGQUIT: (STOP, _signal.SIGTERM),  # the job ends as by SIGTERM
+        _signal.SIGQUIT: (STACKS, _signal.SIGINT),  # twice within STACKS_TWICE: as Ctrl-C
         _signal.SIGUSR1: (FORWARD, _signal.SIGUSR1),
         _signal.SIGUSR2: (FORWARD, _signal.SIGUSR2),
         _signal.SIGALRM: (FORWARD, _signal.SIGALRM),
@@ -41,7 +45,7 @@ def _rows() -> dict[int, tuple[str, int]]:
     return rows
 
 
-ACTIONS: dict[int, tuple[str, int]] = _rows()  # signal -> (FORWARD or STOP, the signal the ranks get)
+ACTIONS: dict[int, tuple[str, int]] = _rows()  # signal -> (FORWARD, STOP or STACKS, the signal the ranks get)
 # Caught whatever handler they had; the others only where nothing else handles or ignores them (a
 # process that runs mpilaunch inside itself keeps its own SIGALRM handler).
 ALWAYS = frozenset((_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGUSR1, _signal.SIGUSR2))

@@ -77,6 +77,9 @@ class Options(Record):
     devices_per_rank: int | None = None  # each rank's slice of its host's device list (CUDA_VISIBLE_DEVICES, ...)
     rank_table: str | None = None  # where to write the HCCL rank table of the job (sets RANK_TABLE_FILE)
     timeout: float | None = None
+    get_stack_traces: bool = False  # with --timeout: every rank's stack before the kill (Open MPI's)
+    hang_timeout: float | None = None  # stacks after this many seconds without any rank's output
+    hang_action: str = "stacks"  # stacks (the job goes on) or kill (after the stacks; status as a timeout)
     kill_timeout: float = 2.0
     allow_run_as_root: bool = False
     mpi: str = "auto"  # served to the ranks: auto, pmi1, pmi2 (same server, MPICH told to use PMI-2), pmix, none

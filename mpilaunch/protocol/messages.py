@@ -149,6 +149,15 @@ class Death(Record):
     core_pattern: str = ""  # a core was dumped but not found where this core_pattern puts it
 
 
+class RankStack(Record):
+    """One rank's stack as a tool printed it (agent/stacks.py), or why there is none."""
+
+    proc: int
+    text: str = ""  # the tool's output, whole (every thread)
+    tool: str = ""  # py-spy, eu-stack or gdb
+    why: str = ""  # when no stack was taken: why not
+
+
 # -- controller to agent -------------------------------------------------------------------
 class Check(Record):
     """Remote agents, once, before any launch: take the launcher's search paths, check each
@@ -208,6 +217,14 @@ class Finish(Record):
     """The run is over: stop leftovers with this grace, then exit."""
 
     grace: float
+
+
+class TakeStacks(Record):
+    """Take the stack of every running rank of this host, each tool's run bounded by limit
+    seconds, and answer Stacks with snap."""
+
+    snap: int
+    limit: float = 5.0
 
 
 class PmiFenceDone(Record):
@@ -516,6 +533,15 @@ class PmiSpawn(Record):
     apps: tuple[SpawnApp, ...]
 
 
+class Stacks(Record):
+    """The answer to TakeStacks: each running rank's stack; lacks: what this host has not, for
+    the user to hear (py-spy: Python ranks were read as native programs; tools: none at all)."""
+
+    snap: int
+    stacks: tuple[RankStack, ...]
+    lacks: str = ""
+
+
 class Bye(Record):
     """The agent is about to exit; end of file follows."""
 
@@ -535,6 +561,7 @@ DOWN_MESSAGES = (
     Signal,
     Kill,
     Finish,
+    TakeStacks,
     PmiFenceDone,
     PmixFenceDone,
     PmixDmodexAsk,
@@ -571,10 +598,13 @@ UP_MESSAGES = (
     PmiError,
     PmiName,
     PmiSpawn,
+    Stacks,
     Bye,
     Gone,
 )
-PARTS = (AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, Death)
+PARTS = (
+    AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, Death, RankStack,
+)  # fmt: skip
 
 
 def op_name(cls: type) -> str:

@@ -2,7 +2,9 @@
 SIGQUIT killed it with no message and no report. Now each one of signal_table.ACTIONS is either
 forwarded to every rank (SIGUSR1, SIGUSR2, SIGALRM, as mpirun and hydra do) or stops the run as
 SIGTERM does: the row's signal to every rank, `stopped by NAME` on stderr, the report's
-`stop_signal`, status 128 + the signal. A real fault of the launcher's own still ends it.
+`stop_signal`, status 128 + the signal; SIGQUIT takes every rank's stack (issue 30,
+tests/local/test_stacks.py) and twice within a second stops the run as Ctrl-C does. A real fault
+of the launcher's own still ends it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, name_of
+from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, STACKS, name_of
 from tests.conftest import ROOT, Launcher, tagged_pids
 
 PY = sys.executable
@@ -78,7 +80,7 @@ def test_every_terminating_signal_has_a_row() -> None:
         "SIGUSR2",
         "SIGALRM",
     }
-    assert ACTIONS[signal.SIGQUIT] == ("stop", signal.SIGTERM)  # for now: ends the job as SIGTERM does
+    assert ACTIONS[signal.SIGQUIT] == (STACKS, signal.SIGINT)  # stacks; twice within a second: as Ctrl-C
 
 
 @pytest.mark.parametrize("name", TRIED)
@@ -94,6 +96,9 @@ def test_a_signal_to_the_launcher_is_forwarded_or_stops_the_run(launcher: Launch
         for _ in range(2):
             assert proc.stdout.readline() == b"up\n"
         proc.send_signal(sig)
+        if action == STACKS:  # the second within a second stops the run
+            time.sleep(0.2)
+            proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -115,7 +120,7 @@ def test_a_signal_to_the_launcher_is_forwarded_or_stops_the_run(launcher: Launch
     assert [rank["signal"] for rank in document["ranks"]] == [name_of(sent)] * 2 and not got
 
 
-@pytest.mark.parametrize("name", ["SIGALRM", "SIGQUIT", "SIGSEGV", "SIGXCPU"])
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGTRAP", "SIGSEGV", "SIGXCPU"])
 def test_such_a_signal_during_start_up(launcher: Launcher, name: str) -> None:
     """At 20 moments of the start (0 to 0.41 s): never a traceback of mpilaunch's, nothing left;
     ended by the signal only while Python starts (and, for a fault signal, until the run's own

@@ -61,8 +61,9 @@ def test_nested_records_round_trip() -> None:
 def test_each_op_is_the_records_name_and_names_are_unique() -> None:
     assert messages.op_name(messages.PmiFenceDone) == "pmi_fence_done"
     ops = [cls.op for cls in {*DOWN_MESSAGES, *UP_MESSAGES}]  # type: ignore[attr-defined]
-    # 27, the PMIx fence both ways, PMIx's direct modex (4), spawn, collectives across jobs and names (9)
-    assert len(ops) == len(set(ops)) == 42
+    # 27, the PMIx fence both ways, PMIx's direct modex (4), spawn, collectives across jobs and names (9),
+    # stacks (2)
+    assert len(ops) == len(set(ops)) == 44
 
 
 @pytest.mark.parametrize(

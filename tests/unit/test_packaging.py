@@ -34,4 +34,5 @@ def test_the_package_has_its_console_script_and_extras() -> None:
     for dep in ("pytest", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
         assert dep in test_extra
     assert 'report = ["matplotlib' in text  # `mpilaunch report -o report.png`
+    assert 'debug = ["py-spy' in text and '"py-spy' in test_extra  # Python ranks' stacks (tests/local/test_stacks.py)
     assert '"torch==2.13.0"' in test_extra  # the PyTorch DDP tests (tests/mpi/test_clients.py); a CPU build is enough

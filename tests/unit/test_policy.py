@@ -21,9 +21,12 @@ from mpilaunch.launcher.events import (
     RankNotStarted,
     RankStarted,
     SignalReceived,
+    Silent,
+    StacksTaken,
     TimedOut,
+    WantStacks,
 )
-from mpilaunch.launcher.policy import Policy
+from mpilaunch.launcher.policy import STACKS_WAIT, Policy
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.spec import Options
 from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
@@ -221,3 +224,61 @@ def test_moves_the_state_machine_does_not_allow_are_refused() -> None:
     assert states.moved(states.RUNNING, states.INTERRUPTED, states.RUN_MOVES) == states.INTERRUPTED
     with pytest.raises(states.StateError):
         states.moved(states.FINISHING, states.ABORTING, states.RUN_MOVES)
+
+
+# -- stacks (issue 30): SIGQUIT, --timeout with --get-stack-traces, --hang-timeout -----------------
+def test_sigquit_asks_for_stacks_and_the_run_goes_on() -> None:
+    history = [*started(), (1.0, SignalReceived(signal.SIGQUIT)), (3.0, SignalReceived(signal.SIGQUIT))]
+    policy, out = replay(history)
+    asked = [(when, e) for when, e in out if isinstance(e, WantStacks)]
+    assert asked == [(1.0, WantStacks("SIGQUIT")), (3.0, WantStacks("SIGQUIT"))]
+    assert decisions(out) == [] and policy.stop_signal is None and policy.phase == states.RUNNING
+
+
+def test_a_second_sigquit_within_a_second_stops_the_run_as_ctrl_c() -> None:
+    history = [*started(), (1.0, SignalReceived(signal.SIGQUIT)), (1.8, SignalReceived(signal.SIGQUIT))]
+    policy, out = replay(history)
+    assert decisions(out) == [(1.8, Forward(signal.SIGINT))]
+    assert policy.stop_signal == signal.SIGQUIT and policy.phase == states.INTERRUPTED
+    policy.take(Exited(0, -signal.SIGINT))
+    policy.take(Exited(1, -signal.SIGINT))
+    assert policy.exit_status() == 128 + signal.SIGQUIT
+    # a third asks for stacks again; a fourth right behind it kills at once, as a second Ctrl-C
+    for when, event in [(5.0, SignalReceived(signal.SIGQUIT)), (5.5, SignalReceived(signal.SIGQUIT))]:
+        policy.clock.now = when  # type: ignore[attr-defined]
+        policy.take(event)
+    assert [e for _, e in out if isinstance(e, (WantStacks, HardStop))][-2:] == [
+        WantStacks("SIGQUIT"),
+        HardStop(signal.SIGQUIT),
+    ]
+
+
+def test_the_timeout_with_stacks_kills_once_they_are_printed() -> None:
+    history = [*started(), (10.0, TICK), (10.4, StacksTaken("timeout")), (11.0, Exited(0, -15)), (11.0, Exited(1, -15))]
+    policy, out = replay(history, timeout=10.0, kill_timeout=2.0, get_stack_traces=True)
+    assert [e for _, e in out if isinstance(e, (TimedOut, WantStacks))] == [
+        TimedOut(10.0, stacks=True),
+        WantStacks("timeout"),
+    ]
+    assert decisions(out) == [(10.4, Abort(2.0)), (11.0, FinishAgents(0.5))]
+    assert policy.exit_status() == 124 and policy.timed_out_by == "--timeout"
+
+
+def test_a_kill_that_waits_for_stacks_that_never_come_goes_on() -> None:
+    history = [*started(), (10.0, TICK), (10.0 + STACKS_WAIT, TICK)]
+    _policy, out = replay(history, timeout=10.0, kill_timeout=2.0, get_stack_traces=True)
+    assert decisions(out) == [(10.0 + STACKS_WAIT, Abort(2.0))]
+
+
+def test_silence_asks_for_stacks_and_with_kill_ends_the_job_as_a_timeout() -> None:
+    history = [*started(), (2.0, Silent(2.0)), (4.0, Silent(2.0))]
+    policy, out = replay(history, hang_timeout=2.0)
+    assert [e for _, e in out if isinstance(e, WantStacks)] == [WantStacks("hang")] * 2 and decisions(out) == []
+    history = [*started(), (2.0, Silent(2.0)), (2.5, StacksTaken("hang"))]
+    policy, out = replay(history, hang_timeout=2.0, hang_action="kill", kill_timeout=1.0)
+    assert [e for _, e in out if isinstance(e, (TimedOut, WantStacks))] == [
+        TimedOut(2.0, hang=True, stacks=True),
+        WantStacks("hang"),
+    ]
+    assert decisions(out) == [(2.5, Abort(1.0))]
+    assert policy.exit_status() == 124 and policy.timed_out_by == "--hang-timeout"
