@@ -309,14 +309,15 @@ def show_plan(plan: LaunchPlan, source: str) -> None:
 
     options = plan.options
     job = plan.job
+    ranks = [r._replace(rank=r.rank + job.first) for r in job.ranks] if job.first else job.ranks  # job-wide numbers
     if options.display_allocation:
         print(allocation(plan.hosts), flush=True)
     if options.print_rank_map:
-        print(hydra_rank_map(plan.hosts, job.ranks), flush=True)
+        print(hydra_rank_map(plan.hosts, ranks), flush=True)
     if options.display_map or options.dry_run:
-        print(rank_map(plan.hosts, job.ranks, job.argvs, source), flush=True)
+        print(rank_map(plan.hosts, ranks, job.argvs, source), flush=True)
     if options.dry_run:
-        print(dry_run_env(job.ranks, plan.hosts, job.envs), flush=True)
+        print(dry_run_env(ranks, plan.hosts, job.envs), flush=True)
         if plan.options.rank_table:
             text, _ = rank_table(plan)
             print(f"rank table for {plan.options.rank_table} (not written in a dry run):\n{text}", end="", flush=True)
@@ -351,7 +352,7 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
             if not torch.on_console(r.local_rank) & mask
         }
     try:
-        root = sink.add_job(1, list(range(len(plan.job.ranks))))
+        root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:
         sink.unlock()
         raise

@@ -39,9 +39,12 @@ class LogTree:
     a link planted in a shared log directory cannot make the launcher write (or truncate) a file
     elsewhere."""
 
-    def __init__(self, base: str, np: int, merge: bool, job: int = 1) -> None:
+    def __init__(self, base: str, np: int, merge: bool, job: int = 1, first: int = 0, world: int = 0) -> None:
+        """first, world: these np ranks are first..first+np-1 of a job of world ranks (one
+        node's, torchrun's way); their directories carry those numbers."""
         self.root = os.path.abspath(os.path.join(base, str(job)))
         self.np = np
+        self.first, self.world = first, world or np
         self.fds: dict[tuple[int, int], int] = {}
         self.paths: dict[tuple[int, int], str] = {}
         self.failed: list[tuple[str, str]] = []  # (file, why) of writes that failed, each file once
@@ -56,7 +59,7 @@ class LogTree:
             where = self.root
             held.append(_subdir(held[0], str(int(job))))
             for rank in range(np):
-                name = rank_dir_name(rank, np)
+                name = rank_dir_name(first + rank, self.world)
                 where = os.path.join(self.root, name)
                 rank_fd = _subdir(held[1], name)
                 try:
@@ -90,7 +93,7 @@ class LogTree:
     def keep(self, rank: int, name: str, data: bytes) -> str | None:
         """A file of the rank's beside its output (its error file): its path, or None if it
         could not be written (said in `failed`)."""
-        rank_name = rank_dir_name(rank, self.np)
+        rank_name = rank_dir_name(self.first + rank, self.world)
         path = os.path.join(self.root, rank_name, name)
         try:
             root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -343,17 +346,19 @@ class OutputSink:
         self.patterns: PatternFiles | None = None  # hydra's -outfile-pattern/-errfile-pattern (job 1)
         self.off_console: set[tuple[int, int]] = set()  # (rank, stream) of job 1 kept in files only (torchrun's)
 
-    def add_job(self, job: int, procs: list[int]) -> str | None:
-        """Register a job's process ids (rank order); returns its log directory, if any."""
+    def add_job(self, job: int, procs: list[int], first: int = 0, world: int = 0) -> str | None:
+        """Register a job's process ids (rank order); returns its log directory, if any.
+        first, world: one node's ranks of a larger job (torchrun's way), named by their
+        job-wide numbers on the console and in the log tree."""
         for rank, proc in enumerate(procs):
             self.where[proc] = (job, rank)
             if self.console is not None:
-                self.console.labels[proc] = (job, rank)
+                self.console.labels[proc] = (job, first + rank)
         if self.log_dir is None:
             return None
         if self.lock is None:  # before any file of the tree is opened (and truncated)
             self.lock = TreeLock(self.log_dir, self.owner)
-        tree = LogTree(self.log_dir, len(procs), self.merged, job)
+        tree = LogTree(self.log_dir, len(procs), self.merged, job, first, world)
         self.trees[job] = tree
         return tree.root
 

@@ -96,9 +96,12 @@ class Policy:
         if self.options.timeout:
             self.deadline = self.clock() + self.options.timeout
 
-    def add_job(self, job: int, ranks: Sequence[Rank]) -> list[int]:
+    def add_job(self, job: int, ranks: Sequence[Rank], offset: int = 0) -> list[int]:
+        """offset: the job-wide rank of ranks[0] when this launcher runs one node's (torchrun's
+        way); every state, and so every report, names a rank by its job-wide number."""
         first = len(self.procs)
-        self.procs.extend(RankState(first + i, job, rank) for i, rank in enumerate(ranks))
+        named = [rank._replace(rank=rank.rank + offset) for rank in ranks] if offset else ranks
+        self.procs.extend(RankState(first + i, job, rank) for i, rank in enumerate(named))
         return list(range(first, len(self.procs)))
 
     def all_done(self) -> bool:

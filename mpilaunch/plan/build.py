@@ -37,6 +37,8 @@ class JobPlan(Record):
     pmi: PmiJob | None = None  # what agents need to serve this job PMI, or None (--mpi none)
     services: tuple[str, ...] = ()  # the agent services its ranks get (plan/pmi.services)
     pmix: PmixJob | None = None  # what each host's PMIx server registers (--mpi pmix)
+    first: int = 0  # one launcher per node (torchrun's --node-rank): the job-wide rank of ranks[0]
+    world: int = 0  # ... of a job this many ranks large (0: these ranks are the job)
 
 
 class LaunchPlan(Record):
@@ -382,7 +384,8 @@ def job_plan(
         nspace = f"mpilaunch.{layout.job_id}"
         pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib, job)
     pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and served[0] != "pmix" else None
-    return JobPlan(job, ranks, [a for a, _ in apps], [w for _, w in apps], envs, pmi, served, pmix)
+    argvs, wdirs = [a for a, _ in apps], [w for _, w in apps]
+    return JobPlan(job, ranks, argvs, wdirs, envs, pmi, served, pmix, layout.offset, layout.world)
 
 
 def heartbeat_timeout(env: Mapping[str, str]) -> float:

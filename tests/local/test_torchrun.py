@@ -173,6 +173,16 @@ def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -
     assert f"{sys.executable} -u train.py" in out
 
 
+def test_one_nodes_launcher_names_its_ranks_by_their_job_wide_numbers(launcher: Launcher) -> None:
+    """torchrun's way, node 1 of 2: the map, the dry run and a failure speak of ranks 2 and 3."""
+    node = ("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()))
+    proc = launcher.run("--dry-run", *node, "--nproc-per-node", "2", "train.py")
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "rank 2 on localhost:" in out and "rank 3 on localhost:" in out and "rank 0 on" not in out, out
+    assert "\tRank 3\tApp: 0" in out, out
+
+
 def test_a_record_error_file_names_the_rank_its_exception_and_frames_first(launcher: Launcher, tmp_path: Path) -> None:
     script = write_script(tmp_path, "record.py", RECORD)
     proc = launcher.run("--nproc-per-node", "2", "--log-dir", "logs", "--report-json", "r.json", script, timeout=HANG)
@@ -251,9 +261,11 @@ def test_two_launchers_one_per_node_form_one_world(launcher: Launcher, tmp_path:
     assert len({tuple(s["weights"]) for s in said}) == 1  # the gradients were averaged over the nodes
     for node in (0, 1):
         report = json.loads((tmp_path / f"node{node}.json").read_text())
-        assert [r["rank"] for r in report["ranks"]] == [0, 1]  # this launcher's own
-        logged = [json.loads((tmp_path / f"node{node}" / "1" / f"rank.{r}" / "stdout").read_text()) for r in (0, 1)]
-        assert [s["rank"] for s in logged] == [2 * node, 2 * node + 1]
+        mine = [2 * node, 2 * node + 1]
+        assert [r["rank"] for r in report["ranks"]] == mine  # this launcher's own, by their job-wide numbers
+        logged = [json.loads((tmp_path / f"node{node}" / "1" / f"rank.{r}" / "stdout").read_text()) for r in mine]
+        assert [s["rank"] for s in logged] == mine
+        assert sorted(p.name for p in (tmp_path / f"node{node}" / "1").iterdir()) == [f"rank.{r}" for r in mine]
 
 
 @pytest.mark.parametrize("killed", [0, 1], ids=["store-node", "other-node"])
@@ -281,6 +293,18 @@ def test_killing_one_launcher_ends_the_other_at_once(launcher: Launcher, tmp_pat
                 proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_a_failure_on_one_node_is_named_by_its_job_wide_rank(launcher: Launcher, tmp_path: Path) -> None:
+    port = free_port()
+    failing = ("--no-python", "sh", "-c", 'test "$RANK" = 3 && exit 3; sleep 60')
+    nodes = [_node(launcher, node, port, *failing) for node in (0, 1)]
+    errs = [p.communicate(timeout=HANG)[1].decode() for p in nodes]
+    assert nodes[1].returncode == 3, errs[1]
+    assert "Rank:      3" in errs[1], errs[1]
+    report = json.loads((tmp_path / "node1.json").read_text())
+    assert [r["rank"] for r in report["ranks"] if r["exit_code"] == 3] == [3], report["ranks"]
+    assert nodes[0].returncode != 0, errs[0]
 
 
 def test_a_failed_attempt_is_restarted_and_the_next_succeeds(launcher: Launcher, tmp_path: Path) -> None:
