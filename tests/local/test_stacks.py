@@ -116,9 +116,7 @@ def test_with_no_tool_one_line_says_how_to_get_them(launcher: Launcher, tmp_path
     ]
 
 
-def test_a_tool_that_never_answers_is_killed_at_the_limit(
-    launcher: Launcher, tmp_path: Path, venv_python: str
-) -> None:
+def test_a_tool_that_never_answers_is_killed_at_the_limit(launcher: Launcher, tmp_path: Path, venv_python: str) -> None:
     """An eu-stack that hangs: each rank is listed without a stack after 5 s, the tool is killed
     (the launcher fixture finds no process left), the ranks go on and the job ends well."""
     tools = tmp_path / "tools"
