@@ -156,8 +156,8 @@ def console_keeps_bytes() -> None:
 
 
 def leave(status: int) -> None:
-    """Flush and exit without the interpreter's teardown: unloading every module takes about
-    10 ms, which whoever waits for our exit status would wait for. Everything the run opened
+    """Flush and exit without the interpreter's teardown: unloading every module takes time
+    that whoever waits for our exit status would wait for. Everything the run opened
     (log files, agents, SSH connections) is closed or ended by the time we get here."""
     for stream in (sys.stdout, sys.stderr):
         try:

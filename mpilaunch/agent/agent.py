@@ -94,9 +94,9 @@ class Agent(ServiceHost, LinkOwner, Timer):
             Finish: self.finish,
             RelayHosts: self.start_relay,
             Drop: self.drop,
-            TakeStacks: self.take_stacks,
+            TakeStacks: self.want_stacks,
             Ping: lambda message: None,  # any frame is a word from the launcher
-            **self.services.takes(),
+            **self.services.dispatch_rows(),
         }
 
     # -- the link -------------------------------------------------------------------------
@@ -152,12 +152,12 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.heartbeat.heard = time.monotonic()
         try:
             for kind, value in self.decoder.feed(data):
-                self.take(kind, value)
+                self.on_frame(kind, value)
         except wire.FrameError as exc:  # bytes that are no frame, or a message we cannot take
             print(f"mpilaunch agent: bad request from the launcher ({exc}); stopping", file=sys.stderr)
             self.link_lost()
 
-    def take(self, kind: int, value: object) -> None:
+    def on_frame(self, kind: int, value: object) -> None:
         if kind == wire.STDIN:
             ident, _, data = value  # type: ignore[misc]
             self.ranks.queue_stdin(ident, data)
@@ -166,7 +166,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
             if host == wire.ALL:
                 if self.relay is not None:
                     self.relay.broadcast(frame)
-                self.take(*wire.decode_frame(frame))
+                self.on_frame(*wire.decode_frame(frame))
             elif self.relay is not None:
                 self.relay.down(host, frame)
         elif kind == wire.CONTROL:
@@ -260,12 +260,12 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if self.relay is not None:
             self.relay.drop(message.host)
 
-    def take_stacks(self, message: TakeStacks) -> None:
+    def want_stacks(self, message: TakeStacks) -> None:
         if self.stacks is None:  # made at the first request: a plain job never imports it
             from mpilaunch.agent.stacks import StackTaker
 
             self.stacks = StackTaker(self.loop, self.send, self.ranks, self.reaper.watch, self.host_env)
-        self.stacks.take(message)
+        self.stacks.handle(message)
 
     pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mpilaunch.agent.ranks import Ranks
 
 FIRST_LOOK = 0.1  # seconds after a rank starts
-LOOK_CAP = 30.0  # a maps read costs 0.1 to 2 ms a rank: never more often than this once a job runs
+LOOK_CAP = 30.0  # maps reads are not free: never more often than this once a job runs
 END_LOOK_GAP = 0.05  # seconds: a rank's end after a look this recent adds none (8 ranks' ends: 28 maps reads)
 
 

@@ -136,7 +136,7 @@ class StackTaker(Timer):
         self.lacks = ""
         loop.add_timer(self)
 
-    def take(self, message: TakeStacks) -> None:
+    def handle(self, message: TakeStacks) -> None:
         self.requests.append(message)
         if len(self.requests) == 1:
             self.begin()

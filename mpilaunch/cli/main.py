@@ -62,6 +62,6 @@ def subcommand(word: str, args: list[str]) -> int:
         from mpilaunch.cli.stackscli import run_stacks
 
         return run_stacks(args)
-    from mpilaunch.cli.hostcli import run_subcommand
+    from mpilaunch.cli.check_allrun_cli import run_subcommand
 
     return run_subcommand(word, args)

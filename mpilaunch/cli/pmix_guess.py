@@ -1,6 +1,6 @@
 """Whether a command line's ranks on this machine will be served PMIx, guessed before it is
 parsed: the agent forked at start-up (transport/local.prestart_local_agent) then starts its
-PMIx server (15 to 30 ms, mostly hwloc's look at the machine) while the launcher parses and
+PMIx server (mostly hwloc's look at the machine) while the launcher parses and
 plans, instead of after the launch arrives. Only a guess: the launch decides, and a server
 started for nothing is stopped (agent/services/pmix.PmixService.prestart)."""
 
@@ -11,7 +11,7 @@ import os
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.mpi_family import own_open_mpi
 from mpilaunch.host.programs import find_program, program_family
-from mpilaunch.plan.pmi import BOTH, served_mpi
+from mpilaunch.plan.wireup import BOTH, served_mpi
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def pmix_guess(line: CommandLine) -> tuple[str | None, str | None] | None:
     """(--pmix-lib, the programs' own libpmix) when the job will likely be served PMIx, as the
-    launch will decide it (plan/pmi.served_mpi) from this machine's programs; else None, also
+    launch will decide it (plan/wireup.served_mpi) from this machine's programs; else None, also
     for anything the fast scanner leaves to click."""
     scanned = line.segments
     if line.error is not None or not scanned or any(s is None or not s[0]["argv"] for s in scanned):

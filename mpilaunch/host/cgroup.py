@@ -3,8 +3,8 @@ started under a rank stays in it whatever it does with sessions, groups and sign
 write to `cgroup.kill` ends them all (systemd's scopes and Slurm's proctrack/cgroup work the same
 way). Where it cannot be made (no cgroup2 mount, no permission, an old kernel) the agent has
 its subreaper sweep alone; nothing here raises. On request only (MPILAUNCH_CGROUP=1): moving
-each rank in costs the kernel a cgroup migration, about 15 ms of a local 8-rank job's start
-here, and the sweep alone already ends every tree while the agent lives.
+each rank in costs the kernel a cgroup migration, a visible part of a short job's start, and
+the sweep alone already ends every tree while the agent lives.
 """
 
 from __future__ import annotations

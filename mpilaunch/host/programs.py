@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import os
 
-# host/mpi_family (with the message records, json and re behind it: 8 ms) is imported by the
+# host/mpi_family (with the message records, json and re behind it) is imported by the
 # functions that read a program's libraries: entry.main looks up srun here before any import.
 
 
 def find_program(program: str, env: dict[str, str]) -> str:
     """What execvpe would run: the first executable file on env's PATH (the rank's, not ours).
 
-    Not shutil.which: importing shutil costs a run 5 ms (it loads the compression modules)."""
+    Not shutil.which: importing shutil loads the compression modules on every run."""
     if "/" in program:
         return program
     denied = None
-    search = env.get("PATH")  # not os.get_exec_path: it imports `warnings` (2 ms) for bytes keys
+    search = env.get("PATH")  # not os.get_exec_path: it imports `warnings` for bytes keys
     for folder in (os.defpath if search is None else search).split(os.pathsep):
         path = os.path.join(folder or ".", program)
         if os.path.isfile(path):
@@ -117,7 +117,7 @@ def merge_host_environment(own: dict[str, str], carried: dict[str, str]) -> dict
 def probe_port(port: int) -> tuple[int, bool]:
     """(port, whether it can be bound here); port 0 picks a free one (for MASTER_PORT).
     _socket, the C module under socket: every launcher start picks a port, and importing
-    socket.py (its enums) would cost it about 3 ms."""
+    socket.py (its enums) would be on that path."""
     import _socket
 
     sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)

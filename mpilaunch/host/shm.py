@@ -163,7 +163,7 @@ def server_base() -> str:
 
 def make_folder(prefix: str) -> str:
     """A new folder of this user only, named prefix + random letters, in server_base() (what
-    tempfile.mkdtemp does, without its 2 ms of imports on a PMIx job's start)."""
+    tempfile.mkdtemp does, without its imports on a PMIx job's start)."""
     base = server_base()
     while True:
         path = os.path.join(base, prefix + os.urandom(6).hex())

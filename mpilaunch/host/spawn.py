@@ -12,8 +12,8 @@ What subprocess.Popen did for us is done here: the program is looked up on the r
 PATH (the shell's exec, after the same lookup here for a clear error), the signals Python
 ignores (SIGPIPE, SIGXFSZ) are back to default in the rank, the signal mask is empty, the
 working directory is the rank's, and only 0, 1, 2 and the descriptors given (a PMI socket) pass (every other
-descriptor of the agent is close-on-exec: see close_on_exec_all). Not subprocess: importing
-it costs every agent about 8 ms.
+descriptor of the agent is close-on-exec: see close_on_exec_all). Not subprocess: its import
+would be on every agent's start (docs/performance.md, "Start-up tricks").
 """
 
 from __future__ import annotations

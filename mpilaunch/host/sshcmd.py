@@ -56,7 +56,7 @@ def ssh_argv(
 def ssh_version(env: dict[str, str], program: str = "ssh") -> tuple[int, int]:
     """(major, minor) of the `ssh` on env's PATH (or program), (0, 0) if there is none or it
     cannot tell: asked once per relay and per launcher with --ssh-client openssh. posix_spawn,
-    not subprocess, whose import alone costs about 8 ms."""
+    not subprocess, whose import is not otherwise on this path."""
     import re
 
     read, write = os.pipe()

@@ -103,7 +103,7 @@ class Cursor:
         self.buf = buf
         self.pos = pos
 
-    def take(self, size: int) -> int:
+    def consume(self, size: int) -> int:
         start = self.pos
         if start + size > len(self.buf):
             raise _Short
@@ -111,22 +111,22 @@ class Cursor:
         return start
 
     def u32(self) -> int:
-        return U32.unpack_from(self.buf, self.take(4))[0]
+        return U32.unpack_from(self.buf, self.consume(4))[0]
 
     def i64(self) -> int:
-        return I64.unpack_from(self.buf, self.take(8))[0]
+        return I64.unpack_from(self.buf, self.consume(8))[0]
 
     def count(self) -> int:
-        number = U64.unpack_from(self.buf, self.take(8))[0]
+        number = U64.unpack_from(self.buf, self.consume(8))[0]
         if number > COUNT_MAX:
             raise ProtocolError(f"{number} keys in one request (at most {COUNT_MAX})")
         return number
 
     def blob(self, limit: int) -> bytes:
-        size = U64.unpack_from(self.buf, self.take(8))[0]
+        size = U64.unpack_from(self.buf, self.consume(8))[0]
         if size > limit:
             raise ProtocolError(f"a field of {size} bytes (at most {limit})")
-        start = self.take(size)
+        start = self.consume(size)
         return bytes(self.buf[start : start + size])
 
     def key(self) -> str:

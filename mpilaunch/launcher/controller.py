@@ -16,6 +16,7 @@ import selectors
 import time
 
 from mpilaunch.host.mpi_family import mixed_reason
+from mpilaunch.launcher.console_report import ConsoleReporter
 from mpilaunch.launcher.events import (
     Abort,
     AgentLost,
@@ -30,11 +31,10 @@ from mpilaunch.launcher.events import (
     SignalReceived,
     table,
 )
+from mpilaunch.launcher.jobwide_pmi import JobWidePmi
 from mpilaunch.launcher.links import HostLink, Links
 from mpilaunch.launcher.output import OutputSink
-from mpilaunch.launcher.pmi import JobWidePmi
 from mpilaunch.launcher.policy import Policy
-from mpilaunch.launcher.reporter import ConsoleReporter
 from mpilaunch.launcher.signals import SignalPipe
 from mpilaunch.launcher.spawns import Spawner
 from mpilaunch.launcher.stacks import StackSnapshots
@@ -175,7 +175,7 @@ class Controller:
         ranks = sorted((s for s in self.procs if s.job == job), key=lambda s: s.rank.rank)
         here = next(s for s in ranks if s.rank.host == host)
         there = next(s for s in ranks if s.rank.host == other_host)
-        self.policy.take(PmiError(proc=here.proc, error=mixed_reason(protocol, other, there.rank.rank)))
+        self.policy.handle(PmiError(proc=here.proc, error=mixed_reason(protocol, other, there.rank.rank)))
 
     def launch(self, job: JobPlan) -> None:
         """Start an agent where there is none yet, then hand each agent its share of the job."""
@@ -187,12 +187,12 @@ class Controller:
 
     # -- what agents send ------------------------------------------------------------------
     def to_policy(self, link: HostLink, message: Record) -> None:
-        self.policy.take(message)
+        self.policy.handle(message)
 
     def exited(self, link: HostLink, message: Exited) -> None:
         if message.error:  # the agent's copy is gone with the agent: the log tree keeps one
             message = message._replace(error_file=self.output.keep_error(message.proc, message.error))
-        self.policy.take(message)
+        self.policy.handle(message)
 
     def gone(self, link: HostLink, message: Gone) -> None:
         """A relay's child ended (tree spawn)."""
@@ -273,7 +273,7 @@ class Controller:
         why = why or link.link.lost_because()
         below = self.links.close(link, tell_relay)
         host = self.plan.hosts[link.index].name
-        self.policy.take(HostLost(link.index, host, why, confirmed))
+        self.policy.handle(HostLost(link.index, host, why, confirmed))
         for other in below:
             if other.open:
                 self.link_closed(other, f"its relay {host} was lost", tell_relay=False, confirmed=confirmed)
@@ -352,7 +352,7 @@ class Controller:
                     key.data(key.fd)
                 else:
                     for sig in self.signals.drain():
-                        self.policy.take(SignalReceived(sig))
+                        self.policy.handle(SignalReceived(sig))
             self.output.flush_idle(now)
             self.pmi.tick(now)
             self.stacks.tick(now)

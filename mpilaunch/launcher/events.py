@@ -167,9 +167,9 @@ class Events:
 def table(rows: dict[type, Callable]) -> Callable[[Record], None]:
     """A subscriber that takes the event types it has a row for and ignores the rest."""
 
-    def take(event: Record) -> None:
+    def dispatch(event: Record) -> None:
         row = rows.get(type(event))
         if row is not None:
             row(event)
 
-    return take
+    return dispatch

@@ -46,7 +46,7 @@ class Greeting:
             return True
         return self.hello is not None and (self.reply is not None or not self.checked)
 
-    def take(self, kind: int, frame: bytes) -> None:
+    def on_frame(self, kind: int, frame: bytes) -> None:
         """One whole frame of the agent's (a ROUTED one's inner frame for a relayed host)."""
         if self.done or kind != wire.CONTROL:
             self.later.append(frame)
@@ -142,7 +142,7 @@ class _Greeter:
         if kind != wire.ROUTED:
             if kind == wire.CONTROL and self.greetings[head].done and self.relay_word(head, frame):
                 return
-            self.greetings[head].take(kind, frame)
+            self.greetings[head].on_frame(kind, frame)
             return
         origin, inner = wire.decode_frame(frame)[1]  # type: ignore[misc]
         below = self.links.get(origin)
@@ -151,7 +151,7 @@ class _Greeter:
             return
         try:
             inner_kind, _ = wire.decode_frame(inner)
-            self.greetings[origin].take(inner_kind, inner)
+            self.greetings[origin].on_frame(inner_kind, inner)
         except (GreetingError, wire.FrameError) as exc:
             self.fail(origin, str(exc))
             return
@@ -179,7 +179,7 @@ class _Greeter:
             greeting = self.greetings[index]
             self.results[index].reply = greeting.reply
             if greeting.hello is not None:
-                link.take_hello(greeting.hello)
+                link.on_hello(greeting.hello)
             if not link.relayed:
                 later = greeting.later + self.kept.get(index, [])
                 link.unread = b"".join(later) + bytes(self.streams[index].inbox) + link.unread

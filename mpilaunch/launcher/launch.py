@@ -256,7 +256,7 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
         if meeting is not None:
             meeting.finish(exc.status)
         if options.report_json:  # a CI system reads why the job never started, not only its status
-            from mpilaunch.launcher.report_json import write_refused
+            from mpilaunch.launcher.json_report import write_refused
 
             write_refused(options.report_json, plan, launcher_command(), exc)
         raise
@@ -265,12 +265,12 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
 
         def ended_elsewhere(why: str) -> None:
             say(options, f"{why}: this node's ranks are stopped")
-            policy.take(NodesEnded(why))
+            policy.handle(NodesEnded(why))
 
         meeting.watch_from(controller.sel, ended_elsewhere)
     report = None
     if options.report_json:
-        from mpilaunch.launcher.report_json import JsonReport
+        from mpilaunch.launcher.json_report import JsonReport
 
         report = JsonReport(
             options.report_json,
@@ -305,7 +305,7 @@ def launcher_command() -> list[str]:
 def show_plan(plan: LaunchPlan, source: str) -> None:
     """--display-allocation, --display-map, -print-rank-map and --dry-run: the hosts, the map, and
     (dry run) every rank's variables and the rank table."""
-    from mpilaunch.launcher.report import allocation, dry_run_env, hydra_rank_map, rank_map
+    from mpilaunch.launcher.report_text import allocation, dry_run_env, hydra_rank_map, rank_map
 
     options = plan.options
     job = plan.job

@@ -36,7 +36,7 @@ class PmixJoins:
     """Collectives over ranks of several jobs: the hosts with a participant, and their parts."""
 
     def __init__(self, hosts_of: dict[int, list[int]]) -> None:
-        self.hosts_of = hosts_of  # job -> the host of each rank (launcher/pmi.PmixFences keeps it)
+        self.hosts_of = hosts_of  # job -> the host of each rank (launcher/jobwide_pmi.PmixFences keeps it)
         self.open: dict[str, tuple[set[int], dict[int, bytes]]] = {}  # key -> (hosts, host -> part)
 
     def enter(self, host: int, message: PmixJoin) -> tuple[set[int], bytes] | None:

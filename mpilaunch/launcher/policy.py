@@ -113,7 +113,7 @@ class Policy:
         return self.phase in (ABORTING, FINISHING, DONE)
 
     # -- events in -----------------------------------------------------------------------------
-    def take(self, event: Record) -> None:
+    def handle(self, event: Record) -> None:
         self.inputs[type(event)](event)  # type: ignore[operator]
 
     def started(self, event: Started) -> None:

@@ -6,7 +6,7 @@ group of its own, printed whole, and stands out. Pure: stacks in, groups and lin
 
 from __future__ import annotations
 
-from mpilaunch.launcher.report import ranges
+from mpilaunch.launcher.report_text import ranges
 from mpilaunch.launcher.stack_text import Thread
 from mpilaunch.protocol.record import Record
 

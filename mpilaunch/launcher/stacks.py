@@ -75,7 +75,7 @@ class StackSnapshots:
         self.hang = plan.options.hang_timeout
         self.last_output = clock()  # the controller sets it at every chunk of rank output
         self.server: StacksServer | None = None
-        self.take = table({WantStacks: lambda event: self.want(event.why)})
+        self.dispatch = table({WantStacks: lambda event: self.want(event.why)})
 
     def rows(self) -> dict[type, Callable]:
         """The controller's rows for what agents send."""
@@ -83,7 +83,7 @@ class StackSnapshots:
 
     def __call__(self, event: Record) -> None:
         """A subscriber of the run's events: WantStacks."""
-        self.take(event)
+        self.dispatch(event)
 
     # -- asking --------------------------------------------------------------------------------
     def serve(self, sel: BaseSelector) -> None:
@@ -162,7 +162,7 @@ class StackSnapshots:
         due = self.hang_due()
         if due is not None and now >= due:
             self.last_output = now  # again after a further silence as long
-            self.policy.take(Silent(self.hang))  # type: ignore[arg-type]
+            self.policy.handle(Silent(self.hang))  # type: ignore[arg-type]
 
     # -- the snapshot, given out ------------------------------------------------------------------
     def complete(self) -> None:
@@ -205,7 +205,7 @@ class StackSnapshots:
         if any(why != ASKED_BY_CLIENT for why in snap.whys):
             self.output.say(text)
         for why in snap.whys:
-            self.policy.take(StacksTaken(why))
+            self.policy.handle(StacksTaken(why))
 
     def unanswered(self, host: int, snap: Snapshot) -> str:
         name = self.plan.hosts[host].name

@@ -16,9 +16,9 @@ from mpilaunch.plan import devices
 from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place, place_round_robin
-from mpilaunch.plan.pmi import BOTH, pmi_job, pmix_job, services
 from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES, JobLayout, inherited, job_variables, rank_environment
 from mpilaunch.plan.spec import JobSpec, Options
+from mpilaunch.plan.wireup import BOTH, pmi_job, pmix_job, services
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
 from mpilaunch.protocol.record import Record
 
@@ -35,7 +35,7 @@ class JobPlan(Record):
     wdirs: list[str]  # per app
     envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
     pmi: PmiJob | None = None  # what agents need to serve this job PMI, or None (--mpi none)
-    services: tuple[str, ...] = ()  # the agent services its ranks get (plan/pmi.services)
+    services: tuple[str, ...] = ()  # the agent services its ranks get (plan/wireup.services)
     pmix: PmixJob | None = None  # what each host's PMIx server registers (--mpi pmix)
     first: int = 0  # one launcher per node (torchrun's --node-rank): the job-wide rank of ranks[0]
     world: int = 0  # ... of a job this many ranks large (0: these ranks are the job)

@@ -22,8 +22,8 @@ from mpilaunch.plan.build import (
     serves_open_mpi,
     with_master,
 )
-from mpilaunch.plan.pmi import served_mpi
 from mpilaunch.plan.spec import Options
+from mpilaunch.plan.wireup import served_mpi
 from mpilaunch.protocol.messages import MPI4PY_HINT, Launch
 from mpilaunch.protocol.record import Record
 
@@ -59,7 +59,7 @@ def asks_families(options: Options) -> bool:
 
 def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
     """What the job is served, now that each host said which MPI its programs are linked with
-    (plan/pmi.served_mpi); Intel MPI's ranks get its launcher's defaults."""
+    (plan/wireup.served_mpi); Intel MPI's ranks get its launcher's defaults."""
     found = sorted({(program, *text.split(" ", 1)) for per in families.values() for program, text in per.items()})
     if any(family == "impi" for _, family, _ in found) and not any(
         family == "openmpi" and not lib.startswith(MPI4PY_HINT) for _, family, lib in found

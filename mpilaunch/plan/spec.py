@@ -1,7 +1,7 @@
 """What the user asked for, as frozen data: the output of the command line.
 
-Records (record.py), not dataclasses: building dataclasses (and importing `dataclasses`, which
-imports `inspect`) costs a plain run about 20 ms at start-up.
+Records (record.py), not dataclasses: `dataclasses` imports `inspect`, and building them is
+slow (docs/performance.md, "Start-up tricks").
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Options(Record):
     kill_timeout: float = 2.0
     allow_run_as_root: bool = False
     mpi: str = "auto"  # served to the ranks: auto, pmi1, pmi2 (same server, MPICH told to use PMI-2), pmix, none
-    # (auto becomes pmi1, pmix or plan/pmi.BOTH once the programs were looked at: plan/finalize.choose_mpi)
+    # (auto becomes pmi1, pmix or plan/wireup.BOTH once the programs were looked at: plan/finalize.choose_mpi)
     pmix_lib: str | None = None  # the PMIx server library (--pmix-lib), else each agent finds its host's
     pmi_tcp: bool = False  # PMI over loopback TCP (PMI_PORT + PMI_ID) instead of an inherited PMI_FD
     report_json: str | None = None  # where the run's JSON report goes

@@ -1,13 +1,12 @@
 """Frozen records: typing.NamedTuple for type checkers, a tuple subclass at run time.
 
-Importing typing (which pulls in contextlib and warnings) and evaluating every field's
-annotation cost each launcher start about 5 ms, a tenth of what a local job's launcher does
-before its ranks start; collections.namedtuple then cost 35 us a class (it compiles a
-`__new__` for each), about 1.2 ms for the messages alone. A subclass of Record is written
-like a typing.NamedTuple (annotated fields, defaults last, methods, properties, a docstring)
-and type checkers read it as one; here it becomes a tuple subclass with one getter per field
-and the shared methods of `_Tuple` (6 us a class), its annotations kept as the strings
-`from __future__ import annotations` leaves.
+Not typing.NamedTuple (importing typing, and evaluating every annotation, on every start) nor
+collections.namedtuple (it compiles a `__new__` for each class): what each costs is in
+docs/performance.md, "Start-up tricks". A subclass of Record is written like a
+typing.NamedTuple (annotated fields, defaults last, methods, properties, a docstring) and type
+checkers read it as one; here it becomes a tuple subclass with one getter per field and the
+shared methods of `_Tuple`, its annotations kept as the strings `from __future__ import
+annotations` leaves.
 """
 
 from __future__ import annotations

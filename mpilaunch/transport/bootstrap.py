@@ -24,8 +24,8 @@ MIN_PYTHON = (3, 9)
 # Python 3), compressed (40% of the bytes to encrypt and send to every host). Where the
 # host's Python has our bytecode magic, modules load precompiled.
 # The importer is duck-typed, and the magic is importlib.util's, taken from where it is
-# defined: importing importlib.abc and importlib.util would cost every agent about 45 ms
-# (they pull in typing, contextlib and more), a third of its start.
+# defined: importing importlib.abc and importlib.util would put typing, contextlib and more
+# on every agent's start (docs/performance.md, "Start-up tricks").
 # The agent gets this payload back (stage 2 is in the bundle): as a relay of tree spawn it
 # starts agents on other hosts with the very code it runs. A finished agent leaves with os._exit:
 # the interpreter's teardown would only delay the end of the job (srun, ssh wait for it).
@@ -103,7 +103,8 @@ def agent_payload(magic: bytes = importlib.util.MAGIC_NUMBER) -> bytes:
     """What follows the command on the channel: stage 2, then the modules (each length-prefixed).
     magic is the bytecode version the precompiled modules are for (tests give another one to
     exercise the path of a host whose Python differs). Built once per version of the code and
-    kept in the user's cache (30 ms to build here, 0.3 ms to read): every remote start pays it.
+    kept in the user's cache: reading it is much cheaper than building it, and every remote start
+    pays it.
 
     What the cache holds is checked before it is sent (its key, then the payload's own digest):
     a file cut short or damaged made every SSH job fail later, blamed on the hosts. Such a file
@@ -174,8 +175,8 @@ def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
 
 def _build_payload(magic: bytes) -> bytes:
     stage2 = f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}"
-    # Level 1: 8 ms less on every remote job's start than level 6 (14 ms against 6 here), for
-    # 13% more bytes (130 KB against 115 KB), which cost a host microseconds to decrypt.
+    # Level 1, not 6: a fraction of the time on every remote job's start, for a few more bytes
+    # (docs/performance.md, "Start-up tricks").
     bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}), 1)
     return _blob(stage2.encode()) + _blob(bundle)
 

@@ -1,8 +1,8 @@
 """The local host's agent: a forked child joined by a socket pair (no exec, no imports).
 
 Both ends are `_socket.socket`s, the C type under `socket.socket`: neither side needs anything
-else of the socket module, whose set-up (its enums) would cost every start 2 to 3 ms, on the
-launcher's path and on the agent's (an agent imports it only to serve PMI over TCP or PMIx).
+else of the socket module, whose set-up (its enums) would be on every start's path, the
+launcher's and the agent's (an agent imports it only to serve PMI over TCP or PMIx).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ _early: LocalLink | None = None  # forked by prestart_local_agent, not yet taken
 def prestart_local_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> None:
     """Fork the local agent now, before the command line is parsed: its imports and set-up
     (subreaper, guardian, PMI server) then run on another core while this process imports and
-    plans, instead of after it (about 10 ms of a short job). pmix_guess, called in the agent,
+    plans, instead of after it. pmix_guess, called in the agent,
     says whether to start a PMIx server already (cli/pmix_guess.py). Forking this early is sound
     because the launcher never changes its environment or working directory afterwards: the
     agent has the same as a later fork would."""

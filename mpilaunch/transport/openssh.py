@@ -2,7 +2,7 @@
 
 One `ssh` per host, with pipes for its streams. Each client does its cryptography in its own
 process, so N connections use every core instead of taking turns on this interpreter's lock
-(paramiko), and the launcher never imports paramiko (about 100 ms). OpenSSH reads the ssh
+(paramiko), and the launcher never imports paramiko. OpenSSH reads the ssh
 config itself (ProxyJump, Match, ControlMaster included) and applies its host-key policy with
 BatchMode: known_hosts, unknown hosts refused unless --ssh-accept-new, changed keys always
 refused. A host that cannot be used is named with ssh's own last words.
@@ -225,7 +225,7 @@ class OpensshTransport(Transport):
         results = {index: HostResult(index) for index in sorted(hosts)}
         # Each client starts as a small shell waiting at a gate, released when all are spawned:
         # spawning waits for the child's exec, and once the first clients run their key exchange
-        # that wait grew to 40-70 ms per host on 2 cores (the agent starts its ranks the same way).
+        # that wait grows with every host on a busy machine (the agent starts its ranks the same way).
         gate = spawn.Gate()
         spawned = 0
         try:

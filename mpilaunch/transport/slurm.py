@@ -25,9 +25,9 @@ from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_payload
 from mpilaunch.transport.slurm_step import (
     StartedStep,
+    claim_started_step,
     end_srun,
     start_step,
-    take,
 )
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread
 
@@ -152,8 +152,7 @@ class SlurmLink(Link):
 class SlurmTransport(Transport):
     """One srun step of agents that connect back. Both ends of each connection set TCP_NODELAY:
     with Nagle's algorithm a small frame written right after another (the agent's check reply
-    after its hello, a rank's exit after another's) waits for the peer's delayed ACK, 40 ms
-    each time; it cost `-n 8 true` 80 of its 187 ms in an allocation."""
+    after its hello, a rank's exit after another's) waits for the peer's delayed ACK each time."""
 
     name = "slurm"
 
@@ -164,7 +163,7 @@ class SlurmTransport(Transport):
         if not hosts:
             return {}
         by_name = {host.name: index for index, host in hosts.items()}
-        started = take()  # the step entry.main started over the whole allocation, if it did
+        started = claim_started_step()  # the step entry.main started over the whole allocation, if it did
         if started is not None and started.nodes < len(hosts):  # not the allocation's hosts after all
             send_away(started)
             started = None
@@ -276,7 +275,7 @@ def _accept(
 def discard_early_step() -> None:
     """End the step entry.main started if no launch took it (a refused command line): its
     agents are sent away as they connect, each ending with status 0, and srun leaves quietly."""
-    early = take()
+    early = claim_started_step()
     if early is not None:
         send_away(early)
 

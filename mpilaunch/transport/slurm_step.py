@@ -58,7 +58,7 @@ def srun_command(nodes: Sequence[str] | int, agent: str, srun: str = "srun") -> 
 def agent_shell(address: str, port: int, python: str) -> str:
     """What each task runs: Python connects back, says who it is, and makes the connection its
     stdin and stdout; then it is the agent's loader, as over SSH. `_socket`, not `socket`
-    (7 ms to import in a Python started with -S), and the name as bytes (no idna codec): the
+    (its import is most of such a Python's start), and the name as bytes (no idna codec): the
     agent's start is what a job waits on. IPv4, as the launcher listens. TCP_NODELAY: see
     slurm.SlurmTransport."""
     prelude = (
@@ -153,7 +153,7 @@ def prestart(nodes: int) -> None:
         pass
 
 
-def take() -> StartedStep | None:
+def claim_started_step() -> StartedStep | None:
     """The step started early, for the Slurm transport to use (once)."""
     global _early
     early, _early = _early, None

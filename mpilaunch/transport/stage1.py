@@ -1,6 +1,6 @@
 """Stage 1 of an agent's start, the program on its command line (bootstrap.py sends the rest),
 and that command line. entry.main imports this before the launcher's own imports
-when it starts a Slurm step, so it imports nothing: shlex would bring `re` (5 ms)."""
+when it starts a Slurm step, so it imports nothing: shlex would bring `re`."""
 
 from __future__ import annotations
 

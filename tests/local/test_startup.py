@@ -56,7 +56,7 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
         "inspect",
         "subprocess",
         "shutil",
-        "mpilaunch.launcher.report",
+        "mpilaunch.launcher.report_text",
         "mpilaunch.plan.ranktable",
     ):
         assert trimmed in at_start or trimmed not in imported, trimmed

@@ -23,8 +23,8 @@ from mpilaunch.agent.death import (
     memory_cgroup,
     oom_judged,
 )
-from mpilaunch.launcher.report import failure_summary, oom_words, size
-from mpilaunch.launcher.report_json import death_fields
+from mpilaunch.launcher.json_report import death_fields
+from mpilaunch.launcher.report_text import failure_summary, oom_words, size
 from mpilaunch.protocol.messages import Death, Exited
 from tests.unit.test_agent_os import WALL, Agent
 

@@ -139,11 +139,11 @@ def test_every_down_message_is_handled_by_the_agent_and_every_up_one_by_the_cont
         controller.sel.close()
 
 
-def test_the_service_registry_says_what_each_service_takes() -> None:
+def test_the_service_registry_says_what_each_service_handles() -> None:
     """The agent's dispatch table is built from the registry's rows before any service is
-    imported: each row's messages are its class's `takes`."""
+    imported: each row's messages are its class's `handles`."""
     from mpilaunch.agent.services.registry import REGISTRY, service_class
 
-    for name, (_, takes) in REGISTRY.items():
+    for name, (_, handles) in REGISTRY.items():
         kind = service_class(name)
-        assert kind.name == name and tuple(kind.takes) == takes, name
+        assert kind.name == name and tuple(kind.handles) == handles, name

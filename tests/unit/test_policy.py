@@ -55,7 +55,7 @@ def replay(history: list, ranks: int = 2, hosts: int = 1, **options) -> tuple[Po
     for when, event in history:
         clock.now = when
         if event is not TICK:
-            policy.take(event)
+            policy.handle(event)
         policy.tick()  # the controller ticks the policy once a loop turn
     return policy, published
 
@@ -102,7 +102,7 @@ def test_ctrl_c_gives_a_rank_that_failed_of_it_the_grace_before_the_others_are_k
     policy.clock.now = 3.1  # type: ignore[attr-defined]
     policy.tick()
     assert decisions(out)[-1] == (3.1, Abort(2.0))
-    policy.take(Exited(1, -signal.SIGTERM))
+    policy.handle(Exited(1, -signal.SIGTERM))
     policy.tick()
     assert policy.first_failure is None and policy.exit_status() == 128 + signal.SIGINT
 
@@ -150,8 +150,8 @@ def test_mpi_abort_ends_the_job_with_its_code() -> None:
     assert decisions(out) == [(1.0, Abort(2.0))]
     assert (1.0, MpiFailure(0, "called MPI_Abort with code 7: bad input")) in out
     assert policy.exit_status() == 7
-    policy.take(Exited(0, 0, "init"))
-    policy.take(Exited(1, -signal.SIGTERM))
+    policy.handle(Exited(0, 0, "init"))
+    policy.handle(Exited(1, -signal.SIGTERM))
     assert policy.exit_status() == 7  # the code, not the rank's own exit
 
 
@@ -240,13 +240,13 @@ def test_a_second_sigquit_within_a_second_stops_the_run_as_ctrl_c() -> None:
     policy, out = replay(history)
     assert decisions(out) == [(1.8, Forward(signal.SIGINT))]
     assert policy.stop_signal == signal.SIGQUIT and policy.phase == states.INTERRUPTED
-    policy.take(Exited(0, -signal.SIGINT))
-    policy.take(Exited(1, -signal.SIGINT))
+    policy.handle(Exited(0, -signal.SIGINT))
+    policy.handle(Exited(1, -signal.SIGINT))
     assert policy.exit_status() == 128 + signal.SIGQUIT
     # a third asks for stacks again; a fourth right behind it kills at once, as a second Ctrl-C
     for when, event in [(5.0, SignalReceived(signal.SIGQUIT)), (5.5, SignalReceived(signal.SIGQUIT))]:
         policy.clock.now = when  # type: ignore[attr-defined]
-        policy.take(event)
+        policy.handle(event)
     assert [e for _, e in out if isinstance(e, (WantStacks, HardStop))][-2:] == [
         WantStacks("SIGQUIT"),
         HardStop(signal.SIGQUIT),

@@ -13,7 +13,7 @@ from mpilaunch.cli.argscan import split_apps
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.output import Console, rank_dir_name
-from mpilaunch.launcher.report import ranges
+from mpilaunch.launcher.report_text import ranges
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, mask, rank_environment
 from mpilaunch.protocol import wire

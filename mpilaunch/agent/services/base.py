@@ -4,7 +4,7 @@ A launch names the services its job uses (`Launch.services`, chosen by the plann
 rank the agent asks every one of them to prepare the rank's environment and say which of its
 descriptors the rank inherits; after the spawn it tells them the pid (or that the spawn
 failed). Services watch their own descriptors and timers on the agent's loop, send their own
-messages up, take the controller's messages they list in `takes`, and say what state a rank's
+messages up, handle the controller's messages they list in `handles`, and say what state a rank's
 MPI is in for its exit report. So a new flavour (PMIx) is a new module and a registry row in
 `services/registry.py`, with no branch in the agent's spawn or dispatch.
 """
@@ -52,7 +52,7 @@ class ServiceHost:
 class Service(Timer):
     name = ""
     protocol = ""  # "PMI" or "PMIx": what its ranks initialize MPI through, if they do
-    takes: tuple[type, ...] = ()  # messages from the controller it handles
+    handles: tuple[type, ...] = ()  # messages from the controller it handles
 
     def __init__(self, host: ServiceHost) -> None:
         self.host = host
@@ -77,8 +77,8 @@ class Service(Timer):
     def close(self) -> None:
         """The agent is done: give back what the service holds (a server, its files)."""
 
-    def take(self, message: Record) -> None:
-        """A message from the controller of a type in `takes`."""
+    def handle(self, message: Record) -> None:
+        """A message from the controller of a type in `handles`."""
 
     def state_of(self, job: int, ident: int) -> str | None:
         """The rank's MPI state as this service saw it, or None if it does not know the rank."""
@@ -131,15 +131,15 @@ class Services(Timer):
         """Start a service before any launch names it, as the hint says (Service.prestart)."""
         self.service(name).prestart(hint)
 
-    def takes(self) -> dict[type, object]:
-        """Rows for the agent's dispatch table: every message a registered service takes goes to
-        each running service that takes it (one that was never started has none to take)."""
-        return {kind: self.route for _, takes in self.registry.values() for kind in takes}
+    def dispatch_rows(self) -> dict[type, object]:
+        """Rows for the agent's dispatch table: every message a registered service handles goes to
+        each running service that handles it (one that was never started has none to handle)."""
+        return {kind: self.route for _, handles in self.registry.values() for kind in handles}
 
     def route(self, message: Record) -> None:
         for service in self.running.values():
-            if type(message) in service.takes:
-                service.take(message)
+            if type(message) in service.handles:
+                service.handle(message)
 
     def exited(self, job: int, ident: int) -> None:
         for service in self.of_job.get(job, ()):

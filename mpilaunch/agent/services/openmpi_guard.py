@@ -31,8 +31,8 @@ TRAP_VARIABLE = "OMPI_MCA_ess_singleton_server"
 OPEN_MPI_MAPPED = (b"/libmpi.so.40", b"/libopen-rte.so", b"/libopen-pal.so")
 FIRST_LOOK = 0.1  # seconds after start; the gap doubles up to LOOK_CAP
 LOOK_CAP = 2.0
-LOOK_SLACK = 0.05  # ranks due this soon are looked at in the same wake-up (ranks start ~1 ms apart)
-FIRST_MAPS_LOOK = 0.5  # a maps read costs 0.1-2 ms: first after 0.5 s, the gap doubling up to MAPS_CAP
+LOOK_SLACK = 0.05  # ranks due this soon are looked at in the same wake-up (a host's ranks start together)
+FIRST_MAPS_LOOK = 0.5  # maps reads are not free: first after 0.5 s, the gap doubling up to MAPS_CAP
 MAPS_CAP = 60.0
 ADVICE = (
     "which needs a PMIx server, and this job is served PMI-1 (for MPICH-family MPIs), so the rank would run alone "

@@ -79,7 +79,7 @@ class JobServer(JobState):
         return serving(client.version).next_message(self, client)
 
     # -- answers from the controller -------------------------------------------------------
-    def take(self, message: Record) -> None:
+    def handle(self, message: Record) -> None:
         """PmiFenceDone, PmiNameReply or PmiSpawnReply from the controller."""
         self.answers[type(message)](message)  # type: ignore[operator]
 

@@ -174,7 +174,7 @@ def job_rows(job: PmixJob, local: list[int]) -> list[tuple[str, int, object]]:
 class PmixService(Service, PmixSide):
     name = "pmix"
     protocol = "PMIx"
-    takes = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone, PmixNspace, PmixSpawnReply, PmixJoinDone, PmixNamesReply)
+    handles = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone, PmixNspace, PmixSpawnReply, PmixJoinDone, PmixNamesReply)
 
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(host)
@@ -238,7 +238,7 @@ class PmixService(Service, PmixSide):
         return server
 
     def prestart(self, hint: object) -> None:
-        """Start the server on a thread (PMIx_server_init takes 15 to 30 ms) with the library
+        """Start the server on a thread (PMIx_server_init reads the machine with hwloc) with the library
         the launch will likely want: hint is (--pmix-lib, the ranks' own libpmix)."""
         requested, own = hint  # type: ignore[misc]
         try:
@@ -359,7 +359,7 @@ class PmixService(Service, PmixSide):
             self.server.deregister_client(lib.proc(served.spec.nspace, rank))  # its files go now
 
     def state_of(self, job: int, ident: int) -> str | None:
-        self.take_upcalls()  # a finalize queued before the rank's exit counts
+        self.run_upcalls()  # a finalize queued before the rank's exit counts
         served = self.jobs.get(job)
         return served.states.get(ident) if served is not None else None
 
@@ -378,7 +378,7 @@ class PmixService(Service, PmixSide):
             remove_folder(self.dir)
             self.dir = None
 
-    # -- upcalls: PMIx's thread queues them, the loop takes them --------------------------------
+    # -- upcalls: PMIx's thread queues them, the loop runs them --------------------------------
     def post(self, handler: Callable[..., None], *args: object) -> None:
         self.upcalls.append((handler, args))
         try:
@@ -398,9 +398,9 @@ class PmixService(Service, PmixSide):
             os.read(self.wake_r, 4096)
         except BlockingIOError:
             pass
-        self.take_upcalls()
+        self.run_upcalls()
 
-    def take_upcalls(self) -> None:
+    def run_upcalls(self) -> None:
         while self.upcalls:
             handler, args = self.upcalls.popleft()
             handler(*args)
@@ -427,7 +427,7 @@ class PmixService(Service, PmixSide):
             self.host.send(PmiAbort(proc=found[1], code=code, message=message))
 
     # -- the controller's messages and the timers ----------------------------------------------
-    def take(self, message: Record) -> None:
+    def handle(self, message: Record) -> None:
         self.rows[type(message)](message)  # type: ignore[operator]
 
     def next_deadline(self) -> float | None:

@@ -1,9 +1,9 @@
 """This machine's hwloc description, kept for the PMIx server.
 
-PMIx_server_init reads the machine with hwloc, PCI devices and their names included: 12 of
-its 17 ms here. Given the same description as an XML file (HWLOC_XMLFILE, with
+PMIx_server_init reads the machine with hwloc, PCI devices and their names included: most of
+its time (docs/performance.md). Given the same description as an XML file (HWLOC_XMLFILE, with
 HWLOC_THISSYSTEM=1 and HWLOC_THISSYSTEM_ALLOWED_RESOURCES=1, so that the CPUs this process may
-use, a Slurm step's or a cgroup's, are still read from the system), it takes 5. The file is
+use, a Slurm step's or a cgroup's, are still read from the system), it reads the file instead. The file is
 written once per boot, host and hwloc version, after a start that read the machine itself;
 the user's own HWLOC_XMLFILE wins.
 
@@ -60,7 +60,7 @@ def cache_path() -> str | None:
 class CachedTopology:
     """Around PMIx_server_init: `before` points hwloc at the kept file if there is one, `after`
     takes the variables back; `keep`, once the job is over, writes the description when the
-    machine was read (4 ms, off every job's path).
+    machine was read (off every job's path).
 
     A kept description is checked before PMIx is pointed at it: hwloc must load it, and it must
     not describe more processing units than this machine has. One that fails (cut short,

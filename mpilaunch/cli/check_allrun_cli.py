@@ -51,7 +51,7 @@ def run_subcommand(name: str, args: list[str]) -> int:
     """`mpilaunch check ...` or `mpilaunch allrun ...` -> exit status."""
     import click
 
-    from mpilaunch.launcher import hostcmds
+    from mpilaunch.launcher import check_allrun
 
     check, allrun = _commands()
     command = check if name == "check" else allrun
@@ -75,8 +75,8 @@ def run_subcommand(name: str, args: list[str]) -> int:
         timeout=params.get("timeout"),
     )
     if name == "check":
-        return hostcmds.run_check(options, params["program"], params["port"])
-    return hostcmds.run_allrun(options, tuple(params["argv"]), params["wdir"], exports_of(params["exports"]))
+        return check_allrun.run_check(options, params["program"], params["port"])
+    return check_allrun.run_allrun(options, tuple(params["argv"]), params["wdir"], exports_of(params["exports"]))
 
 
 def _with_job_file(params: dict, ctx) -> None:  # type: ignore[no-untyped-def]

@@ -32,7 +32,7 @@ class PmiFd(Service):
 
     name = "pmi"
     protocol = "PMI"
-    takes = (PmiFenceDone, PmiNameReply, PmiSpawnReply)
+    handles = (PmiFenceDone, PmiNameReply, PmiSpawnReply)
 
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(host)
@@ -76,10 +76,10 @@ class PmiFd(Service):
             server.drop(fd)
             del self.by_fd[fd]
 
-    def take(self, message: Record) -> None:
+    def handle(self, message: Record) -> None:
         server = self.jobs.get(message.job)  # type: ignore[attr-defined]
         if server is not None:
-            server.take(message)
+            server.handle(message)
 
     def state_of(self, job: int, ident: int) -> str | None:
         server = self.jobs.get(job)
@@ -134,7 +134,7 @@ class PmiTcp(PmiFd):
     def port(self) -> int:
         """A listener on loopback only: ranks are on this host, nobody else needs to reach it."""
         if self.listener is None:
-            import socket  # its accept() (PMI over TCP only): the module costs a plain job 2 ms
+            import socket  # its accept() (PMI over TCP only), off a plain job's path
 
             self.listener = socket.socket()
             self.listener.bind(("127.0.0.1", 0))

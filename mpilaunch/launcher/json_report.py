@@ -71,10 +71,10 @@ class JsonReport:
         self.stacks = stacks if stacks is not None else []
         self.wall_offset = time.time() - time.monotonic()  # the policy's clock is monotonic
         self.started = time.time()
-        self.take = table({RunEnded: self.write})
+        self.dispatch = table({RunEnded: self.write})
 
     def __call__(self, event: Record) -> None:
-        self.take(event)
+        self.dispatch(event)
 
     def when(self, monotonic: float | None) -> float | None:
         return None if monotonic is None else round(monotonic + self.wall_offset, 6)

@@ -122,7 +122,7 @@ def run_allrun(
     each host's exit status; every host runs to its end whatever the others do."""
     from mpilaunch.launcher.here import ThisMachine
     from mpilaunch.launcher.launch import execute
-    from mpilaunch.launcher.report import describe_status
+    from mpilaunch.launcher.report_text import describe_status
     from mpilaunch.plan.build import build_plan
 
     hosts = [h._replace(slots=1, max_slots=None) for h in _hosts(options)]

@@ -53,7 +53,7 @@ class ConsoleReporter:
         self.jobs = jobs
         self.output = output
         self.summary = summary
-        self.take = table(
+        self.dispatch = table(
             {
                 RankNotStarted: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} could not start: {e.error}"),
                 MpiFailure: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} {e.reason}"),
@@ -70,7 +70,7 @@ class ConsoleReporter:
         )
 
     def __call__(self, event: Record) -> None:
-        self.take(event)
+        self.dispatch(event)
 
     def say(self, text: str) -> None:
         self.output.say(f"mpilaunch: {text}")
@@ -93,7 +93,7 @@ class ConsoleReporter:
         failure = policy.first_failure
         ended = [policy.procs[p] for p in policy.failed if policy.procs[p] is not failure]
         if failure is None and ended and policy.stop_signal is not None:
-            from mpilaunch.launcher.report import rank_list  # only a failed or stopped run reports
+            from mpilaunch.launcher.report_text import rank_list  # only a failed or stopped run reports
 
             stop = policy.stop_signal
             sent = ACTIONS.get(stop, ("", stop))[1]
@@ -101,7 +101,7 @@ class ConsoleReporter:
             which = rank_list([s.rank.rank for s in ended if s.job == 1], sum(1 for s in ended if s.job != 1))
             self.say(f"stopped by {name_of(stop)} ({how}); {which} ended")
         if failure is not None and self.summary:
-            from mpilaunch.launcher.report import failure_summary
+            from mpilaunch.launcher.report_text import failure_summary
             from mpilaunch.launcher.root_cause import root_cause
 
             killed = [s for s in policy.procs if s.killed and s is not failure]
