@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from mpilaunch.launcher.links import HostLink, Links
-from mpilaunch.launcher.pmix_dyn import PmixJoins, PmixNameService, join_done
+from mpilaunch.launcher.pmix_dyn import PmixJoins, PmixNameService, decoded_blob, join_done
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
     MessageError,
@@ -71,12 +71,7 @@ class PmixFences:
         hosts = {hosts_of[rank] for rank in message.ranks} if message.ranks else set(hosts_of)
         if host not in hosts:
             raise MessageError(f"host {host} has no participant in PMIx fence {message.key!r}")
-        import base64  # PMIx jobs only: a plain run does not pay for it
-
-        try:
-            data = base64.b64decode(message.blob, validate=True)
-        except ValueError:
-            raise MessageError("a PMIx fence's data is not base64") from None
+        data = decoded_blob(message.blob, "a PMIx fence's")
         parts = self.open.setdefault((message.job, message.key), {})
         parts[host] = data
         if not hosts <= set(parts):

@@ -32,6 +32,16 @@ if TYPE_CHECKING:
 SUCCESS, ERR_TIMEOUT, ERR_NOT_FOUND, ERR_DUPLICATE_KEY = 0, -24, -46, -53
 
 
+def decoded_blob(blob: str, whose: str) -> bytes:
+    """A fence's or collective's data, sent base64 in a frame; MessageError if it is not."""
+    import base64  # PMIx jobs only: a plain run does not pay for it
+
+    try:
+        return base64.b64decode(blob, validate=True)
+    except ValueError:
+        raise MessageError(f"{whose} data is not base64") from None
+
+
 class PmixJoins:
     """Collectives over ranks of several jobs: the hosts with a participant, and their parts."""
 
@@ -51,12 +61,7 @@ class PmixJoins:
             hosts |= {hosts_of[rank] for rank in group.ranks} if group.ranks else set(hosts_of)
         if host not in hosts:
             raise MessageError(f"host {host} has no participant in PMIx collective {message.key!r}")
-        import base64
-
-        try:
-            data = base64.b64decode(message.blob, validate=True)
-        except ValueError:
-            raise MessageError("a PMIx collective's data is not base64") from None
+        data = decoded_blob(message.blob, "a PMIx collective's")
         expected, parts = self.open.setdefault(message.key, (hosts, {}))
         if expected != hosts:
             raise MessageError(f"hosts disagree on the participants of PMIx collective {message.key!r}")
