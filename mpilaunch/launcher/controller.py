@@ -312,6 +312,7 @@ class Controller:
         if not self.launched:
             self.launch(self.plan.job)
         self.stdin.start()
+        self.signals.catch_faults()
 
     def _run(self) -> int:
         self.start()

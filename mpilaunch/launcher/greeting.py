@@ -11,7 +11,6 @@ the controller. Failures are results: the host's error, in words.
 
 from __future__ import annotations
 
-import random
 import selectors
 import sys
 import time
@@ -260,6 +259,8 @@ def start_agents(
         again = {i: hosts[i] for i, r in results.items() if r.error is not None and transport.retry(r.error)}
         if not again:
             break
+        import random  # a retry only: not on every start's path
+
         time.sleep(random.uniform(0.05, 0.25) * attempt)
         more = transport.start(again)  # type: ignore[arg-type]
         greet(more, checks)

@@ -9,8 +9,9 @@ that runs many jobs keeps nothing of them.
 SIGSEGV, SIGBUS, SIGILL and SIGFPE are also what the kernel raises for a fault of the launcher's
 own, and a handler that returns from one runs the faulting instruction again, for ever: their
 handlers are reset to the default as they run (SA_RESETHAND), so a `kill -SEGV` ends the job as
-SIGTERM does and a real fault still ends the launcher at once. Where that flag cannot be set
-(a libc layout not known here) they keep their default action.
+SIGTERM does and a real fault still ends the launcher at once. They are caught from the moment
+the job is launched (catch_faults); before it, and where that flag cannot be set (a libc layout
+not known here), they keep their default action.
 """
 
 from __future__ import annotations
@@ -42,11 +43,22 @@ class SignalPipe:
         # lost (a SIGTERM at start-up, and the job ran to its end with status 0).
         self.saved_wakeup_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
         for sig in self.saved:
+            if sig not in FAULTS:  # those once the run has started: catch_faults
+                signal.signal(sig, _ignore)
+        sel.register(self.read_fd, selectors.EVENT_READ, "signal")
+
+    def catch_faults(self) -> None:
+        """The fault signals caught too, each once (SA_RESETHAND). Called once the job is
+        launched: setting the flag needs ctypes, which the start of a short job does without;
+        until then they keep their default action, as before the run."""
+        if self.saved is None:
+            return
+        faults = FAULTS & set(self.saved)
+        for sig in faults:
             signal.signal(sig, _ignore)
-        for sig in _one_shot(FAULTS & set(self.saved)):  # not made one-shot: back to their default
+        for sig in _one_shot(faults):  # not made one-shot: back to their default
             signal.signal(sig, signal.SIG_DFL)
             del self.saved[sig]
-        sel.register(self.read_fd, selectors.EVENT_READ, "signal")
 
     def drain(self) -> bytes:
         """The numbers of the signals received since the last drain."""

@@ -175,9 +175,7 @@ def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
 
 def _build_payload(magic: bytes) -> bytes:
     stage2 = f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}"
-    # Level 1, not 6: a fraction of the time on every remote job's start, for a few more bytes
-    # (docs/performance.md, "Start-up tricks").
-    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}), 1)
+    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}))
     return _blob(stage2.encode()) + _blob(bundle)
 
 

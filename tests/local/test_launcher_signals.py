@@ -150,6 +150,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from mpilaunch.launcher.signals import SignalPipe
 pipe = SignalPipe()
 pipe.install(selectors.DefaultSelector())
+pipe.catch_faults()
 if sys.argv[1] == "sent":
     os.kill(os.getpid(), signal.SIGSEGV)
     print("caught", list(pipe.drain()), flush=True)

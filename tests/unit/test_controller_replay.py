@@ -204,6 +204,9 @@ class FakeSignals:
     def install(self, sel: selectors.BaseSelector) -> None:
         sel.register(self.read_fd, selectors.EVENT_READ, "signal")
 
+    def catch_faults(self) -> None:
+        """The real pipe's fault handlers: nothing to catch here."""
+
     def send(self, sig: int) -> None:
         os.write(self.write_fd, bytes([sig]))
 
