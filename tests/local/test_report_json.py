@@ -18,6 +18,7 @@ RANK = str(ROOT / "tests" / "ranks" / "accounted.py")
 CPU = 0.3  # seconds each rank spends
 MIB = 40  # what each rank holds
 SLACK = 0.05  # seconds: the launcher's clock and the ranks' are the same clock, read at other moments
+REPORTED = 0.5  # seconds: a rank's start reaches the launcher within this of its first line
 
 
 def accounted(launcher: Launcher, tmp_path: Path, actions: list[str], *options: str, sig: int | None = None):
@@ -53,7 +54,9 @@ def check_ranks(document: dict, ranks: dict, hosts: list[str]) -> None:
         record = ranks[entry["rank"]]
         assert entry["host"] == host
         assert entry["pid"] == record["pid"]
-        assert entry["started"] <= record["t0"] + SLACK  # its agent reported it before it ran Python
+        # reported as it started, not later: the report crosses the launcher's loop (and over SSH a
+        # link), so on a loaded machine it may arrive after the rank's first line of Python
+        assert entry["started"] <= record["t0"] + REPORTED
         assert entry["ended"] >= record["t1"] - SLACK
         assert document["started"] - SLACK <= entry["started"] <= entry["ended"] <= document["ended"] + SLACK
         assert entry["cpu_seconds"] >= record["cpu"] * 0.95  # its whole life, from its agent's wait4
