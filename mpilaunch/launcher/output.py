@@ -10,8 +10,11 @@ import time
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.files import kind_of
 from mpilaunch.launcher.console_writer import ConsoleWriter
-from mpilaunch.launcher.treelock import TreeLock
 from mpilaunch.protocol.wire import STDERR, STDOUT
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from mpilaunch.launcher.treelock import TreeLock
 
 IDLE_FLUSH = 0.25  # seconds a partial line waits before it is shown anyway
 MAX_PENDING = 1 << 16  # a longer partial line is shown at once
@@ -357,6 +360,8 @@ class OutputSink:
         if self.log_dir is None:
             return None
         if self.lock is None:  # before any file of the tree is opened (and truncated)
+            from mpilaunch.launcher.treelock import TreeLock  # a run with a log tree only
+
             self.lock = TreeLock(self.log_dir, self.owner)
         tree = LogTree(self.log_dir, len(procs), self.merged, job, first, world)
         self.trees[job] = tree
