@@ -164,7 +164,7 @@ class Controller:
 
     # -- jobs -----------------------------------------------------------------------------
     def add_job(self, job: JobPlan) -> list[int]:
-        procs = self.policy.add_job(job.job, job.ranks, job.first)
+        procs = self.policy.add_job(job.job, job.named_ranks)
         self.jobs[job.job] = job
         self.pmi.add_job(job)
         return procs

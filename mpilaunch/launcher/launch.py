@@ -309,7 +309,7 @@ def show_plan(plan: LaunchPlan, source: str) -> None:
 
     options = plan.options
     job = plan.job
-    ranks = [r._replace(rank=r.rank + job.first) for r in job.ranks] if job.first else job.ranks  # job-wide numbers
+    ranks = job.named_ranks
     if options.display_allocation:
         print(allocation(plan.hosts), flush=True)
     if options.print_rank_map:

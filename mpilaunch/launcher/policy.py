@@ -96,12 +96,11 @@ class Policy:
         if self.options.timeout:
             self.deadline = self.clock() + self.options.timeout
 
-    def add_job(self, job: int, ranks: Sequence[Rank], offset: int = 0) -> list[int]:
-        """offset: the job-wide rank of ranks[0] when this launcher runs one node's (torchrun's
-        way); every state, and so every report, names a rank by its job-wide number."""
+    def add_job(self, job: int, ranks: Sequence[Rank]) -> list[int]:
+        """ranks as reports name them (JobPlan.named_ranks: job-wide numbers when this launcher
+        runs one node's, torchrun's way)."""
         first = len(self.procs)
-        named = [rank._replace(rank=rank.rank + offset) for rank in ranks] if offset else ranks
-        self.procs.extend(RankState(first + i, job, rank) for i, rank in enumerate(named))
+        self.procs.extend(RankState(first + i, job, rank) for i, rank in enumerate(ranks))
         return list(range(first, len(self.procs)))
 
     def all_done(self) -> bool:

@@ -40,6 +40,11 @@ class JobPlan(Record):
     first: int = 0  # one launcher per node (torchrun's --node-rank): the job-wide rank of ranks[0]
     world: int = 0  # ... of a job this many ranks large (0: these ranks are the job)
 
+    @property
+    def named_ranks(self) -> list[Rank]:
+        """The ranks as people see them: numbered job-wide (a node's ranks shifted by first)."""
+        return [r._replace(rank=r.rank + self.first) for r in self.ranks] if self.first else self.ranks
+
 
 class LaunchPlan(Record):
     """Everything the controller needs, computed before any process starts."""
