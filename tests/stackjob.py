@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -66,8 +67,20 @@ class Running:
                 self.out.put(line)
 
     def wait_out(self, count: int, timeout: float = 60.0) -> list[str]:
-        """The next count lines of stdout."""
-        return [self.out.get(timeout=timeout) for _ in range(count)]
+        """The next count lines of stdout; a launcher that ends first fails the test with its stderr."""
+        deadline = time.monotonic() + timeout
+        lines: list[str] = []
+        while len(lines) < count:
+            try:
+                lines.append(self.out.get(timeout=0.1))
+            except queue.Empty:
+                ended = self.proc.poll() is not None
+                if ended or time.monotonic() > deadline:
+                    time.sleep(0.1)  # the readers take the last lines
+                    why = f"ended with status {self.proc.returncode}" if ended else f"still running after {timeout} s"
+                    said = f"{len(lines)} of {count} lines on stdout, launcher {why}"
+                    raise AssertionError(f"{said}:\n{self.err()[-4000:]}") from None
+        return lines
 
     def wait_err(self, pattern: str, count: int = 1, timeout: float = 60.0) -> str:
         """stderr so far, once it holds count lines that match pattern."""
@@ -115,6 +128,14 @@ def two_groups(lines: list[str], why: str = "SIGQUIT", script: str = "rank.py") 
     assert re.fullmatch(rf"  ranks 0-1 \(2\): {script}:\d+ in <module>", lines[1]), lines
     assert re.fullmatch(rf"  rank 2 \(1\): {script}:\d+ in <module> > stuck_here", lines[2]), lines
     assert lines[3] == "  rank 2, whole:" and re.fullmatch(rf"    {script}:\d+ in stuck_here", lines[-1]), lines
+
+
+def python_without_py_spy(where: Path) -> str:
+    """A venv's interpreter with no py-spy beside it, that sees this interpreter's packages (click,
+    mpi4py, mpilaunch as installed): the launcher, and the agents it starts, run with it."""
+    venv = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(where)]
+    subprocess.run(venv, check=True, timeout=120)
+    return str(where / "bin" / "python")
 
 
 def release(flag: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 from mpilaunch.picture.page import render
 from tests.conftest import Launcher, write_script
-from tests.stackjob import MPI4PY_RANK, Running, release, snapshot, two_groups
+from tests.stackjob import MPI4PY_RANK, Running, python_without_py_spy, release, snapshot, two_groups
 
 PY = sys.executable
 PY_SPY = os.path.join(os.path.dirname(PY), "py-spy")
@@ -28,11 +27,8 @@ NATIVE_TOOLS = "/usr/bin"  # eu-stack (elfutils) and gdb; a PATH without it hide
 
 @pytest.fixture(scope="module")
 def venv_python(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An interpreter whose bin directory has no py-spy: the launcher (and its local agent) run
-    with it, PYTHONPATH gives them mpilaunch."""
-    where = tmp_path_factory.mktemp("venv") / "v"
-    subprocess.run([PY, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
-    return str(where / "bin" / "python")
+    """An interpreter whose bin directory has no py-spy: the launcher (and its local agent) run with it."""
+    return python_without_py_spy(tmp_path_factory.mktemp("venv") / "v")
 
 
 def start(launcher: Launcher, tmp_path: Path, *options: str, env: dict | None = None) -> tuple[Running, Path]:

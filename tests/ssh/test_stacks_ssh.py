@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from tests.conftest import Launcher, sshbed_fixtures, write_script
 from tests.sshbed import SshBed, bed_available
-from tests.stackjob import MPI4PY_RANK, Running, release, snapshot, two_groups
+from tests.stackjob import MPI4PY_RANK, Running, python_without_py_spy, release, snapshot, two_groups
 
 available, why = bed_available()
 PY = sys.executable
@@ -52,9 +51,7 @@ def test_sigquit_groups_the_stacks_of_two_hosts(launcher: Launcher, bed: SshBed,
 def test_without_py_spy_the_hosts_read_native_stacks(launcher: Launcher, tmp_path: Path) -> None:
     """py-spy hidden on the hosts: the launcher's interpreter (which the agents run) has none beside
     it, and a HOME without ~/.bashrc keeps pyenv's shims off the sessions' PATH."""
-    venv = tmp_path / "venv"
-    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
+    python = python_without_py_spy(tmp_path / "venv")
     launcher.argv = lambda *args: [python, "-m", "mpilaunch", *args]  # type: ignore[method-assign]
     home = tmp_path / "home"
     home.mkdir()
