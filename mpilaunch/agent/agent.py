@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes a rank's exception there, unless the job names it
 
 
 class Agent(ServiceHost, LinkOwner, Timer):
@@ -222,8 +223,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 cpus = cpus_for(level, spec.local_rank, groups, message.cpus_per_rank)
                 if message.report_bindings:  # in Open MPI's words
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
-                env = {**base, **spec.env}
-                if "TORCHELASTIC_ERROR_FILE" not in spec.env:  # torch's @record writes the rank's exception there
+                env = {**base, **message.env, **spec.env}
+                if ERROR_FILE not in spec.env and ERROR_FILE not in message.env:
                     env["TORCHELASTIC_ERROR_FILE"] = self.torch.error_file(message.job, spec.rank)
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services, found)
         finally:

@@ -171,10 +171,12 @@ def remote_shell(
     """(the command in place of `ssh`, more arguments for it): hydra's -bootstrap-exec and
     -bootstrap-exec-args, else Open MPI's plm_rsh_agent and plm_rsh_args (-mca or OMPI_MCA_*).
     Open MPI's agent may list fallbacks (`ssh : rsh`): the first one found on PATH is taken."""
-    import shlex
-
     agent = agent if agent is not None else last_mca(mca, "plm_rsh_agent", env)
     args = args if args is not None else last_mca(mca, "plm_rsh_args", env)
+    if not agent and not args:
+        return (), ()
+    import shlex
+
     try:
         extra = tuple(shlex.split(args)) if args else ()
         command: tuple[str, ...] = ()

@@ -35,7 +35,7 @@ from mpilaunch.launcher.jobwide_pmi import JobWidePmi
 from mpilaunch.launcher.links import HostLink, Links
 from mpilaunch.launcher.output import OutputSink
 from mpilaunch.launcher.policy import Policy
-from mpilaunch.launcher.signals import SignalPipe
+from mpilaunch.launcher.signals import FAULTS_AFTER, SignalPipe
 from mpilaunch.launcher.spawns import Spawner
 from mpilaunch.launcher.stacks import StackSnapshots
 from mpilaunch.launcher.states import RankState
@@ -312,7 +312,7 @@ class Controller:
         if not self.launched:
             self.launch(self.plan.job)
         self.stdin.start()
-        self.signals.catch_faults()
+        self.signals.catch_faults_at(self.clock() + FAULTS_AFTER)
 
     def _run(self) -> int:
         self.start()
@@ -335,6 +335,7 @@ class Controller:
                     self.stacks.next_deadline(),
                     silent_at,
                     look_again,
+                    self.signals.next_deadline(),
                 )
                 if t is not None
             ]
@@ -357,6 +358,7 @@ class Controller:
             self.output.flush_idle(now)
             self.pmi.tick(now)
             self.stacks.tick(now)
+            self.signals.tick(now)
         self.output.close()
         self.policy.links_closed()
         status = self.policy.exit_status()

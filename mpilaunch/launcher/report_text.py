@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mpilaunch.launcher.root_cause import FRAMES_SHOWN, RootCause
 from mpilaunch.plan.hosts import Host
@@ -74,7 +74,7 @@ def hydra_rank_map(hosts: Sequence[Host], ranks: Sequence[Rank]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dry_run_env(ranks: Sequence[Rank], hosts: Sequence[Host], envs: Sequence[Mapping[str, str]]) -> str:
+def dry_run_env(ranks: Sequence[Rank], hosts: Sequence[Host], envs: Iterable[Mapping[str, str]]) -> str:
     lines = []
     for r, env in zip(ranks, envs):
         lines.append(f"rank {r.rank} on {hosts[r.host].name}:")

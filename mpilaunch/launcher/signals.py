@@ -9,9 +9,10 @@ that runs many jobs keeps nothing of them.
 SIGSEGV, SIGBUS, SIGILL and SIGFPE are also what the kernel raises for a fault of the launcher's
 own, and a handler that returns from one runs the faulting instruction again, for ever: their
 handlers are reset to the default as they run (SA_RESETHAND), so a `kill -SEGV` ends the job as
-SIGTERM does and a real fault still ends the launcher at once. They are caught from the moment
-the job is launched (catch_faults); before it, and where that flag cannot be set (a libc layout
-not known here), they keep their default action.
+SIGTERM does and a real fault still ends the launcher at once. They are caught once the job
+has run FAULTS_AFTER seconds (catch_faults: setting the flag needs ctypes, which a short job does
+without); before it, and where that flag cannot be set (a libc layout not known here), they keep
+their default action, and the agents end the ranks of a launcher that dies of one.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import signal
 from mpilaunch.launcher.signal_table import ACTIONS, ALWAYS, FAULTS
 
 SA_RESETHAND = 0x80000000  # Linux's, on the machines _one_shot knows
+FAULTS_AFTER = 0.1  # seconds of the run before the fault signals are caught
 
 
 class SignalPipe:
     def __init__(self) -> None:
         self.saved: dict[int, object] | None = None
         self.read_fd = self.write_fd = -1
+        self.faults_at: float | None = None  # when catch_faults runs (the controller's clock)
 
     def install(self, sel: selectors.BaseSelector) -> None:
         self.read_fd, self.write_fd = os.pipe()
@@ -47,10 +50,20 @@ class SignalPipe:
                 signal.signal(sig, _ignore)
         sel.register(self.read_fd, selectors.EVENT_READ, "signal")
 
+    def catch_faults_at(self, when: float) -> None:
+        """catch_faults once the loop's clock reaches when (tick)."""
+        self.faults_at = when
+
+    def next_deadline(self) -> float | None:
+        return self.faults_at
+
+    def tick(self, now: float) -> None:
+        if self.faults_at is not None and now >= self.faults_at:
+            self.faults_at = None
+            self.catch_faults()
+
     def catch_faults(self) -> None:
-        """The fault signals caught too, each once (SA_RESETHAND). Called once the job is
-        launched: setting the flag needs ctypes, which the start of a short job does without;
-        until then they keep their default action, as before the run."""
+        """The fault signals caught too, each once (SA_RESETHAND)."""
         if self.saved is None:
             return
         faults = FAULTS & set(self.saved)

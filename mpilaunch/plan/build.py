@@ -33,12 +33,17 @@ class JobPlan(Record):
     ranks: list[Rank]
     argvs: list[tuple[str, ...]]  # per app
     wdirs: list[str]  # per app
-    envs: list[dict[str, str]]  # per rank: variables set on top of the host's environment
+    env: dict[str, str]  # variables every rank gets on top of its host's environment
+    envs: list[dict[str, str]]  # per rank: its own variables on top of env
     pmi: PmiJob | None = None  # what agents need to serve this job PMI, or None (--mpi none)
     services: tuple[str, ...] = ()  # the agent services its ranks get (plan/wireup.services)
     pmix: PmixJob | None = None  # what each host's PMIx server registers (--mpi pmix)
     first: int = 0  # one launcher per node (torchrun's --node-rank): the job-wide rank of ranks[0]
     world: int = 0  # ... of a job this many ranks large (0: these ranks are the job)
+
+    def rank_env(self, index: int) -> dict[str, str]:
+        """One rank's variables, whole: the job's and its own."""
+        return {**self.env, **self.envs[index]}
 
     @property
     def named_ranks(self) -> list[Rank]:
@@ -169,7 +174,9 @@ def host_checks(job: JobPlan, host: int) -> list[dict]:
     checks = []
     for app in sorted({r.app for r in job.ranks if r.host == host}):
         rank = next(r for r in job.ranks if r.app == app and r.host == host)
-        checks.append({"program": job.argvs[app][0], "wdir": job.wdirs[app], "path": job.envs[rank.rank].get("PATH")})
+        checks.append(
+            {"program": job.argvs[app][0], "wdir": job.wdirs[app], "path": job.rank_env(rank.rank).get("PATH")}
+        )
     return checks
 
 
@@ -302,6 +309,7 @@ def launch_messages(
             store_port=plan.master[1] if agent_store and index == job.ranks[0].host else 0,
             job=job.job,
             ranks=ranks,
+            env=job.env,
             services=job.services,
             pmi=job.pmi,
             pmix=pmix,
@@ -390,7 +398,7 @@ def job_plan(
         pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib, job)
     pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and served[0] != "pmix" else None
     argvs, wdirs = [a for a, _ in apps], [w for _, w in apps]
-    return JobPlan(job, ranks, argvs, wdirs, envs, pmi, served, pmix, layout.offset, layout.world)
+    return JobPlan(job, ranks, argvs, wdirs, common, envs, pmi, served, pmix, layout.offset, layout.world)
 
 
 def heartbeat_timeout(env: Mapping[str, str]) -> float:

@@ -7,7 +7,7 @@ Pure functions of the placement, the user's variables and what each host said ab
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host
@@ -147,7 +147,7 @@ def rank_extras(
 def omp_note(
     ranks: Sequence[Rank],
     hosts: Sequence[Host],
-    envs: Sequence[Mapping[str, str]],
+    envs: Iterable[Mapping[str, str]],
     host_info: Mapping[int, Mapping],
     launcher_env: Mapping[str, str],
     exports: Sequence[tuple[str, str | None]],

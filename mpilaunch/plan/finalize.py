@@ -91,5 +91,14 @@ def finalize(plan: LaunchPlan, facts: Facts) -> Final:
         )
     launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
     notes.append(intel_note(plan, launches) if plan.intel_mpi else "")
-    notes.append(devices.omp_note(job.ranks, plan.hosts, job.envs, plan.host_info, plan.launcher_env, plan.exports))
+    notes.append(
+        devices.omp_note(
+            job.ranks,
+            plan.hosts,
+            map(job.rank_env, range(len(job.ranks))),
+            plan.host_info,
+            plan.launcher_env,
+            plan.exports,
+        )
+    )
     return Final(plan, launches, tuple(note for note in notes if note))

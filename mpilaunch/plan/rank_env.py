@@ -138,12 +138,13 @@ def rank_environment(
     launcher_env: Mapping[str, str],
     layout: JobLayout | None = None,
 ) -> dict[str, str]:
-    """The variables set for one rank on top of its host's inherited environment.
+    """The variables set for one rank on top of its host's inherited environment and of common
+    (the job's, which every rank gets): only what is its own or overrides common, so a job's
+    ranks do not each carry a copy of the job's variables.
 
     -x values win over everything; -x NAME without a value sends the launcher's value.
     """
-    env = dict(common)
-    env.update(rank_variables(rank, layout.offset, layout.node) if layout is not None else rank_variables(rank))
+    env = rank_variables(rank, layout.offset, layout.node) if layout is not None else rank_variables(rank)
     for name, value in exports:
         if value is None:
             if name in launcher_env:

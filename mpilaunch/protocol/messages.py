@@ -55,7 +55,7 @@ class RankSpec(Record):
     app: int
     argv: tuple[str, ...]
     wdir: str
-    env: dict[str, str]  # only what is set on top of the host's environment
+    env: dict[str, str]  # only what is set on top of the host's environment and the Launch's env
     stdin: bool = False
 
 
@@ -188,6 +188,7 @@ class Launch(Record):
 
     job: int
     ranks: tuple[RankSpec, ...]
+    env: dict[str, str]  # every rank's, on top of the host's environment; each RankSpec's env on top of it
     services: tuple[str, ...] = ()  # agent services for the job's ranks (agent/services: "pmi", "pmi-tcp", ...)
     pmi: PmiJob | None = None
     pmix: PmixJob | None = None

@@ -68,7 +68,7 @@ def test_agent_fed_garbage_stops_and_kills_its_ranks(launcher: Launcher, tmp_pat
     assert agent.stdin is not None and agent.stdout is not None and agent.stderr is not None
     rank = {"proc": 0, "rank": 0, "local_rank": 0, "app": 0, "argv": [PY, TREE, str(marks), "sleep"],
             "wdir": str(tmp_path), "env": {"RANK": "0"}, "stdin": False}  # fmt: skip
-    agent.stdin.write(wire.control("launch", job=1, ranks=[rank], merge=False, bind_to="none", pmi=None))
+    agent.stdin.write(wire.control("launch", job=1, ranks=[rank], env={}, merge=False, bind_to="none", pmi=None))
     agent.stdin.flush()
     decoder = wire.Decoder()
     output = b""

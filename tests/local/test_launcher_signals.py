@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, STACKS, name_of
+from mpilaunch.launcher.signal_table import ACTIONS, FAULTS, FORWARD, STACKS, name_of
+from mpilaunch.launcher.signals import FAULTS_AFTER
 from tests.conftest import ROOT, Launcher, tagged_pids
 
 PY = sys.executable
@@ -95,6 +96,8 @@ def test_a_signal_to_the_launcher_is_forwarded_or_stops_the_run(launcher: Launch
     try:
         for _ in range(2):
             assert proc.stdout.readline() == b"up\n"
+        if sig in FAULTS:  # caught once the run has gone on that long
+            time.sleep(FAULTS_AFTER + 0.1)
         proc.send_signal(sig)
         if action == STACKS:  # the second within a second stops the run
             time.sleep(0.2)

@@ -204,8 +204,14 @@ class FakeSignals:
     def install(self, sel: selectors.BaseSelector) -> None:
         sel.register(self.read_fd, selectors.EVENT_READ, "signal")
 
-    def catch_faults(self) -> None:
+    def catch_faults_at(self, when: float) -> None:
         """The real pipe's fault handlers: nothing to catch here."""
+
+    def next_deadline(self) -> None:
+        return None
+
+    def tick(self, now: float) -> None:
+        pass
 
     def send(self, sig: int) -> None:
         os.write(self.write_fd, bytes([sig]))

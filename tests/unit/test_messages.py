@@ -32,6 +32,7 @@ from tests.conftest import ROOT
 LAUNCH = Launch(
     job=1,
     ranks=(RankSpec(proc=0, rank=0, local_rank=0, app=0, argv=("python", "-c", "pass"), wdir="/", env={"A": "1"}),),
+    env={"B": "2"},
     services=("pmi", "openmpi-guard"),
     pmi=PmiJob(job=1, size=1, universe=2, kvsname="kvs_x_1", mapping="(vector,(0,1,1))", preput={"k": "v"}),
     merge=True,

@@ -304,7 +304,7 @@ class PmixService(Service, PmixSide):
             self.modex.launched(launch.job)
             return
         job = self.jobs[launch.job] = ServedJob(launch.job, spec)
-        job.path = launch.ranks[0].env.get("PATH") if launch.ranks else None
+        job.path = launch.ranks[0].env.get("PATH", launch.env.get("PATH")) if launch.ranks else None
         self.by_nspace[spec.nspace] = job
         self.modex.launched(launch.job)  # asked for before this host had the job
 
