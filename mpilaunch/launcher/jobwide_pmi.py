@@ -1,5 +1,5 @@
 """The job-wide half of PMI and PMIx, kept by the controller: barriers and fences across hosts
-and the name services; PMIx's collectives across jobs and its names are launcher/pmix_dyn.py's
+and the name services; PMIx's collectives across jobs and its names are launcher/pmix_joins.py's
 (MPI_Comm_spawn starts a job: launcher/spawns.py). Agents answer everything else locally
 (agent/services/)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from mpilaunch.launcher.links import HostLink, Links
-from mpilaunch.launcher.pmix_dyn import PmixJoins, PmixNameService, decoded_blob, join_done
+from mpilaunch.launcher.pmix_joins import PmixJoins, PmixNameService, decoded_blob, join_done
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
     MessageError,
