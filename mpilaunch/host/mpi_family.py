@@ -136,16 +136,6 @@ OPAQUE_PROGRAMS = frozenset(
 )
 
 
-def mixed_reason(protocol: str, other: str, other_rank: int) -> str:
-    """Why a job served PMI and PMIx ends when its ranks use both: said of the rank that used
-    `protocol` after rank other_rank used `other`."""
-    family = {"PMI": "an MPICH-family MPI", "PMIx": "Open MPI"}
-    return (
-        f"initialized MPI through {protocol} ({family[protocol]}) and rank {other_rank} of its job through "
-        f"{other} ({family[other]}): their ranks cannot share one MPI_COMM_WORLD; run them as two jobs"
-    )
-
-
 def script_interpreter(path: str, search_path: str) -> str | None:
     """The program a `#!` script runs under (for `#!/usr/bin/env NAME`, NAME on search_path);
     None for a file that is no script, "" for a script whose interpreter is not found."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import selectors
 import time
 
-from mpilaunch.host.mpi_family import mixed_reason
 from mpilaunch.launcher.console_report import ConsoleReporter
 from mpilaunch.launcher.events import (
     Abort,
@@ -63,6 +62,7 @@ from mpilaunch.protocol.messages import (
     StdinAck,
     decode,
     encode,
+    mixed_reason,
 )
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.local import LocalTransport

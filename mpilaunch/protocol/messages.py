@@ -514,6 +514,17 @@ class PmiError(Record):
     error: str
 
 
+def mixed_reason(protocol: str, other: str, other_rank: int) -> str:
+    """PmiError.error for a job served PMI and PMIx whose ranks use both (an agent sees it on
+    its host, the controller across hosts): said of the rank that used `protocol` after rank
+    other_rank used `other`."""
+    family = {"PMI": "an MPICH-family MPI", "PMIx": "Open MPI"}
+    return (
+        f"initialized MPI through {protocol} ({family[protocol]}) and rank {other_rank} of its job through "
+        f"{other} ({family[other]}): their ranks cannot share one MPI_COMM_WORLD; run them as two jobs"
+    )
+
+
 class PmiName(Record):
     """A publish_name, unpublish_name or lookup_name request; req numbers it in its service."""
 

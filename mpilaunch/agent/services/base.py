@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 
 from mpilaunch.agent.loop import Loop, Timer
-from mpilaunch.host.mpi_family import mixed_reason
-from mpilaunch.protocol.messages import MessageError, PmiError
+from mpilaunch.protocol.messages import MessageError, PmiError, mixed_reason
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False
