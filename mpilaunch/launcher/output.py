@@ -8,7 +8,6 @@ import stat
 import time
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.host.files import kind_of
 from mpilaunch.launcher.console_writer import ConsoleWriter
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
@@ -123,6 +122,12 @@ class LogTree:
         self.fds.clear()
 
 
+def _not_regular(mode: int) -> OSError:
+    from mpilaunch.host.files import kind_of  # only for a log file refused
+
+    return OSError(errno.EINVAL, f"{kind_of(mode)}, not a regular file")
+
+
 def _open_log(name: str, parent: int | None = None) -> int:
     """Create or truncate a regular log file, never waiting: a FIFO planted there would block
     the open (or the writes) for ever, a device would take the output somewhere else, so
@@ -134,13 +139,13 @@ def _open_log(name: str, parent: int | None = None) -> int:
     except FileNotFoundError:
         found = None
     if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
-        raise OSError(errno.EINVAL, f"{kind_of(found.st_mode)}, not a regular file")
+        raise _not_regular(found.st_mode)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(name, flags, 0o644, dir_fd=parent)
     try:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):  # put there since it was looked at
-            raise OSError(errno.EINVAL, f"{kind_of(opened.st_mode)}, not a regular file")
+            raise _not_regular(opened.st_mode)
         os.ftruncate(fd, 0)
         os.set_blocking(fd, True)
     except OSError:

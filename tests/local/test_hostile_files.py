@@ -243,6 +243,10 @@ for i in range(n):
     if i % 2000 == 0:
         sys.stdout.flush()
         time.sleep(0.01)
+sys.stdout.flush()
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:  # the test's second jobs are done
+    time.sleep(0.02)
 """
 
 
@@ -252,7 +256,10 @@ def test_a_second_job_on_one_log_tree_is_refused_naming_the_first(launcher: Laun
     the tree and the first job (its job id and pid); the first job's files have every line."""
     script = write_script(tmp_path, "writer.py", WRITER)
     lines = 100_000
-    first = launcher.popen("-n", "2", "--output-filename", "logs", PY, script, str(lines), stdout=subprocess.DEVNULL)
+    done = tmp_path / "done"
+    first = launcher.popen(
+        "-n", "2", "--output-filename", "logs", PY, script, str(lines), str(done), stdout=subprocess.DEVNULL
+    )  # fmt: skip
     lock = tmp_path / "logs" / ".mpilaunch.lock"
     deadline = time.monotonic() + 30
     while not (lock.exists() and lock.read_text().count(" ") == 1):
@@ -269,6 +276,7 @@ def test_a_second_job_on_one_log_tree_is_refused_naming_the_first(launcher: Laun
                 f"mpilaunch: --output-filename {name}: job {job_id} (mpilaunch, pid {first.pid}) is writing its rank "
                 "output there; two jobs in one log tree lose lines: wait for it to end, or give another directory\n"
             )
+        done.write_text("")
         assert first.wait(timeout=120) == 0
     finally:
         if first.poll() is None:
