@@ -370,9 +370,7 @@ class PmixService(Service, PmixSide):
         if self.server is None and self.warming is not None:
             self.server = self.warmed(self.warming[0])  # started for a job that never came
         if self.server is not None:
-            for nspace in [*self.by_nspace, *self.others]:
-                self.server.deregister_nspace(nspace)
-            self.server.finalize()
+            self.server.stop([*self.by_nspace, *self.others])
             self.server = None
         if self.dir is not None:
             remove_folder(self.dir)

@@ -27,6 +27,7 @@ ERR_JOB_FAILED_TO_LAUNCH = -181
 PERSIST_FIRST_READ = 1  # pmix_persistence_t: the datum is gone once looked up
 RANK_WILDCARD = 0xFFFFFFFE
 MODULE_SLOTS = 40  # 28 in PMIx 4.2, 29 in 5.0: a zero-filled table longer than either
+STOP_LIMIT = 5.0  # seconds the server gets to deregister its namespaces and finalize
 # Slots of pmix_server_module_t
 CLIENT_CONNECTED, CLIENT_FINALIZED, ABORT, FENCE_NB, DIRECT_MODEX, JOB_CONTROL = 0, 1, 2, 3, 4, 19
 PUBLISH, LOOKUP, UNPUBLISH, SPAWN, CONNECT, DISCONNECT = 5, 6, 7, 8, 9, 10
@@ -288,6 +289,7 @@ class Server:
         lib.PMIx_server_dmodex_request.argtypes = (ctypes.POINTER(Proc), DMODEX_RESPONSE, _P)
         self.module = (ctypes.c_void_p * MODULE_SLOTS)()
         self.keep: list[object] = []  # callbacks and buffers the library may still use
+        self.unanswered = OP_CB(lambda status, cbdata: None)  # for calls not waited for
 
     def start(self, rows: list[tuple[str, int, object]], upcalls: dict[int, object]) -> None:
         for slot, function in upcalls.items():
@@ -314,7 +316,10 @@ class Server:
         )
 
     def deregister_client(self, who: Proc) -> None:
-        self.lib.PMIx_server_deregister_client(ctypes.byref(who), None, None)
+        """Not waited for: given no callback, PMIx would hold the agent's loop until its own
+        thread had done it, and a rank killed while it connects can leave that thread unable to."""
+        self.keep.append(who)  # PMIx's thread may read it after this returns
+        self.lib.PMIx_server_deregister_client(ctypes.byref(who), self.unanswered, None)
 
     def setup_fork(self, who: Proc) -> dict[str, str]:
         """The variables a rank needs to reach this server."""
@@ -345,6 +350,22 @@ class Server:
 
     def finalize(self) -> None:
         self.lib.PMIx_server_finalize()
+
+    def stop(self, nspaces: list[str], limit: float = STOP_LIMIT) -> bool:
+        """Deregister these namespaces and finalize, waiting limit seconds at most (each call
+        waits for PMIx's thread; one that never answers must not keep the agent, and its ranks'
+        exits, from ending). True if the server stopped in time."""
+        import threading
+
+        def stopping() -> None:
+            for nspace in nspaces:
+                self.deregister_nspace(nspace)
+            self.finalize()
+
+        worker = threading.Thread(target=stopping, name="pmix-stop", daemon=True)
+        worker.start()
+        worker.join(limit)
+        return not worker.is_alive()
 
     def _blocking(self, call: Callable[[object], int]) -> None:
         """A non-blocking PMIx call made and waited for (the answer comes on PMIx's thread)."""
