@@ -225,7 +225,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                     self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
                 env = {**base, **message.env, **spec.env}
                 if ERROR_FILE not in spec.env and ERROR_FILE not in message.env:
-                    env["TORCHELASTIC_ERROR_FILE"] = self.torch.error_file(message.job, spec.rank)
+                    env[ERROR_FILE] = self.torch.error_file(message.job, spec.rank)
                 started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services, found)
         finally:
             gate.release(started)

@@ -317,7 +317,7 @@ def show_plan(plan: LaunchPlan, source: str) -> None:
     if options.display_map or options.dry_run:
         print(rank_map(plan.hosts, ranks, job.argvs, source), flush=True)
     if options.dry_run:
-        print(dry_run_env(ranks, plan.hosts, map(job.rank_env, range(len(ranks)))), flush=True)
+        print(dry_run_env(ranks, plan.hosts, job.rank_envs()), flush=True)
         if plan.options.rank_table:
             text, _ = rank_table(plan)
             print(f"rank table for {plan.options.rank_table} (not written in a dry run):\n{text}", end="", flush=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 from mpilaunch.errors import LaunchError
@@ -44,6 +44,10 @@ class JobPlan(Record):
     def rank_env(self, index: int) -> dict[str, str]:
         """One rank's variables, whole: the job's and its own."""
         return {**self.env, **self.envs[index]}
+
+    def rank_envs(self) -> Iterator[dict[str, str]]:
+        """Every rank's variables, whole, in rank order, made one at a time."""
+        return map(self.rank_env, range(len(self.ranks)))
 
     @property
     def named_ranks(self) -> list[Rank]:

@@ -95,7 +95,7 @@ def finalize(plan: LaunchPlan, facts: Facts) -> Final:
         devices.omp_note(
             job.ranks,
             plan.hosts,
-            map(job.rank_env, range(len(job.ranks))),
+            job.rank_envs(),
             plan.host_info,
             plan.launcher_env,
             plan.exports,

@@ -114,7 +114,7 @@ def test_environment_of_a_planned_job_matches_open_mpi() -> None:
         options=Options(hosts=("a:2,b:2,c:2,d:2",), map_by="node"),
     )
     plan, _ = build_plan(spec, {}, ThisMachine())
-    for env, rec in zip(map(plan.job.rank_env, range(len(plan.job.ranks))), scenario["ranks"]):
+    for env, rec in zip(plan.job.rank_envs(), scenario["ranks"]):
         for key in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "OMPI_NUM_APP_CTX",
                     "OMPI_APP_CTX_NUM_PROCS", "OMPI_MCA_orte_app_num"):  # fmt: skip

@@ -85,7 +85,7 @@ def test_the_launchers_master_variables_win_only_without_a_launcher_per_node() -
 # -- through the plan the launcher builds ------------------------------------------------------------
 def plan_envs(words: list[str], env: dict[str, str] | None = None, attempt: int = 0) -> list[dict[str, str]]:
     plan, _ = build_plan(parse_args(words), {"PATH": os.defpath, **(env or {})}, ThisMachine(), attempt=attempt)
-    return [plan.job.rank_env(i) for i in range(len(plan.job.ranks))]
+    return list(plan.job.rank_envs())
 
 
 def test_node_one_of_two_through_the_plan() -> None:
