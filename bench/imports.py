@@ -30,6 +30,8 @@ IMPORTS = (
     ("tempfile", "import tempfile"),
     ("warnings", "import warnings"),
     ("json", "import json"),
+    ("ctypes", "import ctypes"),
+    ("_ctypes, the C module under ctypes", "import _ctypes"),
 )
 
 

@@ -35,11 +35,20 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 def become_subreaper() -> None:
-    """Orphans of our ranks are re-parented to us, not to init: we can still reach them."""
+    """Orphans of our ranks are re-parented to us, not to init: we can still reach them.
+    prctl is called through `_ctypes`, not `ctypes` (docs/performance.md, "Start-up tricks")."""
+    args = (PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
+        import _ctypes
+
+        _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None, 0), "prctl"), args)
+        return
+    except (ImportError, OSError, AttributeError):
+        pass
+    try:  # an interpreter whose _ctypes is not CPython's
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        ctypes.CDLL(None).prctl(*args)
     except (OSError, AttributeError):
         pass
 
