@@ -175,8 +175,8 @@ def node_count(value: object, name: str) -> int | None:
     if value is None:
         return 1 if name == "torchrun" else None
     text = str(value)
-    low, _, high = text.partition(":")
-    high = high or low
+    low, colon, high = text.partition(":")
+    high = high if colon else low  # "2:" has no maximum, which torchrun refuses too
     if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= 65536 and 1 <= int(high) <= 65536):
         raise LaunchError(f"--nnodes {text!r}: expected N or MIN:MAX")
     if int(low) != int(high):

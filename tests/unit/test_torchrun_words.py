@@ -109,7 +109,7 @@ def test_nnodes_min_max_equal_is_n_and_unequal_is_refused() -> None:
         "--nnodes 1:4: elastic membership (MIN < MAX) is not served; give a fixed --nnodes N "
         "(mpilaunch restarts the whole job with --max-restarts instead)"
     )
-    for bad in ("0", "x", ":2", "1:2:3", "0:0"):
+    for bad in ("0", "x", ":2", "2:", "1:2:3", "0:0"):
         assert refused("--nnodes", bad, "t.py") == f"--nnodes {bad!r}: expected N or MIN:MAX", bad
 
 
