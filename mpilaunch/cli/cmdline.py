@@ -14,6 +14,7 @@ from mpilaunch.errors import LaunchError
 
 # What a command line asks for
 JOB, DRY_RUN, VERSION, HELP, SUBCOMMAND, INFO = "job", "dry-run", "version", "help", "subcommand", "ompi_info"
+SINGLETON = "singleton"  # hydra's singleton start: cli/singleton.py
 HOST_OPTIONS = ("hosts", "hostfile", "hydra_hosts", "hydra_hostfile", "launcher", "config", "configfile")
 
 
@@ -56,6 +57,9 @@ def read(argv: list[str], name: str = "mpilaunch") -> CommandLine:
         return line
     if argv and argv[0] in cliopts.SUBCOMMANDS:
         line.kind = SUBCOMMAND
+        return line
+    if "-pmi_args" in argv[:2]:  # hydra's singleton start (cli/singleton.py); after -v under MPICH's PMI_DEBUG
+        line.kind = SINGLETON
         return line
     for item in option_words(split_apps(argv)[0]):
         if item.opt is None and item.word in cliopts.VERSION_FLAGS:

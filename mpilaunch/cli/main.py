@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mpilaunch.cli.cmdline import INFO, SUBCOMMAND, VERSION, CommandLine, read
+from mpilaunch.cli.cmdline import INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
@@ -30,6 +30,10 @@ def main(line: CommandLine | list[str] | None = None) -> None:
             status = 0
         elif line.kind == SUBCOMMAND:
             status = subcommand(args[0], args[1:])
+        elif line.kind == SINGLETON:
+            from mpilaunch.cli.singleton import singleton_start
+
+            status = singleton_start(args)
         else:
             spec = parse_args(line)
             from mpilaunch.launcher.launch import run_job
