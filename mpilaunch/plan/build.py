@@ -544,6 +544,25 @@ def build_plan(
     return plan, source
 
 
+SPAWN_HOST_KEYS = ("host", "hosts")  # MPI's reserved info key; hydra reads "hosts" too
+
+
+def spawn_hosts(info: Mapping[str, str], hosts: Sequence[Host]) -> set[int] | None:
+    """The hosts an MPI_Comm_spawn app may use, from its info (`host=a,b`, a name's `:N` slots
+    ignored), as indices of the job's hosts; None when it names none. Spawned ranks run where
+    the job has agents, so a name that is not one of its hosts is refused."""
+    words = (word.strip() for key in SPAWN_HOST_KEYS for word in info.get(key, "").split(","))
+    names = [word.split(":", 1)[0] for word in words if word]
+    if not names:
+        return None
+    known = {host.name: index for index, host in enumerate(hosts)}
+    for name in names:
+        if name not in known:
+            listed = ", ".join(host.name for host in hosts)
+            raise LaunchError(f"its info names host {hostlib.shown(name)}, not one of the job's hosts ({listed})")
+    return {known[name] for name in names}
+
+
 def spawn_plan(
     plan: LaunchPlan,
     job: int,
@@ -565,6 +584,7 @@ def spawn_plan(
         in_use=in_use,
         rank_by=options.rank_by,
         sockets=plan.sockets,
+        only=[spawn_hosts(app.info, plan.hosts) for app in apps],
     )
     app_dirs = [(tuple(app.argv), app.wdir or plan.job.wdirs[0]) for app in apps]
     child = job_plan(

@@ -6,6 +6,10 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host
 from mpilaunch.protocol.record import Record
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Collection, Sequence
+
 # The largest job planned, all its app contexts and spawned jobs together (cli/cliopts.py says it too).
 MAX_RANKS = 65536
 
@@ -165,12 +169,14 @@ def place(
     in_use: list[int] | None = None,
     rank_by: str | None = None,
     sockets: int = 1,
+    only: Sequence[Collection[int] | None] | None = None,
 ) -> list[Rank]:
     """Map every app's ranks onto the hosts; apps fill slots one after another, as in mpirun.
 
     in_use counts slots already taken per host (by the running jobs, when MPI_Comm_spawn asks).
     rank_by (Open MPI's --rank-by) numbers a host's ranks in blocks (slot) or one host at a time
     round the hosts (node); by default as the mapping does. sockets: of each host (ppr:N:socket).
+    only: per app, the hosts it may use (MPI_Comm_spawn's info host), None for any.
     """
     if any(h.slots is None for h in hosts):
         raise ValueError("place() needs every host's slot count")
@@ -185,17 +191,19 @@ def place(
             raise LaunchError(f"-n must be at least 1, not {np}")
         # As Open MPI 4.1 does for later app contexts: hosts with free slots first, then full
         # ones, then oversubscribed ones (the order within each kind is kept).
+        allowed = only[app] if only is not None else None
         rotation = sorted(
-            range(len(hosts)), key=lambda i: (used[i] >= (hosts[i].slots or 0)) + (used[i] > (hosts[i].slots or 0))
+            (i for i in range(len(hosts)) if allowed is None or i in allowed),
+            key=lambda i: (used[i] >= (hosts[i].slots or 0)) + (used[i] > (hosts[i].slots or 0)),
         )
         r_hosts = [hosts[i] for i in rotation]
         r_used = [used[i] for i in rotation]
         if policy == "ppr":
-            _check_size(planned + (per * len(hosts) if np is None else np))
+            _check_size(planned + (per * len(r_hosts) if np is None else np))
             r_counts = _by_ppr(np, per, r_hosts, r_used, oversubscribe, argv0)
         else:
             if np is None:
-                np = sum(_capacity(h, used[i], False) for i, h in enumerate(hosts))
+                np = sum(_capacity(hosts[i], used[i], False) for i in rotation)
                 if np == 0:
                     raise _not_enough(sum(used) + 1, hosts, argv0, oversubscribe)
             _check_size(planned + np)

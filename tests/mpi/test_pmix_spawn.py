@@ -300,6 +300,49 @@ def test_every_family_spawns_and_is_refused_cleanly(launcher: Launcher, tmp_path
     assert "mpilaunch: MPI_Comm_spawn from rank 0 refused: There are not enough slots" in err
 
 
+# Spawns 2 children of this script on the hosts named by argv[1] (MPI_Info "host").
+SPAWN_ON = """
+import sys
+from mpi4py import MPI
+
+parent = MPI.Comm.Get_parent()
+if parent != MPI.COMM_NULL:
+    parent.Disconnect()
+    sys.exit(0)
+info = MPI.Info.Create()
+info.Set("host", sys.argv[1])
+try:
+    children = MPI.COMM_SELF.Spawn(sys.executable, [sys.argv[0]], maxprocs=2, info=info)
+except MPI.Exception:
+    print("MPI_Comm_spawn failed", flush=True)
+else:
+    print("children", children.Get_remote_size(), flush=True)
+    children.Disconnect()
+"""
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_spawns_info_host_places_the_children(launcher: Launcher, tmp_path: Path, family: str) -> None:
+    """node1 has free slots, where the children would go first; info host=node2 puts them on node2.
+    A host that is not one of the job's is refused in the rank and said in one line."""
+    python = python_of(family)
+    script = write_script(tmp_path, "spawn_on.py", SPAWN_ON)
+    hosts = ("--launcher", "local", "-H", "node1:3,node2:3", *TCP, "--report-json", "report.json", "-n", "1")
+    proc = launcher.run(*hosts, python, script, "node2", timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().splitlines() == ["children 2"]
+    placed = [(job, host) for job, _, host, _, _ in _ranks(tmp_path / "report.json")]
+    assert placed == [(1, "node1"), (2, "node2"), (2, "node2")]
+    proc = launcher.run(*hosts, python, script, "nodeX", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err[-3000:]
+    assert proc.stdout.decode().splitlines() == ["MPI_Comm_spawn failed"]
+    assert (
+        "mpilaunch: MPI_Comm_spawn from rank 0 refused: its info names host 'nodeX', not one of the job's hosts "
+        "(node1, node2)"
+    ) in err
+
+
 @pytest.mark.parametrize("family", ["debian", "wheel5"])
 @pytest.mark.parametrize("hosts", [(), ("--launcher", "local", "-H", "node1:1,node2:1", *TCP)])
 def test_published_names_connect_two_ranks(

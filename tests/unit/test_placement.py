@@ -181,3 +181,30 @@ def test_a_job_beyond_the_ceiling_is_refused_before_it_is_planned(
     gigabytes and minutes)."""
     with pytest.raises(LaunchError, match=r"the job would have \d+ ranks; mpilaunch starts at most 65536"):
         place(hosts, apps, map_by=policy, oversubscribe=True)
+
+
+def test_a_spawned_apps_hosts_hold_it_to_them() -> None:
+    """MPI_Comm_spawn's info host: an app's ranks only on the hosts it names (in_use counted),
+    the others' as before; with -n left out, as many as those hosts have free."""
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 2)]
+    ranks = place(hosts, [(3, "x"), (1, "y")], in_use=[1, 0, 0], only=[{1, 2}, None])
+    assert [(r.app, r.host) for r in ranks] == [(0, 1), (0, 1), (0, 2), (1, 0)]
+    ranks = place(hosts, [(None, "x")], in_use=[0, 1, 0], only=[{1}])
+    assert [r.host for r in ranks] == [1]
+    with pytest.raises(LaunchError, match="not enough slots"):
+        place(hosts, [(3, "x")], only=[{0}])
+    assert [r.host for r in place(hosts, [(3, "x")], oversubscribe=True, only=[{0}])] == [0, 0, 0]
+
+
+def test_spawn_info_names_hosts_of_the_job_only() -> None:
+    from mpilaunch.plan.build import spawn_hosts
+
+    hosts = [Host("node1", 2), Host("node2", 2)]
+    assert spawn_hosts({}, hosts) is None
+    assert spawn_hosts({"wdir": "/tmp"}, hosts) is None
+    assert spawn_hosts({"host": "node2"}, hosts) == {1}
+    assert spawn_hosts({"host": "node2:4, node1"}, hosts) == {0, 1}
+    assert spawn_hosts({"hosts": "node1"}, hosts) == {0}
+    with pytest.raises(LaunchError) as refused:
+        spawn_hosts({"host": "node3"}, hosts)
+    assert str(refused.value) == "its info names host 'node3', not one of the job's hosts (node1, node2)"

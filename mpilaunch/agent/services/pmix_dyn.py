@@ -51,6 +51,7 @@ PARENTS_OWN = (  # facts of its own job Open MPI 4.1 puts in a rank's environmen
     "OMPI_MCA_orte_precondition_transports",
 )
 WDIR, WAIT, TIMEOUT, PERSISTENCE = "pmix.wdir", "pmix.wait", "pmix.timeout", "pmix.persist"
+HOST = "pmix.host"  # an app's hosts: Open MPI's MPI_Info "host"
 DIRECTIVES = frozenset(  # keys of a publish's info that say how, not what (PMIx_Publish)
     (PERSISTENCE, "pmix.range", "pmix.euid", "pmix.egid", TIMEOUT, "pmix.aperms", "pmix.auids", "pmix.agids")
 )
@@ -78,8 +79,9 @@ def requester(who) -> tuple[str, int]:  # type: ignore[no-untyped-def]
 
 def read_app(app: lib.App) -> SpawnApp:
     """One pmix_app_t as the controller plans it: argv[0] is the program (cmd), wdir from
-    PMIX_WDIR (Open MPI always sends it) or cwd, the variables the spawning rank passes (Open
-    MPI's OMPI_PARENT_PORT and its OMPI_MCA_* ones) less those each agent sets itself."""
+    PMIX_WDIR (Open MPI always sends it) or cwd, its hosts from PMIX_HOST, the variables the
+    spawning rank passes (Open MPI's OMPI_PARENT_PORT and its OMPI_MCA_* ones) less those each
+    agent sets itself."""
     cmd = (app.cmd or b"").decode(errors="surrogateescape")
     argv = lib.strings(app.argv)
     info = {key: value for key, _, value in lib.infos(app.info, app.ninfo)}
@@ -94,7 +96,7 @@ def read_app(app: lib.App) -> SpawnApp:
         nprocs=int(app.maxprocs),
         argv=(program, *argv[1:]),
         preput={},
-        info={},
+        info={"host": str(info[HOST])} if info.get(HOST) else {},
         wdir=str(wdir) if wdir else None,
         env=env,
     )
