@@ -19,11 +19,14 @@ OURS = b"cmd=singinit pmi_version=1 pmi_subversion=1 stdio=no authtype=none\n"
 REFUSAL = b"cmd=singinit_info versionok=no stdio=no kvsname=singinit\n"
 
 
-def singleton_start(argv: list[str], path: str | None = None) -> int:
+def singleton_start(argv: list[str]) -> int:
     """Exec hydra's mpiexec with these words, or refuse the program's handshake and raise."""
-    hydra = hydra_mpiexec(os.environ.get("PATH", os.defpath) if path is None else path)
+    hydra = hydra_mpiexec(os.environ.get("PATH", os.defpath))
     if hydra is not None:
-        os.execv(hydra, [hydra, *argv])
+        try:
+            os.execv(hydra, [hydra, *argv])
+        except OSError:
+            pass  # not runnable after all: refused below
     port = _port(argv)
     refuse(port)
     raise LaunchError(
