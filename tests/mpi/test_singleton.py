@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,17 @@ comm = MPI.COMM_SELF.Spawn(sys.executable, ["-c", child], maxprocs=2)
 print("spawned", comm.Get_remote_size(), flush=True)
 comm.Disconnect()
 """
+
+
+@pytest.fixture(autouse=True)
+def segments_of_the_singleton_removed() -> Iterator[None]:
+    """An MPICH singleton that spawned leaves its shared-memory segment (`mpich_shm_*`), under
+    hydra as here: no agent of mpilaunch ran it to clean up, so the test removes what appeared."""
+    before = set(os.listdir("/dev/shm"))
+    yield
+    for name in set(os.listdir("/dev/shm")) - before:
+        if name.startswith("mpich_shm_"):
+            os.unlink(os.path.join("/dev/shm", name))
 
 
 @pytest.fixture
