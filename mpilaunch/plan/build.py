@@ -549,18 +549,23 @@ SPAWN_HOST_KEYS = ("host", "hosts")  # MPI's reserved info key; hydra reads "hos
 
 def spawn_hosts(info: Mapping[str, str], hosts: Sequence[Host]) -> set[int] | None:
     """The hosts an MPI_Comm_spawn app may use, from its info (`host=a,b`, a name's `:N` slots
-    ignored), as indices of the job's hosts; None when it names none. Spawned ranks run where
-    the job has agents, so a name that is not one of its hosts is refused."""
+    ignored), as indices of the job's hosts; None when it names none. This machine's names
+    (its hostname, localhost, 127.0.0.1) are its host of the job. Spawned ranks run where the
+    job has agents, so a name that is not one of its hosts is refused."""
     words = (word.strip() for key in SPAWN_HOST_KEYS for word in info.get(key, "").split(","))
     names = [word.split(":", 1)[0] for word in words if word]
     if not names:
         return None
     known = {host.name: index for index, host in enumerate(hosts)}
+    here = next((index for index, host in enumerate(hosts) if not hostlib.needs_ssh(host)), None)
+    found = set()
     for name in names:
-        if name not in known:
+        index = known.get(name, here if hostlib.is_local(name) else None)
+        if index is None:
             listed = ", ".join(host.name for host in hosts)
             raise LaunchError(f"its info names host {hostlib.shown(name)}, not one of the job's hosts ({listed})")
-    return {known[name] for name in names}
+        found.add(index)
+    return found
 
 
 def spawn_plan(

@@ -8,6 +8,7 @@ few scenarios against the real mpirun when it is installed.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -208,3 +209,8 @@ def test_spawn_info_names_hosts_of_the_job_only() -> None:
     with pytest.raises(LaunchError) as refused:
         spawn_hosts({"host": "node3"}, hosts)
     assert str(refused.value) == "its info names host 'node3', not one of the job's hosts (node1, node2)"
+    with pytest.raises(LaunchError):  # this machine is none of these two
+        spawn_hosts({"host": "localhost"}, hosts)
+    here = [Host("node1", 2), Host("localhost", 2)]
+    for name in ("localhost", "127.0.0.1", os.uname().nodename):  # this machine, by any of its names
+        assert spawn_hosts({"host": name}, here) == {1}, name
