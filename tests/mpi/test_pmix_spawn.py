@@ -9,6 +9,7 @@ is an error in the spawning rank at once, and the job ends. After every test: no
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -341,6 +342,16 @@ def test_a_spawns_info_host_places_the_children(launcher: Launcher, tmp_path: Pa
         "mpilaunch: MPI_Comm_spawn from rank 0 refused: its info names host 'nodeX', not one of the job's hosts "
         "(node1, node2)"
     ) in err
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_spawns_info_host_may_name_this_machine(launcher: Launcher, tmp_path: Path, family: str) -> None:
+    """A job on localhost: its host is this machine's hostname too."""
+    python = python_of(family)
+    script = write_script(tmp_path, "spawn_on.py", SPAWN_ON)
+    proc = launcher.run("--oversubscribe", "-n", "1", python, script, os.uname().nodename, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout.decode().splitlines() == ["children 2"]
 
 
 @pytest.mark.parametrize("family", ["debian", "wheel5"])
