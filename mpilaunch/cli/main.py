@@ -33,7 +33,7 @@ def main(line: CommandLine | list[str] | None = None) -> None:
         elif line.kind == SINGLETON:
             from mpilaunch.cli.singleton import singleton_start
 
-            status = singleton_start(args)
+            singleton_start(args)  # execs hydra, or raises
         else:
             spec = parse_args(line)
             from mpilaunch.launcher.launch import run_job

@@ -52,11 +52,16 @@ def run_shims(args: list[str]) -> int:
     return 0
 
 
+def is_shim(path: str) -> bool:
+    """Whether the file at path is one of these shims (OSError if it cannot be read)."""
+    with open(path, "rb") as handle:
+        return MARK.encode() in handle.read(4096)
+
+
 def write_shim(path: str, text: str) -> None:
     """One shim, replacing an older one of ours but nothing else."""
     try:
-        with open(path, "rb") as old:
-            ours = MARK.encode() in old.read(4096)
+        ours = is_shim(path)
     except FileNotFoundError:
         ours = True
     except OSError as exc:

@@ -13,13 +13,17 @@ import os
 
 from mpilaunch.errors import LaunchError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 FLAG = "-pmi_args"
 HANDSHAKE_TIMEOUT = 5.0  # seconds to connect to the program and read its singinit
 OURS = b"cmd=singinit pmi_version=1 pmi_subversion=1 stdio=no authtype=none\n"
 REFUSAL = b"cmd=singinit_info versionok=no stdio=no kvsname=singinit\n"
 
 
-def singleton_start(argv: list[str]) -> int:
+def singleton_start(argv: list[str]) -> NoReturn:
     """Exec hydra's mpiexec with these words, or refuse the program's handshake and raise."""
     hydra = hydra_mpiexec(os.environ.get("PATH", os.defpath))
     if hydra is not None:
@@ -38,19 +42,17 @@ def singleton_start(argv: list[str]) -> int:
 
 def hydra_mpiexec(path: str) -> str | None:
     """The first `mpiexec.hydra` on path that is no mpilaunch shim."""
-    from mpilaunch.cli.shims import MARK
+    from mpilaunch.cli.shims import is_shim
 
     for folder in path.split(os.pathsep):
         candidate = os.path.join(folder or ".", "mpiexec.hydra")
         if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
             continue
         try:
-            with open(candidate, "rb") as handle:
-                head = handle.read(512)
+            if not is_shim(candidate):
+                return candidate
         except OSError:
             continue
-        if MARK.encode() not in head:
-            return candidate
     return None
 
 
