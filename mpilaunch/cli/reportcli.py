@@ -7,6 +7,7 @@ import json
 import os
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.plan.textfiles import read_text
 
 USAGE = "usage: mpilaunch report RUN.json -o OUT.html|OUT.png  (a picture of a --report-json document)"
 LIMIT = 1 << 30  # a report of 65,536 ranks is tens of MiB
@@ -59,12 +60,9 @@ def arguments(args: list[str]) -> tuple[str | None, str]:
 def read_document(path: str) -> dict:
     """The report's document, or one line on why it is not one."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(LIMIT + 1)
-    except OSError as exc:
-        raise LaunchError(f"report: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > LIMIT:
-        raise LaunchError(f"report: {path}: larger than {LIMIT >> 20} MiB, not a --report-json document")
+        data = read_text(path, "--report-json document", LIMIT)
+    except LaunchError as exc:
+        raise LaunchError(f"report: {exc}") from None
     try:
         document = json.loads(data)
     except (ValueError, RecursionError) as exc:

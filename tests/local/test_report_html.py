@@ -146,8 +146,10 @@ def test_a_png_without_matplotlib_is_refused_in_one_line(launcher: Launcher, tmp
 
 
 BAD = {
-    "missing": (["nothing.json", "-o", "r.html"], "report: cannot read nothing.json: No such file or directory"),
+    "missing": (["nothing.json", "-o", "r.html"],
+                "report: nothing.json: cannot read --report-json document: No such file or directory"),
     "not json": (["text.json", "-o", "r.html"], "report: text.json is not a --report-json document (not JSON: "),
+    "not utf-8": (["latin.json", "-o", "r.html"], "report: latin.json:2: not UTF-8 text"),
     "other json": (["other.json", "-o", "r.html"],
                    'report: other.json is not a --report-json document (no "schema" and "ranks")'),
     "suffix": (["tiny.json", "-o", "r.pdf"], "report: -o r.pdf: the output must end in .html or .png"),
@@ -162,6 +164,7 @@ def test_bad_input_is_one_line(launcher: Launcher, tmp_path: Path, case: str) ->
     minimal_report(tmp_path)
     (tmp_path / "text.json").write_text("rank 0 said hello\n")
     (tmp_path / "other.json").write_text('{"ranks": 3}\n')
+    (tmp_path / "latin.json").write_bytes(b'{"schema": 1,\n"ranks": ["caf\xe9"]}\n')
     (tmp_path / "folder.html").mkdir()
     args, line = BAD[case]
     proc = launcher.run("report", *args)
