@@ -141,6 +141,25 @@ def partial_cache_files() -> set[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def own_socket_folder() -> Iterator[str]:
+    """The launchers' `mpilaunch stacks` sockets go to a folder of the run's own
+    (XDG_RUNTIME_DIR), removed at the end: a launcher a test kills with kill -9 leaves its
+    socket, as a user's would, and it is not left in the machine's /tmp/mpilaunch-UID."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="mpl-run-")  # short: a socket's path has a limit
+    before = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = folder
+    yield folder
+    if before is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = before
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_partial_cache_file_is_left() -> Iterator[None]:
     """After the whole run of the tests, no cache file is left half written (issue 27): none that
     was not there before it."""
