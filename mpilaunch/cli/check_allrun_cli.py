@@ -26,7 +26,9 @@ def _commands():  # type: ignore[no-untyped-def]
         params=[
             *hosts,
             click.Option(
-                ["--port"], type=click.IntRange(0, 65535), help="MASTER_PORT to check (default $MASTER_PORT or 29500)."
+                ["--port"],
+                type=click.IntRange(0, 65535),
+                help="MASTER_PORT to check (default $MASTER_PORT, else that a free port can be taken).",
             ),
             click.Argument(["program"], required=False),
         ],

@@ -18,8 +18,9 @@ OPEN_MPI_LINE = "4.1"  # the mpirun whose command line (options, placement, vari
 
 
 def version_text(name: str) -> str:
-    """`NAME --version`: Open MPI's first line for mpirun and its kin, hydra's for mpiexec.hydra."""
-    if name == "mpilaunch":
+    """`NAME --version`: Open MPI's first line for mpirun and its kin, hydra's for mpiexec.hydra,
+    mpilaunch's own for torchrun (which has no --version: no tool reads one)."""
+    if name in ("mpilaunch", "torchrun"):
         return f"mpilaunch {__version__}"
     if dialect_of(name) == HYDRA:
         return (

@@ -93,6 +93,8 @@ def test_each_name_says_what_it_is(launcher: Launcher, shims: Path) -> None:
     assert version.stdout.decode().startswith("Open MPI v4.1 (command line): mpilaunch 0.1.0, not an MPI library")
     plain = launcher.run("--version")
     assert plain.stdout == b"mpilaunch 0.1.0\n"
+    torchrun = shim_run(launcher, shims, "torchrun", "--version")
+    assert (torchrun.returncode, torchrun.stdout) == (0, b"mpilaunch 0.1.0\n")  # it is no Open MPI
 
 
 def test_ambiguous_words_take_the_meaning_of_the_name(launcher: Launcher, shims: Path) -> None:
