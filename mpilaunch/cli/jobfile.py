@@ -442,8 +442,7 @@ def apply_job_file(
     if apps and apps[0].argv:  # programs on the command line: the file's np and wdir as defaults
         single = len(apps) == 1
         return [
-            AppContext(a.argv, a.np if a.np is not None or not single else job.np, a.exports, a.wdir or job.wdir)
-            for a in apps
+            a._replace(np=a.np if a.np is not None or not single else job.np, wdir=a.wdir or job.wdir) for a in apps
         ]
     if not job.apps:
         raise LaunchError(f"no program given; usage: mpilaunch [options] program [args], or command: in {job.path}")

@@ -48,7 +48,7 @@ def read_map_by(value: str) -> MapBy:
     """Open MPI 4.1's --map-by: `OBJECT[:MODIFIER[,MODIFIER]...]` or `ppr:N:OBJECT[:...]`, with the
     modifiers PE=M, OVERSUBSCRIBE, NOOVERSUBSCRIBE, SPAN and DISPLAY."""
     parts = [p for part in value.split(":") for p in part.split(",")]
-    head = parts[0].lower()
+    head = parts[0].lower() or "slot"  # `:OVERSUBSCRIBE`: the default policy with modifiers
     rest = parts[1:]
     per, obj = 0, head
     if head == "ppr":
@@ -56,7 +56,9 @@ def read_map_by(value: str) -> MapBy:
             raise LaunchError(f"--map-by {value!r}: expected ppr:N:node or ppr:N:socket (N at least 1)")
         per, obj, rest = int(rest[0]), rest[1].lower(), rest[2:]
     elif head not in MAP_OBJECTS:
-        raise LaunchError(f"--map-by {value!r}: expected slot, node, socket, core, numa, hwthread or ppr:N:node")
+        raise LaunchError(
+            f"--map-by {value!r}: expected slot, node, socket, core, numa, hwthread, ppr:N:node or ppr:N:socket"
+        )
     pe, over, display = 0, None, False
     for modifier in rest:
         word = modifier.upper()
@@ -163,6 +165,46 @@ def last_mca(mca: tuple[tuple[str, str], ...], key: str, env: Mapping[str, str])
         if name == key:
             value = given
     return value
+
+
+MCA_FLAGS = {  # Open MPI's MCA parameters that steer mpirun itself, and the flag each one stands for
+    "rmaps_base_oversubscribe": "oversubscribe",
+    "orte_tag_output": "tag_output",
+    "orte_timestamp_output": "timestamp_output",
+    "hwloc_base_use_hwthreads_as_cpus": "use_hwthread_cpus",
+}
+MCA_VALUES = {  # ... and the options that take their value
+    "rmaps_base_mapping_policy": "map_by",
+    "rmaps_base_ranking_policy": "rank_by",
+    "hwloc_base_binding_policy": "bind_to",
+}
+MCA_GIVEN = {  # what on the command line wins over each of them
+    "oversubscribe": {"oversubscribe", "nooversubscribe"},
+    "map_by": {"map_by", "bynode", "byslot", "npersocket"},
+    "bind_to": {"bind_to", "binding"},
+}
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "enabled", "t", "y"), ("0", "false", "no", "disabled", "f", "n", "")
+
+
+def mca_defaults(
+    values: dict[str, object], given: set[str], mca: tuple[tuple[str, str], ...], env: Mapping[str, str]
+) -> set[str]:
+    """The MCA parameters that steer mpirun itself (-mca, or OMPI_MCA_* from the environment, as
+    a CI's `OMPI_MCA_rmaps_base_oversubscribe=yes`) set the options they stand for in values,
+    unless the command line gave one; returns the options so set."""
+    out: set[str] = set()
+    for key, name in (*MCA_FLAGS.items(), *MCA_VALUES.items()):
+        value = last_mca(mca, key, env)
+        if value is None or given & MCA_GIVEN.get(name, {name}):
+            continue
+        if name in MCA_VALUES.values():
+            values[name] = value
+        elif value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+            values[name] = value.strip().lower() in TRUE_WORDS
+        else:
+            raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
+        out.add(name)
+    return out
 
 
 def remote_shell(

@@ -202,9 +202,12 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpe
         if params["wdir"] == "":
             raise LaunchError("--wdir: the directory name is empty")
         own = (*_pairs(params["app_env"]), *((name, None) for name in _names(params["app_envlist"])))
-        apps.append(AppContext(argv=tuple(params["argv"]), np=params["np"], wdir=params["wdir"], exports=own))
+        if index and "exports" in given:  # -x after a ' : ' is that program's, as in Open MPI's mpirun
+            own = (*exports_of(tuple(params["exports"])), *own)
+        hosts = tuple(params["hosts"]) if "hosts" in given else ()
+        apps.append(AppContext(tuple(params["argv"]), params["np"], own, params["wdir"], hosts))
         for key, value in params.items():
-            if key in cliopts.APP_PARAMS:
+            if key in cliopts.APP_PARAMS or (index and key == "exports"):
                 continue
             if index == 0 or key in given:
                 if key in MERGED and index and key in globals_:
@@ -249,12 +252,13 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
     iface = globals_.pop("iface")
     if iface is not None:
         exports = iface_exports(str(iface), os.environ, exports) + exports
-    apps[:] = [AppContext(a.argv, a.np, exports + _checked(a.exports, "-env"), a.wdir) for a in apps]
+    apps[:] = [a._replace(exports=exports + _checked(a.exports, "-env")) for a in apps]
     env_abort = os.environ.get("OMPI_MCA_orte_abort_on_non_zero_status")
     if env_abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
         mca = (("orte_abort_on_non_zero_status", env_abort), *mca)
     agent, extra = words.remote_shell(globals_.pop("rsh_agent"), globals_.pop("rsh_args"), mca, os.environ)  # type: ignore[arg-type]
     timeout = globals_.pop("timeout") or _env_timeout()
+    given = given | words.mca_defaults(globals_, given, mca, os.environ)
     fields = words.mapping_options(globals_, given)
     hydra, hydra_notes = words.hydra_options(globals_, given)
     fields.update(hydra)

@@ -17,7 +17,7 @@ from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place, place_round_robin
 from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES, JobLayout, inherited, job_variables, rank_environment
-from mpilaunch.plan.spec import JobSpec, Options
+from mpilaunch.plan.spec import AppContext, JobSpec, Options
 from mpilaunch.plan.wireup import BOTH, pmi_job, pmix_job, services
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
 from mpilaunch.protocol.record import Record
@@ -440,16 +440,18 @@ def place_job(
     options: Options,
     source: str,
     sockets: int = 1,
+    only: list[set[int] | None] | None = None,
 ) -> tuple[list[Rank], list[str]]:
     """The job's ranks, and what to say about them: hydra's round-robin (entries), else Open
-    MPI's rules; a job on this machine alone may have more ranks than cores (said once)."""
+    MPI's rules (only: each program's own hosts); a job on this machine alone may have more
+    ranks than cores (said once)."""
     nps = [np for np, _ in apps]
     if entries is not None:
         return place_round_robin(entries, nps, len(hosts), options.ppn), []
     map_by = options.map_by
 
     def placed(over: bool) -> list[Rank]:
-        return place(hosts, apps, map_by, options.npernode, over, rank_by=options.rank_by, sockets=sockets)
+        return place(hosts, apps, map_by, options.npernode, over, rank_by=options.rank_by, sockets=sockets, only=only)
 
     try:
         return placed(options.oversubscribe), []
@@ -492,7 +494,8 @@ def build_plan(
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
     sockets = here.sockets() if "socket" in options.map_by else 1
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]
-    ranks, notes = place_job(hosts, entries, apps_np, options, source, sockets)
+    only = app_hosts(spec.apps, hosts) if entries is None and torch is None else None
+    ranks, notes = place_job(hosts, entries, apps_np, options, source, sockets, only)
     job_id = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}"
     if torch is not None and torch.endpoint is not None:  # the nodes' launchers meet there; so do the ranks
         master = torch.endpoint
@@ -554,8 +557,12 @@ def spawn_hosts(info: Mapping[str, str], hosts: Sequence[Host]) -> set[int] | No
     job has agents, so a name that is not one of its hosts is refused."""
     words = (word.strip() for key in SPAWN_HOST_KEYS for word in info.get(key, "").split(","))
     names = [word.split(":", 1)[0] for word in words if word]
-    if not names:
-        return None
+    return host_indices(names, hosts, "its info names") if names else None
+
+
+def host_indices(names: Sequence[str], hosts: Sequence[Host], said: str) -> set[int]:
+    """The job's hosts of these names, as indices; this machine's names (its hostname,
+    localhost, 127.0.0.1) are its host of the job. A name not among them: said + one line."""
     known = {host.name: index for index, host in enumerate(hosts)}
     here = next((index for index, host in enumerate(hosts) if not hostlib.needs_ssh(host)), None)
     found = set()
@@ -563,9 +570,22 @@ def spawn_hosts(info: Mapping[str, str], hosts: Sequence[Host]) -> set[int] | No
         index = known.get(name, here if hostlib.is_local(name) else None)
         if index is None:
             listed = ", ".join(host.name for host in hosts)
-            raise LaunchError(f"its info names host {hostlib.shown(name)}, not one of the job's hosts ({listed})")
+            raise LaunchError(f"{said} host {hostlib.shown(name)}, not one of the job's hosts ({listed})")
         found.add(index)
     return found
+
+
+def app_hosts(apps: Sequence[AppContext], hosts: Sequence[Host]) -> list[set[int] | None] | None:
+    """Each program's hosts, when the command line gave -H in its app context (Open MPI's
+    `-np 1 -H a prog : -np 1 -H b prog` runs prog on a, then on b); None for a program without."""
+    if not any(app.hosts for app in apps):
+        return None
+    return [
+        host_indices([h.name for v in app.hosts for h in hostlib.parse_host_list(v)], hosts, "-H names")
+        if app.hosts
+        else None
+        for app in apps
+    ]
 
 
 def spawn_plan(

@@ -16,6 +16,7 @@ class AppContext(Record):
     np: int | None = None
     exports: tuple[tuple[str, str | None], ...] = ()  # -x VAR[=value]
     wdir: str | None = None
+    hosts: tuple[str, ...] = ()  # -H given in this app context: its ranks go to these hosts only
 
 
 class TorchRun(Record):

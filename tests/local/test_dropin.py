@@ -294,7 +294,7 @@ BAD = [
     (["--map-by", "ppr:x:node"], "--map-by 'ppr:x:node': expected ppr:N:node or ppr:N:socket"),
     (["--map-by", "slot:PE=0"], "--map-by 'slot:PE=0': PE= takes a number of cores from 1 to 4096"),
     (["--map-by", "slot:FOO"], "--map-by 'slot:FOO': unknown modifier 'FOO'"),
-    (["--map-by", "bogus"], "--map-by 'bogus': expected slot, node, socket, core, numa, hwthread or ppr:N:node"),
+    (["--map-by", "bogus"], "--map-by 'bogus': expected slot, node, socket, core, numa, hwthread, ppr:N:node or"),
     (["-am", "missing.conf"], "missing.conf"),
     (["--tune", "missing.conf"], "missing.conf"),
     (["-ppn", "0"], "-ppn"),

@@ -228,7 +228,7 @@ def test_mpmd_app_contexts(launcher: Launcher, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     records = load(out, 3)
     assert [r["argv"] for r in records] == [["server"], ["worker"], ["worker"]]
-    assert [r["env"].get("ROLE") for r in records] == ["worker"] * 3  # -x is job-wide wherever it is written
+    assert [r["env"].get("ROLE") for r in records] == [None, "worker", "worker"]  # -x after ' : ': that program's
     for rec in records:
         env = rec["env"]
         assert env["OMPI_NUM_APP_CTX"] == "2"
