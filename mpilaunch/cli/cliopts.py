@@ -21,6 +21,12 @@ TORCHRUN_IGNORED = (
     "event-log-handler", "logs-specs", "numa-binding", "signals-to-handle", "shutdown-timeout",
     "duplicate-stdout-filters", "duplicate-stderr-filters",
 )  # fmt: skip
+# Open MPI 4.1's mpirun flags that change nothing here: accepted, said once
+OPEN_MPI_IGNORED = (
+    "continuous", "enable-recovery", "disable-recovery", "report-child-jobs-separately", "leave-session-attached",
+    "display-devel-map", "display-devel-allocation", "do-not-resolve", "debug-daemons", "noprefix",
+    "show-progress", "report-state-on-timeout", "novm",
+)  # fmt: skip
 # hydra's launchers that mpilaunch has no engine of its own for: read as auto, with a note
 OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "sge", "ll", "cobalt", "persist", "manual")
 
@@ -95,7 +101,10 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="Ranks per socket (ppr:N:socket).",
     ),
     Opt("bynode", ("--bynode", "-bynode"), FLAG, help="Open MPI's old --map-by node."),
-    Opt("byslot", ("--byslot", "-byslot"), FLAG, help="Open MPI's old --map-by slot."),
+    Opt("byslot", ("--byslot", "-byslot", "--bycore", "-bycore"), FLAG, help="Open MPI's old --map-by slot."),
+    Opt("pernode", ("--pernode", "-pernode"), FLAG, help="Open MPI's old --npernode 1."),
+    Opt("nolocal", ("--nolocal", "-nolocal"), FLAG, help="No rank on this machine: only the other hosts."),
+    Opt("rankfile", ("--rankfile", "-rankfile", "-rf"), metavar="FILE", help="Open MPI's rankfile: not read."),
     Opt(
         "cpus_per_proc",
         ("--cpus-per-proc", "-cpus-per-proc", "--cpus-per-rank", "-cpus-per-rank"),
@@ -186,8 +195,16 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="Prefix console lines with a time stamp.",
     ),
     Opt("stdin", ("--stdin", "-stdin"), check=RANK_CHOICE, default="0", help="Rank that gets stdin: N, all or none."),
-    Opt("mca", ("--mca", "-mca"), PAIRS, metavar="KEY VALUE", help="MCA parameter (exported as OMPI_MCA_KEY)."),
+    Opt(
+        "mca",
+        ("--mca", "-mca", "--gmca", "-gmca"),
+        PAIRS,
+        metavar="KEY VALUE",
+        help="MCA parameter (exported as OMPI_MCA_KEY).",
+    ),
     Opt("bind_to", ("--bind-to", "-bind-to"), default="none", metavar="none|core|socket|hwthread", help="CPU binding."),
+    Opt("bind_to_core", ("--bind-to-core", "-bind-to-core"), FLAG, help="Open MPI's old --bind-to core."),
+    Opt("bind_to_socket", ("--bind-to-socket", "-bind-to-socket"), FLAG, help="Open MPI's old --bind-to socket."),
     Opt("report_bindings", ("--report-bindings", "-report-bindings"), FLAG, help="Print each rank's CPU binding."),
     Opt(
         "timeout", ("--timeout", "-timeout"), check=FLOAT_POS, maximum=MAX_SECONDS, help="End the job after S seconds."
@@ -377,6 +394,15 @@ RUN_OPTIONS: tuple[Opt, ...] = (
             help="torchrun's: means nothing here, said.",
         )
         for name in TORCHRUN_IGNORED
+    ),
+    *(
+        Opt(
+            "openmpi_" + name.replace("-", "_"),
+            (f"--{name}", f"-{name}"),
+            FLAG,
+            help="Open MPI's: means nothing here, said.",
+        )
+        for name in OPEN_MPI_IGNORED
     ),
     Opt(
         "quiet", ("-q", "--quiet", "-quiet"), FLAG, help="Silence mpilaunch's own notes (errors and the summary stay)."

@@ -110,6 +110,34 @@ def mapping_options(values: dict[str, object], given: set[str]) -> dict[str, obj
     return out
 
 
+def old_open_mpi_words(values: dict[str, object], given: set[str]) -> tuple[set[str], list[str]]:
+    """Open MPI's older spellings as the options they stand for (-pernode, --bind-to-core,
+    --bind-to-socket; a newer option given wins), its rankfile refused, and a note for each of
+    its flags that means nothing here: (the options so set, the notes)."""
+    from mpilaunch.cli.cliopts import OPEN_MPI_IGNORED
+
+    rankfile = values.pop("rankfile")
+    if rankfile is not None:
+        raise LaunchError(
+            f"--rankfile {rankfile}: mpilaunch does not read rankfiles; place the ranks with -H or --hostfile "
+            "and --map-by, and bind them with --bind-to"
+        )
+    out: set[str] = set()
+    if values.pop("pernode") and "npernode" not in given:
+        values["npernode"] = 1
+        out.add("npernode")
+    for flag, level in (("bind_to_core", "core"), ("bind_to_socket", "socket")):
+        if values.pop(flag) and not (given | out) & {"bind_to", "binding"}:
+            values["bind_to"] = level
+            out.add("bind_to")
+    notes = [
+        f"mpirun's --{name} means nothing here: ignored"
+        for name in OPEN_MPI_IGNORED
+        if values.pop("openmpi_" + name.replace("-", "_"))
+    ]
+    return out, notes
+
+
 def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]]:
     """Open MPI's -am files: `key = value` lines (# comments), as -mca key value each."""
     out: list[tuple[str, str]] = []

@@ -258,15 +258,16 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         mca = (("orte_abort_on_non_zero_status", env_abort), *mca)
     agent, extra = words.remote_shell(globals_.pop("rsh_agent"), globals_.pop("rsh_args"), mca, os.environ)  # type: ignore[arg-type]
     timeout = globals_.pop("timeout") or _env_timeout()
-    given = given | words.mca_defaults(globals_, given, mca, os.environ)
+    older, older_notes = words.old_open_mpi_words(globals_, given)
+    given = given | older | words.mca_defaults(globals_, given | older, mca, os.environ)
+    notes += older_notes
     fields = words.mapping_options(globals_, given)
     hydra, hydra_notes = words.hydra_options(globals_, given)
     fields.update(hydra)
     notes += hydra_notes
     oversubscribe = bool(globals_.pop("oversubscribe"))
-    oversubscribe = bool(fields.pop("oversubscribe", oversubscribe))  # --map-by ...:OVERSUBSCRIBE
-    if globals_.pop("nooversubscribe"):
-        oversubscribe = False
+    refused = bool(globals_.pop("nooversubscribe")) or fields.get("oversubscribe") is False  # asked for in words
+    oversubscribe = bool(fields.pop("oversubscribe", oversubscribe)) and not refused  # --map-by ...:OVERSUBSCRIBE
     mpi = str(globals_.pop("mpi")).lower()
     if mpi == "pmi2" and globals_.get("pmi_tcp"):
         raise LaunchError(
@@ -299,6 +300,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
     return Options(
         timeout=timeout,  # type: ignore[arg-type]
         oversubscribe=oversubscribe,
+        nooversubscribe=refused,
         bind_to=bind_to,
         mpi=mpi,
         mca=mca,

@@ -456,7 +456,12 @@ def place_job(
     try:
         return placed(options.oversubscribe), []
     except LaunchError as exc:
-        if options.oversubscribe or source != LOCAL_SOURCE or "not enough slots" not in str(exc):
+        if (
+            options.oversubscribe
+            or options.nooversubscribe
+            or source != LOCAL_SOURCE
+            or "not enough slots" not in str(exc)
+        ):
             raise
     ranks = placed(True)
     cores = hosts[0].slots
@@ -484,6 +489,10 @@ def build_plan(
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
         hosts = with_slots(hosts, source, options)
+    if options.nolocal:
+        hosts = [host for host in hosts if hostlib.needs_ssh(host)]
+        if not hosts:
+            raise LaunchError(f"--nolocal: every host of the job ({source}) is this machine")
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
@@ -577,8 +586,9 @@ def host_indices(names: Sequence[str], hosts: Sequence[Host], said: str) -> set[
 
 def app_hosts(apps: Sequence[AppContext], hosts: Sequence[Host]) -> list[set[int] | None] | None:
     """Each program's hosts, when the command line gave -H in its app context (Open MPI's
-    `-np 1 -H a prog : -np 1 -H b prog` runs prog on a, then on b); None for a program without."""
-    if not any(app.hosts for app in apps):
+    `-np 1 -H a prog : -np 1 -H b prog` runs prog on a, then on b); None for a program without.
+    One program's -H alone is the job's hosts already."""
+    if sum(1 for app in apps if app.hosts) < 2:
         return None
     return [
         host_indices([h.name for v in app.hosts for h in hostlib.parse_host_list(v)], hosts, "-H names")

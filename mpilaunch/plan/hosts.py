@@ -105,6 +105,7 @@ def parse_hostfile_line(line: str) -> Host | None:
     text = line.split("#", 1)[0].strip()
     if not text:
         return None
+    text = "=".join(part.strip() for part in text.split("="))  # `slots = 2`, as Open MPI reads it
     first, *fields = text.split()
     user, rest = _split_user(first)
     name, slots = _split_count(rest)

@@ -119,3 +119,53 @@ def test_h_after_a_colon_places_that_program_on_its_hosts(launcher: Launcher) ->
     both = ("--launcher", "local", "--display-map", "-np", "2", "-H", "a,b", "true", ":", "-np", "1", "-H", "b", "true")
     shown = launcher.run(*both).stdout.decode()
     assert shown.split("Data for node: b")[1].count("App: 1") == 1 and "App: 1" not in shown.split("node: b")[0]
+
+
+# ---- Open MPI's older and rarer words ----------------------------------------------------------------
+
+
+def test_older_spellings_mean_what_they_meant(launcher: Launcher) -> None:
+    pernode = launcher.run("--launcher", "local", "--display-map", "-pernode", "-H", "a:2,b:2", "true")
+    assert pernode.returncode == 0 and pernode.stdout.decode().count("\tRank ") == 2  # one per host
+    bound = launcher.run("-q", "--bind-to-core", "--report-bindings", "-np", "2", "true").stderr.decode()
+    assert "MCW rank 0 bound to socket 0[core 0[hwt 0]]" in bound, bound
+    gmca = launcher.run("-q", "-gmca", "btl", "self", "-np", "1", "sh", "-c", "echo $OMPI_MCA_btl")
+    assert gmca.stdout == b"self\n"
+    bycore = launcher.run("-q", "--bycore", "-np", "1", "true")
+    assert bycore.returncode == 0, bycore.stderr.decode()
+
+
+def test_flags_that_mean_nothing_here_are_said_once(launcher: Launcher) -> None:
+    proc = launcher.run("--continuous", "--enable-recovery", "-novm", "-np", "1", "true")
+    assert proc.returncode == 0
+    assert proc.stderr.decode().splitlines() == [
+        "mpilaunch: mpirun's --continuous means nothing here: ignored",
+        "mpilaunch: mpirun's --enable-recovery means nothing here: ignored",
+        "mpilaunch: mpirun's --novm means nothing here: ignored",
+    ]
+
+
+def test_nolocal_runs_no_rank_here(launcher: Launcher) -> None:
+    shown = launcher.run("--launcher", "local", "--display-map", "--nolocal", "-np", "2", "-H", "localhost,b:2", "true")
+    assert "Data for node: b\tNum slots: 2" in shown.stdout.decode() and "node: localhost" not in shown.stdout.decode()
+    alone = launcher.run("--nolocal", "-np", "1", "true")
+    assert alone.returncode == 2
+    assert alone.stderr.decode() == (
+        "mpilaunch: --nolocal: every host of the job (localhost (no hosts given)) is this machine\n"
+    )
+
+
+def test_a_rankfile_is_refused_in_one_line(launcher: Launcher) -> None:
+    for word in ("-rf", "--rankfile"):
+        proc = launcher.run(word, "ranks.txt", "-np", "1", "true")
+        assert proc.returncode == 2
+        assert proc.stderr.decode().startswith("mpilaunch: --rankfile ranks.txt: mpilaunch does not read rankfiles;")
+
+
+@pytest.mark.parametrize("words", [["--nooversubscribe"], ["--map-by", "slot:NOOVERSUBSCRIBE"]])
+def test_nooversubscribe_asked_for_holds_this_machine_to_its_cores(launcher: Launcher, words: list[str]) -> None:
+    cores = len(os.sched_getaffinity(0))
+    plain = launcher.run("-q", "-np", str(cores + 1), "true")
+    assert plain.returncode == 0, plain.stderr.decode()  # mpilaunch's own default: a note, and it runs
+    held = launcher.run(*words, "-np", str(cores + 1), "true")
+    assert held.returncode == 2 and b"not enough slots" in held.stderr

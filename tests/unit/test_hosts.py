@@ -33,6 +33,10 @@ def test_mpich_count_user_and_port_forms() -> None:
     ]
 
 
+def test_spaces_around_the_equals_sign_as_open_mpi_reads_them() -> None:
+    assert parse_hostfile("a slots = 2\nb slots= 3 max_slots =4\n", "hf") == [Host("a", 2), Host("b", 3, 4)]
+
+
 def test_missing_slots_means_core_count_later() -> None:
     assert parse_hostfile("node1\n", "hf") == [Host("node1", None)]
 
