@@ -58,6 +58,21 @@ def is_shim(path: str) -> bool:
         return MARK.encode() in handle.read(4096)
 
 
+def first_real(name: str, path: str) -> str | None:
+    """The first program of this name on path that is no mpilaunch shim: the real one, when a
+    shim of that name stands before it."""
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
+        try:
+            if not is_shim(candidate):
+                return candidate
+        except OSError:
+            continue
+    return None
+
+
 def write_shim(path: str, text: str) -> None:
     """One shim, replacing an older one of ours but nothing else."""
     try:

@@ -25,7 +25,9 @@ REFUSAL = b"cmd=singinit_info versionok=no stdio=no kvsname=singinit\n"
 
 def singleton_start(argv: list[str]) -> NoReturn:
     """Exec hydra's mpiexec with these words, or refuse the program's handshake and raise."""
-    hydra = hydra_mpiexec(os.environ.get("PATH", os.defpath))
+    from mpilaunch.cli.shims import first_real
+
+    hydra = first_real("mpiexec.hydra", os.environ.get("PATH", os.defpath))
     if hydra is not None:
         try:
             os.execv(hydra, [hydra, *argv])
@@ -38,22 +40,6 @@ def singleton_start(argv: list[str]) -> NoReturn:
         "asked for one, for MPI_Comm_spawn or the universe size) is not served by mpilaunch and no "
         "mpiexec.hydra is on PATH; start the program under the launcher (mpilaunch -n 1 PROGRAM)"
     )
-
-
-def hydra_mpiexec(path: str) -> str | None:
-    """The first `mpiexec.hydra` on path that is no mpilaunch shim."""
-    from mpilaunch.cli.shims import is_shim
-
-    for folder in path.split(os.pathsep):
-        candidate = os.path.join(folder or ".", "mpiexec.hydra")
-        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
-            continue
-        try:
-            if not is_shim(candidate):
-                return candidate
-        except OSError:
-            continue
-    return None
 
 
 def _port(argv: list[str]) -> int:

@@ -37,9 +37,11 @@ def shims(launcher: Launcher, tmp_path: Path) -> Path:
     return tmp_path / "bin"
 
 
-def shim_run(launcher: Launcher, shims: Path, name: str, *args: str) -> subprocess.CompletedProcess:
-    """NAME found first on PATH, as a tool finds it."""
-    env = {**launcher.env, "PATH": f"{shims}{os.pathsep}{launcher.env['PATH']}"}
+def shim_run(
+    launcher: Launcher, shims: Path, name: str, *args: str, rest: str | None = None
+) -> subprocess.CompletedProcess:
+    """NAME found first on PATH, as a tool finds it (rest: the PATH after the shims)."""
+    env = {**launcher.env, "PATH": f"{shims}{os.pathsep}{launcher.env['PATH'] if rest is None else rest}"}
     return subprocess.run(
         [name, *args], capture_output=True, env=env, timeout=60, cwd=launcher.tmp_path, stdin=subprocess.DEVNULL
     )
@@ -87,14 +89,23 @@ def test_each_name_says_what_it_is(launcher: Launcher, shims: Path) -> None:
     assert "Open MPI" in first["mpiexec"] and "MPICH hydra's mpiexec" in first["mpiexec"]
     assert first["mpiexec.hydra"].startswith("HYDRA build details: mpiexec.hydra is mpilaunch 0.1.0")
     assert "MPICH" in first["mpiexec.hydra"] and "Open MPI" not in first["mpiexec.hydra"]
-    info = shim_run(launcher, shims, "ompi_info")
+    info = shim_run(launcher, shims, "ompi_info", rest="")  # no Open MPI of its own on PATH
     assert info.returncode == 0 and b"Package: mpilaunch 0.1.0 (a launcher, not an MPI library)" in info.stdout
-    version = shim_run(launcher, shims, "ompi_info", "--version")
+    version = shim_run(launcher, shims, "ompi_info", "--version", rest="")
     assert version.stdout.decode().startswith("Open MPI v4.1 (command line): mpilaunch 0.1.0, not an MPI library")
     plain = launcher.run("--version")
     assert plain.stdout == b"mpilaunch 0.1.0\n"
     torchrun = shim_run(launcher, shims, "torchrun", "--version")
     assert (torchrun.returncode, torchrun.stdout) == (0, b"mpilaunch 0.1.0\n")  # it is no Open MPI
+
+
+@pytest.mark.skipif(not shutil.which("ompi_info"), reason="needs Open MPI's own ompi_info")
+def test_ompi_info_is_open_mpis_own_when_one_is_on_path(launcher: Launcher, shims: Path) -> None:
+    """What tools read from it (`mpi_built_with_cuda_support`, ...) is the ranks' library's."""
+    proc = shim_run(launcher, shims, "ompi_info", "--parsable", "--all")
+    real = shim_run(launcher, shims.parent, "ompi_info", "--parsable", "--all")  # no shim before it
+    assert proc.returncode == 0 and proc.stdout == real.stdout
+    assert b"mpi_built_with_cuda_support:value:" in proc.stdout
 
 
 def test_ambiguous_words_take_the_meaning_of_the_name(launcher: Launcher, shims: Path) -> None:

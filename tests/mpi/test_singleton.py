@@ -87,11 +87,13 @@ def test_without_hydra_a_singletons_spawn_is_refused_at_once(launcher: Launcher,
 
 
 def test_the_shims_own_mpiexec_hydra_is_passed_over(launcher: Launcher, shims: Path) -> None:
-    from mpilaunch.cli.singleton import hydra_mpiexec
+    from mpilaunch.cli.shims import first_real
 
-    assert hydra_mpiexec(f"{shims}{os.pathsep}{SYSTEM_PATH}") is None
+    assert first_real("mpiexec.hydra", f"{shims}{os.pathsep}{SYSTEM_PATH}") is None
     if os.access(os.path.join(HYDRA_DIR, "mpiexec.hydra"), os.X_OK):
-        assert hydra_mpiexec(f"{shims}{os.pathsep}{HYDRA_DIR}") == os.path.join(HYDRA_DIR, "mpiexec.hydra")
+        assert first_real("mpiexec.hydra", f"{shims}{os.pathsep}{HYDRA_DIR}") == os.path.join(
+            HYDRA_DIR, "mpiexec.hydra"
+        )
 
 
 @pytest.mark.parametrize("words", [["-pmi_args"], ["-pmi_args", "x", "i", "k", "1"], ["-v", "-pmi_args", "0"]])
