@@ -320,9 +320,9 @@ RUN_OPTIONS: tuple[Opt, ...] = (
     ),
     Opt(
         "configfile",
-        ("-configfile", "--configfile"),
+        ("-configfile", "--configfile", "--app", "-app"),
         metavar="FILE",
-        help="hydra's file of app contexts: one per line, options and program, as between ' : '.",
+        help="hydra's file of app contexts (Open MPI's appfile): one per line, options and program, as between ' : '.",
     ),
     Opt(
         "allow_run_as_root",

@@ -176,9 +176,10 @@ def _pairs(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
-def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpec:
+def parse_args(line: CommandLine | list[str], name: str = "mpilaunch", from_file: bool = False) -> JobSpec:
     """The command line (read by cli/cmdline.read, or argv without the program name, started as
-    name) -> JobSpec; global options may appear in any app context."""
+    name) -> JobSpec; global options may appear in any app context. from_file: the app contexts
+    are an app file's lines, each -x its line's own (the command line's go with the first)."""
     if not isinstance(line, CommandLine):
         line = read(line, name)
     if line.error is not None:
@@ -194,7 +195,7 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpe
         if params["configfile"] is not None:
             if len(segments) > 1 or params["argv"]:
                 raise LaunchError("-configfile: the file gives the programs; give none on the command line")
-            return parse_args(_with_configfile(words, str(params["configfile"])), line.name)
+            return parse_args(_with_configfile(words, str(params["configfile"])), line.name, from_file=True)
         given_anywhere |= given
         if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""
@@ -202,12 +203,16 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpe
         if params["wdir"] == "":
             raise LaunchError("--wdir: the directory name is empty")
         own = (*_pairs(params["app_env"]), *((name, None) for name in _names(params["app_envlist"])))
-        if index and "exports" in given:  # -x after a ' : ' is that program's, as in Open MPI's mpirun
+        own_x = bool(index) or from_file  # -x after a ' : ' is that program's, as in Open MPI's mpirun
+        if own_x and "exports" in given:
             own = (*exports_of(tuple(params["exports"])), *own)
         hosts = tuple(params["hosts"]) if "hosts" in given else ()
         apps.append(AppContext(tuple(params["argv"]), params["np"], own, params["wdir"], hosts))
         for key, value in params.items():
-            if key in cliopts.APP_PARAMS or (index and key == "exports"):
+            if key in cliopts.APP_PARAMS:
+                continue
+            if own_x and key == "exports":
+                globals_.setdefault(key, ())  # none job-wide: each program's own
                 continue
             if index == 0 or key in given:
                 if key in MERGED and index and key in globals_:

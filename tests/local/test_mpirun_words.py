@@ -169,3 +169,13 @@ def test_nooversubscribe_asked_for_holds_this_machine_to_its_cores(launcher: Lau
     assert plain.returncode == 0, plain.stderr.decode()  # mpilaunch's own default: a note, and it runs
     held = launcher.run(*words, "-np", str(cores + 1), "true")
     assert held.returncode == 2 and b"not enough slots" in held.stderr
+
+
+def test_an_app_file_runs_its_lines_each_with_its_own_x(launcher: Launcher) -> None:
+    (launcher.tmp_path / "apps").write_text("# Open MPI's appfile\n-np 1 -x FOO=7 printenv FOO\n-np 2 printenv FOO\n")
+    proc = launcher.run("-q", "--oversubscribe", "--app", "apps", env={"FOO": "0"})
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert lines(proc) == ["0", "0", "7"]
+    if MPIRUN:
+        real = real_mpirun(launcher, "--oversubscribe", "--app", "apps", env={"FOO": "0"})
+        assert lines(real) == ["0", "0", "7"]
