@@ -412,7 +412,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "prefix",
         ("--prefix", "-prefix"),
         metavar="DIR",
-        help="Open MPI's install prefix: DIR/bin and DIR/lib lead PATH and LD_LIBRARY_PATH of remote ranks.",
+        help="Open MPI's install prefix: DIR/bin and DIR/lib lead the ranks' PATH and LD_LIBRARY_PATH.",
     ),
     Opt("am", ("-am", "--am"), MULTI, metavar="FILE[,FILE]", help="Open MPI's files of MCA parameters (key = value)."),
     Opt("tune", ("--tune", "-tune"), MULTI, metavar="FILE[,FILE]", help="Open MPI's files of -x and --mca options."),

@@ -16,7 +16,7 @@ from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts
 from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
-from mpilaunch.plan.rank_env import inherited
+from mpilaunch.plan.rank_env import inherited, prefixed_paths
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.protocol.wire import STDERR, STDOUT
@@ -76,10 +76,8 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     rank0 = plan.job.ranks[0].host
     pick_port = rank0 in remote and not env.get("MASTER_PORT", "").isdigit()
     carried = carried_environment(dict(env))
-    if options.prefix:  # Open MPI's --prefix: its bin and lib first on every remote host (where they exist)
-        prefix = os.path.abspath(options.prefix)
-        for name, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
-            carried[name] = os.pathsep.join(p for p in (os.path.join(prefix, sub), carried.get(name)) if p)
+    if options.prefix:  # Open MPI's --prefix: its bin and lib first on every remote host
+        carried.update(prefixed_paths(options.prefix, carried))
     probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, plan.exports)
 
     def check(index: int) -> bytes:

@@ -16,7 +16,15 @@ from mpilaunch.plan import devices
 from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import Rank, place, place_round_robin
-from mpilaunch.plan.rank_env import LEAK_NAMES, LEAK_PREFIXES, JobLayout, inherited, job_variables, rank_environment
+from mpilaunch.plan.rank_env import (
+    LEAK_NAMES,
+    LEAK_PREFIXES,
+    JobLayout,
+    inherited,
+    job_variables,
+    prefixed_paths,
+    rank_environment,
+)
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
 from mpilaunch.plan.wireup import BOTH, pmi_job, pmix_job, services
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
@@ -394,6 +402,11 @@ def job_plan(
     )
     for rank_env, extras in zip(envs, more):
         rank_env.update(extras)
+    if options.prefix:  # Open MPI's --prefix, for this machine's ranks (launch.py carries it to the others)
+        here = {i for i, host in enumerate(hosts) if not hostlib.needs_ssh(host)}
+        for r, rank_env in zip(ranks, envs):
+            if r.host in here:
+                rank_env.update(prefixed_paths(options.prefix, {**env, **rank_env}))
     served = services(options)
     pmix = None
     if "pmix" in served:

@@ -154,6 +154,17 @@ def rank_environment(
     return env
 
 
+def prefixed_paths(prefix: str, env: Mapping[str, str]) -> dict[str, str]:
+    """Open MPI's --prefix DIR: DIR/bin first on PATH and DIR/lib first on LD_LIBRARY_PATH."""
+    import os
+
+    top = os.path.abspath(prefix)
+    return {
+        name: os.pathsep.join(p for p in (os.path.join(top, sub), env.get(name)) if p)
+        for name, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib"))
+    }
+
+
 def mask(name: str, value: str) -> str:
     """Hide values whose names look like credentials (for --dry-run output)."""
     return "****" if re.search(SECRET_NAME, name) else value

@@ -179,3 +179,12 @@ def test_an_app_file_runs_its_lines_each_with_its_own_x(launcher: Launcher) -> N
     if MPIRUN:
         real = real_mpirun(launcher, "--oversubscribe", "--app", "apps", env={"FOO": "0"})
         assert lines(real) == ["0", "0", "7"]
+
+
+def test_prefix_leads_this_machines_ranks_paths_too(launcher: Launcher, tmp_path) -> None:
+    prefix = str(tmp_path / "openmpi")
+    args = ("--prefix", prefix, "-np", "1", "sh", "-c", "echo ${PATH%%:*} ${LD_LIBRARY_PATH%%:*}")
+    proc = launcher.run("-q", *args)
+    assert proc.stdout.decode().split() == [f"{prefix}/bin", f"{prefix}/lib"], proc.stderr.decode()
+    if MPIRUN:
+        assert real_mpirun(launcher, *args).stdout.decode().split() == [f"{prefix}/bin", f"{prefix}/lib"]
