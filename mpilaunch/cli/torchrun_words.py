@@ -114,6 +114,7 @@ def torch_options(
         nnodes=nnodes,
         node_rank=node_rank if per_node else None,
         endpoint=endpoint,
+        **(_one_node_master(words, backend) if not per_node and not standalone else {}),
         run_id=str(words["rdzv_id"]) if words["rdzv_id"] not in (None, "none") else "",
         role=str(words["role"] or "default"),
         standalone=standalone,
@@ -205,6 +206,15 @@ def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
         )
     port = STATIC_PORT if words["master_port"] is None else _whole("--master-port", words["master_port"], 1, 65535)
     return str(words["master_addr"]), port
+
+
+def _one_node_master(words: Mapping[str, object], backend: str) -> dict[str, object]:
+    """On one node, torchrun's static rendezvous with --master-port (its only case that reads
+    --master-addr and --master-port) gives them to the ranks; without it, a free port."""
+    if backend != "static" or words["rdzv_endpoint"] or words["master_port"] is None:
+        return {}
+    port = _whole("--master-port", words["master_port"], 1, 65535)
+    return {"master_addr": str(words["master_addr"] or ""), "master_port": port}
 
 
 def _whole(option: str, value: object, low: int, high: int) -> int:

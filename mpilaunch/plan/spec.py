@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from mpilaunch.protocol.record import Record
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class AppContext(Record):
     """One program of the job (MPMD jobs have several, split by ' : ')."""
@@ -25,6 +29,8 @@ class TorchRun(Record):
     nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation)
     node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
+    master_addr: str = ""  # one node, --master-port given: the ranks' MASTER_ADDR (torchrun's 127.0.0.1 if not given)
+    master_port: int = 0  # ... and MASTER_PORT; 0: a free port, whatever the environment says (torchrun's)
     run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id), else the job's id
     role: str = "default"
     standalone: bool = False
@@ -37,6 +43,14 @@ class TorchRun(Record):
         if self.local_ranks_filter and local_rank not in self.local_ranks_filter:
             return 0
         return 3 & ~_streams(self.redirects, local_rank) | _streams(self.tee, local_rank)
+
+    def master(self, planned: str, free_port: Callable[[], int]) -> tuple[str, int]:
+        """MASTER_ADDR and MASTER_PORT as torchrun gives them on one node: --master-addr (else
+        127.0.0.1) with --master-port; else `localhost` and a free port, never the environment's
+        (two jobs started with the same MASTER_PORT would meet on it)."""
+        if self.master_port:
+            return self.master_addr or planned, self.master_port
+        return "localhost" if planned == "127.0.0.1" else planned, free_port()
 
     @property
     def to_files(self) -> bool:

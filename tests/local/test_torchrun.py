@@ -173,6 +173,28 @@ def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -
     assert f"{sys.executable} -u train.py" in out
 
 
+def test_the_environments_master_port_is_not_the_jobs_and_master_port_is(launcher: Launcher, tmp_path: Path) -> None:
+    """As torchrun: two jobs started at once with the same MASTER_PORT in their environment each
+    get a free port of their own; --master-addr/--master-port (with --nnodes 1) are the ranks'."""
+    script = write_script(tmp_path, "ddp.py", DDP)
+    stale = {"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())}
+    jobs = [launcher.popen("--nproc-per-node", "2", script, env=stale) for _ in range(2)]
+    for job in jobs:
+        out, err = job.communicate(timeout=HANG)
+        assert job.returncode == 0, err.decode()[-3000:]
+        assert sorted(json.loads(line)["rank"] for line in out.decode().splitlines()) == [0, 1]
+    port = free_port()
+    out = tmp_path / "dump"
+    out.mkdir()
+    words = ("--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "2")
+    proc = launcher.run(*words, script, env=stale, timeout=HANG)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    proc = launcher.run(*words, write_script(tmp_path, "env_dump.py", ENV_DUMP), str(out), env=stale, timeout=HANG)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    given = {(d["env"]["MASTER_ADDR"], d["env"]["MASTER_PORT"]) for d in dumps(out).values()}
+    assert given == {("127.0.0.1", str(port))}
+
+
 def test_one_nodes_launcher_names_its_ranks_by_their_job_wide_numbers(launcher: Launcher) -> None:
     """torchrun's way, node 1 of 2: the map, the dry run and a failure speak of ranks 2 and 3."""
     node = ("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()))
