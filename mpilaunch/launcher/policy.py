@@ -311,6 +311,13 @@ class Policy:
 
     # -- results ----------------------------------------------------------------------------------
     def exit_status(self) -> int:
+        status = self.status()
+        if self.options.torch is not None and status != TIMEOUT_STATUS and (status or self.stop_signal is not None):
+            return 1  # torchrun's: any failed worker, or the launcher stopped by a signal (its ranks' ends aside)
+        return status
+
+    def status(self) -> int:
+        """mpirun's exit status: the first failure's, or the signal's that stopped the run."""
         if self.timed_out:
             return TIMEOUT_STATUS
         failure = self.first_failure

@@ -322,7 +322,7 @@ def test_a_failure_on_one_node_is_named_by_its_job_wide_rank(launcher: Launcher,
     failing = ("--no-python", "sh", "-c", 'test "$RANK" = 3 && exit 3; sleep 60')
     nodes = [_node(launcher, node, port, *failing) for node in (0, 1)]
     errs = [p.communicate(timeout=HANG)[1].decode() for p in nodes]
-    assert nodes[1].returncode == 3, errs[1]
+    assert nodes[1].returncode == 1, errs[1]  # torchrun's status for any failed worker
     assert "Rank:      3" in errs[1], errs[1]
     report = json.loads((tmp_path / "node1.json").read_text())
     assert [r["rank"] for r in report["ranks"] if r["exit_code"] == 3] == [3], report["ranks"]
@@ -348,13 +348,13 @@ def test_a_failed_attempt_is_restarted_and_the_next_succeeds(launcher: Launcher,
     )
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
-    assert "mpilaunch: attempt 0 ended with status 3: the job starts again in 0 s (attempt 1 of 3)" in err
+    assert "mpilaunch: attempt 0 ended with status 1: the job starts again in 0 s (attempt 1 of 3)" in err
     first = (tmp_path / "logs" / "1" / "rank.1" / "stdout").read_text().split()
     second = (tmp_path / "logs" / "attempt.1" / "1" / "rank.1" / "stdout").read_text().split()
     assert first[:4] == ["attempt", "0", "rank", "1"] and second[:4] == ["attempt", "1", "rank", "1"]
     assert first[5] != second[5]  # a fresh MASTER_PORT
     report = json.loads((tmp_path / "r.json").read_text())
-    assert [a["exit_status"] for a in report["attempts"]] == [3, 0]
+    assert [a["exit_status"] for a in report["attempts"]] == [1, 0]
     assert sorted((r["attempt"], r["rank"]) for r in report["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert report["exit_status"] == 0
 
@@ -387,7 +387,8 @@ def test_a_job_that_always_fails_ends_with_its_status_after_every_attempt(launch
         "always",
         timeout=HANG,
     )
-    assert proc.returncode == 3, proc.stderr.decode()
+    assert proc.returncode == 1, proc.stderr.decode()  # torchrun's, whatever the worker's code
+    assert "Exit code: 3" in proc.stderr.decode() or "exit code 3" in proc.stderr.decode()
     assert [line.split()[1] for line in proc.stdout.decode().splitlines()] == ["0", "1", "2"]
     assert len(json.loads((tmp_path / "r.json").read_text())["attempts"]) == 3
 
@@ -405,8 +406,41 @@ def test_ctrl_c_is_never_restarted(launcher: Launcher, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, err.decode()
+    assert proc.returncode == 1, err.decode()  # torchrun's, when a signal stopped it
     assert "starts again" not in err.decode()
+
+
+CALM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("who", ["torchrun", "mpilaunch"])
+def test_a_launcher_stopped_by_sigterm_exits_1_though_its_ranks_exit_0(
+    launcher: Launcher, tmp_path: Path, who: str
+) -> None:
+    script = write_script(tmp_path, "calm.py", CALM)
+    argv = [sys.executable, "-m", "torch.distributed.run"] if who == "torchrun" else launcher.argv()
+    proc = subprocess.Popen(
+        [*argv, "--nproc-per-node", "2", script],
+        env=launcher.env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _lines_until(proc, 2, "ready")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=HANG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err.decode()[-2000:]
 
 
 def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher, tmp_path: Path) -> None:
