@@ -40,11 +40,13 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "tee",
     "local_ranks_filter",
     "local_addr",
+    "shutdown_timeout",
     *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
 )
 FLAGS = ("standalone", "module", "no_python", "run_path")  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
+GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
 RUN_PATH = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
@@ -123,7 +125,7 @@ def torch_options(
         tee=std_streams("--tee", words["tee"]),
     )
     apps[:] = [a._replace(argv=script_argv(a.argv, words)) for a in apps]
-    fields: dict[str, object] = {"torch": torch}
+    fields: dict[str, object] = {"torch": torch, **_graces(words, given, values, env)}
     if per_node:  # as under torchrun, no MPI process manager: one MPI job cannot span the nodes' launchers
         if "mpi" in given and str(values.get("mpi")) != "none":
             raise LaunchError(
@@ -206,6 +208,21 @@ def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
         )
     port = STATIC_PORT if words["master_port"] is None else _whole("--master-port", words["master_port"], 1, 65535)
     return str(words["master_addr"]), port
+
+
+def _graces(
+    words: Mapping[str, object], given: set[str], values: Mapping[str, object], env: Mapping[str, str]
+) -> dict[str, float]:
+    """torchrun's waits before SIGKILL: 30 s for the other workers once one failed, and after a
+    signal stopped it --shutdown-timeout (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s);
+    mpilaunch's own --kill-timeout, when given, is both."""
+    own = float(values["kill_timeout"]) if "kill_timeout" in given else None  # type: ignore[arg-type]
+    text = words["shutdown_timeout"] or env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    if text is not None:
+        stop = float(_whole("--shutdown-timeout", text, 0, 3600))
+    else:
+        stop = GRACE if own is None else own
+    return {"kill_timeout": GRACE if own is None else own, "signal_grace": stop}
 
 
 def _one_node_master(words: Mapping[str, object], backend: str) -> dict[str, object]:

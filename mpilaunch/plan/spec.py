@@ -95,6 +95,7 @@ class Options(Record):
     hang_timeout: float | None = None  # stacks after this many seconds without any rank's output
     hang_action: str = "stacks"  # stacks (the job goes on) or kill (after the stacks; status as a timeout)
     kill_timeout: float = 2.0
+    signal_grace: float | None = None  # after a signal stopped the run, SIGKILL to the ranks left (torchrun's)
     allow_run_as_root: bool = False
     mpi: str = "auto"  # served to the ranks: auto, pmi1, pmi2 (same server, MPICH told to use PMI-2), pmix, none
     # (auto becomes pmi1, pmix or plan/wireup.BOTH once the programs were looked at: plan/finalize.choose_mpi)

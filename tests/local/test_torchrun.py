@@ -443,6 +443,23 @@ def test_a_launcher_stopped_by_sigterm_exits_1_though_its_ranks_exit_0(
     assert proc.returncode == 1, err.decode()[-2000:]
 
 
+def test_shutdown_timeout_is_the_grace_a_stopped_launcher_gives_its_ranks(launcher: Launcher, tmp_path: Path) -> None:
+    """torchrun's --shutdown-timeout: a rank that ignores the launcher's SIGTERM is killed S seconds later."""
+    script = write_script(tmp_path, "deaf.py", CALM.replace("lambda *_: sys.exit(0)", "signal.SIG_IGN"))
+    proc = launcher.popen("--nproc-per-node", "1", "--shutdown-timeout", "1", script)
+    try:
+        _lines_until(proc, 1, "ready")
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and 1.0 <= took < 10.0, (took, err.decode()[-2000:])
+
+
 def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher, tmp_path: Path) -> None:
     proc = launcher.popen(
         "--max-restarts", "3", "--restart-delay", "600", "sh", "-c", "exit 3", preexec_fn=_default_sigint

@@ -303,3 +303,15 @@ def test_under_torchruns_words_a_failure_or_a_stop_signal_is_status_1(history: l
     stopped = any(isinstance(event, SignalReceived) for _, event in history)
     torchruns = 124 if mpiruns == 124 else 1 if mpiruns or stopped else 0
     assert replay([*started(), *history], timeout=10.0, torch=TORCH)[0].exit_status() == torchruns
+
+
+def test_with_a_signal_grace_the_ranks_left_after_a_stop_signal_are_killed_then() -> None:
+    """torchrun's --shutdown-timeout: the signal goes to the ranks, SIGKILL to those left S seconds later."""
+    history = [*started(), (1.0, SignalReceived(signal.SIGTERM)), (1.5, Exited(0, 0)), (3.9, TICK)]
+    policy, out = replay(history, kill_timeout=30.0, signal_grace=3.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGTERM))] and policy.next_deadline() == pytest.approx(4.0)
+    policy.clock.now = 4.0  # type: ignore[attr-defined]
+    policy.tick()
+    assert decisions(out)[-1] == (4.0, Abort(0)) and policy.procs[1].killed and not policy.procs[0].killed
+    policy, out = replay([*started(), (1.0, SignalReceived(signal.SIGTERM)), (9.0, TICK)], kill_timeout=30.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGTERM))]  # mpirun's: the ranks end on their own

@@ -327,10 +327,10 @@ def test_log_dir_is_the_output_tree_unless_output_filename_is_given() -> None:
 
 
 def test_ignored_torchrun_options_give_a_note() -> None:
-    job = spec("--nproc-per-node", "1", "--shutdown-timeout", "5", "--numa-binding", "node", "t.py")
+    job = spec("--nproc-per-node", "1", "--signals-to-handle", "SIGUSR1", "--numa-binding", "node", "t.py")
     assert job.options.notes == (
         "torchrun's --numa-binding means nothing here: ignored",
-        "torchrun's --shutdown-timeout means nothing here: ignored",
+        "torchrun's --signals-to-handle means nothing here: ignored",
     )
     assert spec("--nproc-per-node", "1", "t.py").options.notes == ()
 
@@ -419,3 +419,20 @@ def test_on_console_cases_by_hand() -> None:
     assert [run.on_console(r) for r in (0, 1)] == [0, 3] and run.to_files
     run = TorchRun(nproc_per_node=2, redirects=((-1, 0),), tee=((-1, 0),))
     assert not run.to_files
+
+
+def test_torchruns_graces_before_sigkill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """30 s after a failure and after a signal; --shutdown-timeout (PET_, TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
+    the latter only, as torchrun 2.13; --kill-timeout both; mpirun's words keep theirs."""
+    graces = lambda *w: (spec(*w, "t.py").options.kill_timeout, spec(*w, "t.py").options.signal_grace)  # noqa: E731
+    assert graces("--nproc-per-node", "2") == (30.0, 30.0)
+    assert graces("--nproc-per-node", "2", "--shutdown-timeout", "5") == (30.0, 5.0)
+    assert graces("--nproc-per-node", "2", "--kill-timeout", "4") == (4.0, 4.0)
+    assert graces("--nproc-per-node", "2", "--kill-timeout", "4", "--shutdown-timeout", "0") == (4.0, 0.0)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert graces("--nproc-per-node", "2") == (30.0, 7.0)
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "8")
+    assert graces("--nproc-per-node", "2") == (30.0, 8.0)
+    assert (spec("-n", "2", "t").options.kill_timeout, spec("-n", "2", "t").options.signal_grace) == (2.0, None)
+    said = refused("--shutdown-timeout", "soon", "t.py")
+    assert said == "--shutdown-timeout 'soon': expected a number from 0 to 3600"
