@@ -117,7 +117,7 @@ def torch_options(
         node_rank=node_rank if per_node else None,
         endpoint=endpoint,
         **(_one_node_master(words, backend) if not per_node and not standalone else {}),
-        run_id=str(words["rdzv_id"]) if words["rdzv_id"] not in (None, "none") else "",
+        run_id=_run_id(words, backend, nnodes, standalone),
         role=str(words["role"] or "default"),
         standalone=standalone,
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
@@ -223,6 +223,14 @@ def _graces(
     else:
         stop = GRACE if own is None else own
     return {"kill_timeout": GRACE if own is None else own, "signal_grace": stop}
+
+
+def _run_id(words: Mapping[str, object], backend: str, nnodes: int | None, standalone: bool) -> str:
+    """TORCHELASTIC_RUN_ID as torchrun sets it: a fresh id ("": the job's) where it makes its own
+    rendezvous on a free port (--standalone; one node, static, no --master-port or endpoint),
+    else --rdzv-id or `none`, the same on every node."""
+    own = backend == "static" and not words["rdzv_endpoint"] and words["master_port"] is None and (nnodes or 1) == 1
+    return "" if standalone or own else str(words["rdzv_id"] or "none")
 
 
 def _one_node_master(words: Mapping[str, object], backend: str) -> dict[str, object]:

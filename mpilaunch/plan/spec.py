@@ -31,7 +31,7 @@ class TorchRun(Record):
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
     master_addr: str = ""  # one node, --master-port given: the ranks' MASTER_ADDR (torchrun's 127.0.0.1 if not given)
     master_port: int = 0  # ... and MASTER_PORT; 0: a free port, whatever the environment says (torchrun's)
-    run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id), else the job's id
+    run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id or none, as torchrun), "": the job's id
     role: str = "default"
     standalone: bool = False
     local_ranks_filter: tuple[int, ...] = ()  # only these local ranks on the console (torchrun's)

@@ -157,7 +157,9 @@ def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Laun
 
 
 def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -> None:
-    proc = launcher.run("--dry-run", "--nproc-per-node", "2", "--rdzv-id", "job42", "train.py")
+    proc = launcher.run(
+        "--dry-run", "--nproc-per-node", "2", "--master-port", "29600", "--rdzv-id", "job42", "train.py"
+    )
     out = proc.stdout.decode()
     assert proc.returncode == 0, proc.stderr.decode()
     for line in (
@@ -167,7 +169,8 @@ def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -
         "ROLE_WORLD_SIZE=2",
         "TORCHELASTIC_RESTART_COUNT=0",
         "TORCHELASTIC_USE_AGENT_STORE=True",
-        "MASTER_ADDR=localhost",
+        "MASTER_ADDR=127.0.0.1",
+        "MASTER_PORT=29600",
     ):
         assert line in out, line
     assert f"{sys.executable} -u train.py" in out

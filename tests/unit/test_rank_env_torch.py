@@ -135,3 +135,10 @@ def test_torchruns_one_node_ignores_the_environments_master_and_takes_its_option
     assert envs[0]["MASTER_ADDR"] == "localhost" and envs[0]["MASTER_PORT"] != "12345"
     plain = plan_envs(["-n", "1", "true"], STALE)  # mpirun's words: the environment's win
     assert (plain[0]["MASTER_ADDR"], plain[0]["MASTER_PORT"]) == ("stale", "12345")
+
+
+def test_every_nodes_launcher_gives_the_same_run_id_without_rdzv_id() -> None:
+    """torchrun's `none`, not each launcher's own job id (which differs between nodes)."""
+    for node in ("0", "1"):
+        words = ["--nnodes", "2", "--node-rank", node, "--master-addr", "127.0.0.1", "--nproc-per-node", "1"]
+        assert {e["TORCHELASTIC_RUN_ID"] for e in plan_envs([*words, "--no-python", "true"])} == {"none"}

@@ -335,9 +335,17 @@ def test_ignored_torchrun_options_give_a_note() -> None:
     assert spec("--nproc-per-node", "1", "t.py").options.notes == ()
 
 
-def test_rdzv_id_is_the_run_id_and_none_is_no_id() -> None:
-    assert torch_of("--rdzv-id", "abc", "--standalone", "t.py").run_id == "abc"
-    assert torch_of("--rdzv-id", "none", "--standalone", "t.py").run_id == ""
+def test_the_run_id_is_torchruns_rdzv_id_or_none_unless_it_makes_its_own_rendezvous() -> None:
+    """As torchrun 2.13: --rdzv-id, else `none`, the same on every node; a fresh id ("": the
+    job's) where torchrun starts a rendezvous of its own on a free port, whatever --rdzv-id says."""
+    node = ("--nnodes", "2", "--node-rank", "1", "--master-addr", "h")
+    assert torch_of(*node, "t.py").run_id == "none"
+    assert torch_of(*node, "--rdzv-id", "abc", "t.py").run_id == "abc"
+    assert torch_of(*node, "--rdzv-backend", "c10d", "--rdzv-id", "abc", "t.py").run_id == "abc"
+    assert torch_of("--master-port", "29600", "--rdzv-id", "abc", "t.py").run_id == "abc"
+    assert torch_of("--master-port", "29600", "t.py").run_id == "none"
+    for fresh in (("--standalone",), ("--nnodes", "1"), ()):
+        assert torch_of(*fresh, "--nproc-per-node", "2", "--rdzv-id", "abc", "t.py").run_id == ""
 
 
 # -- -r, -t, --local-ranks-filter ----------------------------------------------------------------------
