@@ -143,7 +143,10 @@ def torch_options(
 
 def script_argv(argv: tuple[str, ...], words: Mapping[str, object]) -> tuple[str, ...]:
     """What runs for torchrun's training script: `python -u script`, `-m module`, runpy's
-    run_path, or (--no-python) the program itself."""
+    run_path, or (--no-python) the program itself. A `--` right after the script is dropped,
+    as torchrun's argparse drops it (`x.py -- --lr 1` runs `x.py --lr 1`)."""
+    if argv[1:2] == ("--",):
+        argv = (argv[0], *argv[2:])
     if words["no_python"]:
         return argv
     if words["module"]:

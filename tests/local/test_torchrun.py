@@ -487,14 +487,14 @@ def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher
 
 
 def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) -> None:
-    """-m runs a module, --no-python the program itself, --run-path a file through runpy; `--`
-    and the script's own options pass through untouched."""
+    """-m runs a module, --no-python the program itself, --run-path a file through runpy; the
+    script's own options pass through untouched, and a `--` right after it is dropped, as torchrun."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "hello.py").write_text("import os, sys\nprint(__name__, os.environ['RANK'], sys.argv[1:])\n")
-    proc = launcher.run("--nproc-per-node", "1", "-m", "pkg.hello", "--", "--lr", "0.1", "-n", "3")
+    proc = launcher.run("--nproc-per-node", "1", "-m", "pkg.hello", "--", "--lr", "0.1", "-n", "3", "--")
     assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode().split("\n")[0] == "__main__ 0 ['--', '--lr', '0.1', '-n', '3']"
+    assert proc.stdout.decode().split("\n")[0] == "__main__ 0 ['--lr', '0.1', '-n', '3', '--']"
     proc = launcher.run("--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "sh $RANK"')
     assert sorted(proc.stdout.decode().split("\n")[:2]) == ["sh 0", "sh 1"], proc.stderr.decode()
     proc = launcher.run("--nproc-per-node", "1", "--run-path", str(tmp_path / "pkg" / "hello.py"), "x")

@@ -259,7 +259,7 @@ def test_module_no_python_and_run_path_rewrite_the_program() -> None:
     assert spec("--no-python", "--nproc-per-node", "1", "echo", "hi").apps[0].argv == ("echo", "hi")
     assert spec("--run-path", "--standalone", "t.py", "a").apps[0].argv == (*PY, "-c", RUN_PATH, "t.py", "a")
     words = ("--nproc-per-node", "2", "t.py", "--", "-n", "3", "--nproc-per-node", "4")
-    assert spec(*words).apps[0].argv == (*PY, "t.py", "--", "-n", "3", "--nproc-per-node", "4")
+    assert spec(*words).apps[0].argv == (*PY, "t.py", "-n", "3", "--nproc-per-node", "4")
 
 
 def test_run_path_runs_the_script_as_main_with_its_arguments(tmp_path: Path) -> None:
@@ -444,3 +444,10 @@ def test_torchruns_graces_before_sigkill(monkeypatch: pytest.MonkeyPatch) -> Non
     assert (spec("-n", "2", "t").options.kill_timeout, spec("-n", "2", "t").options.signal_grace) == (2.0, None)
     said = refused("--shutdown-timeout", "soon", "t.py")
     assert said == "--shutdown-timeout 'soon': expected a number from 0 to 3600"
+
+
+def test_a_double_dash_right_after_the_script_is_dropped_as_torchrun_does() -> None:
+    assert spec("--nproc-per-node", "1", "x.py", "--", "--lr", "1").apps[0].argv == (*PY, "x.py", "--lr", "1")
+    assert spec("--nproc-per-node", "1", "-m", "pkg", "--", "a", "--").apps[0].argv == (*PY, "-m", "pkg", "a", "--")
+    assert spec("--nproc-per-node", "1", "--no-python", "echo", "--", "a").apps[0].argv == ("echo", "a")
+    assert spec("-n", "1", "echo", "--", "a").apps[0].argv == ("echo", "--", "a")  # mpirun's words: as given
