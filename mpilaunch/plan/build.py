@@ -399,7 +399,14 @@ def job_plan(
     first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
-        ranks, hosts, host_info or {}, per_rank=per_rank, rank_table=table, launcher_env=env, exports=exports
+        ranks,
+        hosts,
+        host_info or {},
+        per_rank=per_rank,
+        rank_table=table,
+        launcher_env=env,
+        exports=exports,
+        torch_omp=torch is not None,
     )
     for rank_env, extras in zip(envs, more):
         rank_env.update(extras)

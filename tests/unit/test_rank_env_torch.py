@@ -142,3 +142,13 @@ def test_every_nodes_launcher_gives_the_same_run_id_without_rdzv_id() -> None:
     for node in ("0", "1"):
         words = ["--nnodes", "2", "--node-rank", node, "--master-addr", "127.0.0.1", "--nproc-per-node", "1"]
         assert {e["TORCHELASTIC_RUN_ID"] for e in plan_envs([*words, "--no-python", "true"])} == {"none"}
+
+
+def test_omp_num_threads_as_torchrun_sets_it() -> None:
+    """torchrun: 1 with several ranks per node, unset for one, the environment's when it has one;
+    mpirun's words: the host's CPUs shared by its ranks."""
+    assert {e["OMP_NUM_THREADS"] for e in plan_envs(["--nproc-per-node", "2", "--no-python", "true"])} == {"1"}
+    assert "OMP_NUM_THREADS" not in plan_envs(["--nproc-per-node", "1", "--no-python", "true"])[0]
+    envs = plan_envs(["--nproc-per-node", "2", "--no-python", "true"], {"OMP_NUM_THREADS": "3"})
+    assert {e["OMP_NUM_THREADS"] for e in envs} == {"3"}
+    assert plan_envs(["-n", "1", "true"])[0]["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
