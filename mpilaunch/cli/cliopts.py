@@ -18,7 +18,7 @@ MAX_RANKS = 65536  # the largest job planned (plan/placement.MAX_RANKS): more is
 MAX_SECONDS = 365 * 86400.0  # --timeout (and MPIEXEC_TIMEOUT): a year
 # torchrun's options that mean nothing here: accepted with their value, said once
 TORCHRUN_IGNORED = (
-    "event-log-handler", "logs-specs", "numa-binding", "signals-to-handle", "shutdown-timeout",
+    "event-log-handler", "logs-specs", "numa-binding", "signals-to-handle",
     "duplicate-stdout-filters", "duplicate-stderr-filters",
 )  # fmt: skip
 # Open MPI 4.1's mpirun flags that change nothing here: accepted, said once
@@ -386,6 +386,12 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="torchrun's: only these local ranks' output on the console.",
     ),
     Opt("local_addr", ("--local-addr", "--local_addr"), metavar="ADDR", help="torchrun's: this node's address."),
+    Opt(
+        "shutdown_timeout",
+        ("--shutdown-timeout", "--shutdown_timeout"),
+        metavar="S",
+        help="torchrun's: seconds the ranks get after a signal stopped the job, before SIGKILL (default 30).",
+    ),
     *(
         Opt(
             "ignored_" + name.replace("-", "_"),

@@ -40,11 +40,13 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "tee",
     "local_ranks_filter",
     "local_addr",
+    "shutdown_timeout",
     *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
 )
 FLAGS = ("standalone", "module", "no_python", "run_path")  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
+GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
 RUN_PATH = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
@@ -114,7 +116,8 @@ def torch_options(
         nnodes=nnodes,
         node_rank=node_rank if per_node else None,
         endpoint=endpoint,
-        run_id=str(words["rdzv_id"]) if words["rdzv_id"] not in (None, "none") else "",
+        **(_one_node_master(words, backend) if not per_node and not standalone else {}),
+        run_id=_run_id(words, backend, nnodes, standalone),
         role=str(words["role"] or "default"),
         standalone=standalone,
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
@@ -122,7 +125,7 @@ def torch_options(
         tee=std_streams("--tee", words["tee"]),
     )
     apps[:] = [a._replace(argv=script_argv(a.argv, words)) for a in apps]
-    fields: dict[str, object] = {"torch": torch}
+    fields: dict[str, object] = {"torch": torch, **_graces(words, given, values, env)}
     if per_node:  # as under torchrun, no MPI process manager: one MPI job cannot span the nodes' launchers
         if "mpi" in given and str(values.get("mpi")) != "none":
             raise LaunchError(
@@ -140,7 +143,10 @@ def torch_options(
 
 def script_argv(argv: tuple[str, ...], words: Mapping[str, object]) -> tuple[str, ...]:
     """What runs for torchrun's training script: `python -u script`, `-m module`, runpy's
-    run_path, or (--no-python) the program itself."""
+    run_path, or (--no-python) the program itself. A `--` right after the script is dropped,
+    as torchrun's argparse drops it (`x.py -- --lr 1` runs `x.py --lr 1`)."""
+    if argv[1:2] == ("--",):
+        argv = (argv[0], *argv[2:])
     if words["no_python"]:
         return argv
     if words["module"]:
@@ -205,6 +211,38 @@ def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
         )
     port = STATIC_PORT if words["master_port"] is None else _whole("--master-port", words["master_port"], 1, 65535)
     return str(words["master_addr"]), port
+
+
+def _graces(
+    words: Mapping[str, object], given: set[str], values: Mapping[str, object], env: Mapping[str, str]
+) -> dict[str, float]:
+    """torchrun's waits before SIGKILL: 30 s for the other workers once one failed, and after a
+    signal stopped it --shutdown-timeout (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s);
+    mpilaunch's own --kill-timeout, when given, is both."""
+    own = float(values["kill_timeout"]) if "kill_timeout" in given else None  # type: ignore[arg-type]
+    text = words["shutdown_timeout"] or env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    if text is not None:
+        stop = float(_whole("--shutdown-timeout", text, 0, 3600))
+    else:
+        stop = GRACE if own is None else own
+    return {"kill_timeout": GRACE if own is None else own, "signal_grace": stop}
+
+
+def _run_id(words: Mapping[str, object], backend: str, nnodes: int | None, standalone: bool) -> str:
+    """TORCHELASTIC_RUN_ID as torchrun sets it: a fresh id ("": the job's) where it makes its own
+    rendezvous on a free port (--standalone; one node, static, no --master-port or endpoint),
+    else --rdzv-id or `none`, the same on every node."""
+    own = backend == "static" and not words["rdzv_endpoint"] and words["master_port"] is None and (nnodes or 1) == 1
+    return "" if standalone or own else str(words["rdzv_id"] or "none")
+
+
+def _one_node_master(words: Mapping[str, object], backend: str) -> dict[str, object]:
+    """On one node, torchrun's static rendezvous with --master-port (its only case that reads
+    --master-addr and --master-port) gives them to the ranks; without it, a free port."""
+    if backend != "static" or words["rdzv_endpoint"] or words["master_port"] is None:
+        return {}
+    port = _whole("--master-port", words["master_port"], 1, 65535)
+    return {"master_addr": str(words["master_addr"] or ""), "master_port": port}
 
 
 def _whole(option: str, value: object, low: int, high: int) -> int:

@@ -14,7 +14,7 @@ from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
 from mpilaunch.plan import devices
-from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts
+from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, user_port
 from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
 from mpilaunch.plan.rank_env import inherited, prefixed_paths
 from mpilaunch.plan.spec import JobSpec, Options
@@ -74,7 +74,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     options = plan.options
     env = plan.launcher_env
     rank0 = plan.job.ranks[0].host
-    pick_port = rank0 in remote and not env.get("MASTER_PORT", "").isdigit()
+    pick_port = rank0 in remote and user_port(options, env) is None
     carried = carried_environment(dict(env))
     if options.prefix:  # Open MPI's --prefix: its bin and lib first on every remote host
         carried.update(prefixed_paths(options.prefix, carried))
@@ -126,11 +126,14 @@ def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[i
         info[index]["address"] = link.peer
     master = None
     if rank0 in links:
-        picked = not plan.launcher_env.get("MASTER_PORT", "").isdigit()
+        picked = user_port(plan.options, plan.launcher_env) is None
         port = results[rank0].reply.port if picked else plan.master[1]  # type: ignore[union-attr]
         master = (links[rank0].peer, port)
     elif ours:
         master = (ours, plan.master[1])
+    torch = plan.options.torch
+    if master is not None and torch is not None and torch.master_addr:  # torchrun's --master-addr is the ranks'
+        master = (torch.master_addr, master[1])
     return Facts(host_info=info, families=families, master=master)
 
 

@@ -68,6 +68,7 @@ class Policy:
         self.timed_out = False
         self.stop_signal: int | None = None  # the first signal that stops the run (SIGINT, SIGTERM...)
         self.abort_at: float | None = None  # after a stop signal and a failure: when ranks still running are killed
+        self.signal_kill_at: float | None = None  # after a stop signal, with Options.signal_grace: SIGKILL then
         self.deadline: float | None = None  # --timeout
         self.signals_seen: dict[int, int] = {}
         self.stacks_asked: dict[int, float] = {}  # a STACKS signal -> when it last asked for stacks
@@ -163,6 +164,8 @@ class Policy:
             return
         if action == STOP and self.stop_signal is None:
             self.stop_signal = sig
+            if self.options.signal_grace is not None:
+                self.signal_kill_at = self.clock() + self.options.signal_grace
             if self.phase == RUNNING:
                 self.move(INTERRUPTED)
         self.publish(Forward(sent))
@@ -216,6 +219,10 @@ class Policy:
         now = self.clock()
         if self.kill_at is not None and now >= self.kill_at:  # the stacks never came: the kill goes on
             self.stacks_taken(StacksTaken(next(iter(self.kill_after))))
+        if self.signal_kill_at is not None and now >= self.signal_kill_at:
+            self.signal_kill_at = None
+            if not self.all_done():
+                self.abort(0)
         if self.abort_at is not None and now >= self.abort_at:
             self.abort_at = None
             if not self.all_done():
@@ -235,7 +242,7 @@ class Policy:
             self.publish(FinishAgents(FINISH_GRACE))
 
     def next_deadline(self) -> float | None:
-        due = [t for t in (self.abort_at, self.deadline, self.kill_at) if t is not None]
+        due = [t for t in (self.abort_at, self.deadline, self.kill_at, self.signal_kill_at) if t is not None]
         return min(due) if due else None
 
     def links_closed(self) -> None:
@@ -311,6 +318,13 @@ class Policy:
 
     # -- results ----------------------------------------------------------------------------------
     def exit_status(self) -> int:
+        status = self.status()
+        if self.options.torch is not None and status != TIMEOUT_STATUS and (status or self.stop_signal is not None):
+            return 1  # torchrun's: any failed worker, or the launcher stopped by a signal (its ranks' ends aside)
+        return status
+
+    def status(self) -> int:
+        """mpirun's exit status: the first failure's, or the signal's that stopped the run."""
         if self.timed_out:
             return TIMEOUT_STATUS
         failure = self.first_failure

@@ -175,6 +175,15 @@ def master_address(options: Options, hosts: list[Host], used: set[int], rank0_ho
     return hosts[rank0_host].name
 
 
+def user_port(options: Options, env: Mapping[str, str]) -> int | None:
+    """The MASTER_PORT the user chose, else None (a free one is picked on rank 0's host): under
+    torchrun's words its --master-port (or endpoint), never the environment's, as torchrun."""
+    torch = options.torch
+    if torch is None:
+        return int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else None
+    return torch.endpoint[1] if torch.endpoint else torch.master_port or None
+
+
 def remote_hosts(options: Options, hosts: list[Host], ranks: Sequence[Rank]) -> list[int]:
     """Indices of the hosts these ranks would run on that are reached over SSH."""
     return sorted(i for i in {r.host for r in ranks} if over_ssh(options, hosts[i]))
@@ -398,7 +407,14 @@ def job_plan(
     first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
-        ranks, hosts, host_info or {}, per_rank=per_rank, rank_table=table, launcher_env=env, exports=exports
+        ranks,
+        hosts,
+        host_info or {},
+        per_rank=per_rank,
+        rank_table=table,
+        launcher_env=env,
+        exports=exports,
+        torch_omp=torch is not None,
     )
     for rank_env, extras in zip(envs, more):
         rank_env.update(extras)
@@ -522,9 +538,9 @@ def build_plan(
     if torch is not None and torch.endpoint is not None:  # the nodes' launchers meet there; so do the ranks
         master = torch.endpoint
     else:
-        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else here.free_port()
         address = master_address(options, hosts, {r.host for r in ranks}, ranks[0].host)
-        master = ("localhost" if torch is not None and address == "127.0.0.1" else address, port)  # torchrun's
+        port = user_port(options, env)
+        master = torch.master(address, here.free_port) if torch is not None else (address, port or here.free_port())
     exports = spec.apps[0].exports
     app_exports = tuple(app.exports for app in spec.apps)
     app_exports = app_exports if len(set(app_exports)) > 1 else ()

@@ -115,11 +115,13 @@ def rank_extras(
     rank_table: str | None,
     launcher_env: Mapping[str, str],
     exports: Sequence[tuple[str, str | None]],
+    torch_omp: bool = False,
 ) -> list[dict[str, str]]:
     """Per rank: its device lists narrowed and DEVICE_ID 0 (with --devices-per-rank),
     OMP_NUM_THREADS and RANK_TABLE_FILE. -x wins, except over the device lists, which
     --devices-per-rank exists to narrow. The launcher's OMP_NUM_THREADS goes to every host, as
-    the user's choice for all ranks; without one, each host's CPUs are shared by its ranks."""
+    the user's choice for all ranks; without one, each host's CPUs are shared by its ranks
+    (torch_omp, torchrun's rule: 1 with several ranks on a host, none for one)."""
     exported = exported_names(exports, launcher_env)
     user_omp = launcher_env.get("OMP_NUM_THREADS")
     lists = job_device_lists(ranks, hosts, host_info, per_rank, user_device_lists(launcher_env, exports))
@@ -136,6 +138,9 @@ def rank_extras(
             pass
         elif user_omp is not None:
             env["OMP_NUM_THREADS"] = user_omp
+        elif torch_omp:
+            if rank.local_size > 1:
+                env["OMP_NUM_THREADS"] = "1"
         elif cpus:
             env["OMP_NUM_THREADS"] = str(omp_threads(int(cpus), rank.local_size))
         if rank_table and "RANK_TABLE_FILE" not in exported:
@@ -151,6 +156,7 @@ def omp_note(
     host_info: Mapping[int, Mapping],
     launcher_env: Mapping[str, str],
     exports: Sequence[tuple[str, str | None]],
+    torch_omp: bool = False,
 ) -> str | None:
     """The one line that says OMP_NUM_THREADS was chosen for the user, when a host runs several
     ranks (as torchrun warns); None when there is nothing to say."""
@@ -162,7 +168,9 @@ def omp_note(
             chosen[rank.host] = (env["OMP_NUM_THREADS"], int(host_info[rank.host]["cpus"]), rank.local_size)
     if not chosen:
         return None
-    if len(set(chosen.values())) == 1:
+    if torch_omp:
+        detail = "1 for each rank (torchrun's, with several ranks on a host)"
+    elif len(set(chosen.values())) == 1:
         value, cpus, size = next(iter(chosen.values()))
         per = "" if len(chosen) == 1 else " on each host"
         detail = f"{value} for each rank ({cpus} CPUs ÷ {size} local ranks{per})"

@@ -99,6 +99,7 @@ def finalize(plan: LaunchPlan, facts: Facts) -> Final:
             plan.host_info,
             plan.launcher_env,
             plan.exports,
+            plan.options.torch is not None,
         )
     )
     return Final(plan, launches, tuple(note for note in notes if note))

@@ -99,9 +99,8 @@ def job_variables(layout: JobLayout, launcher_env: Mapping[str, str]) -> dict[st
         env.update(TORCH_NCCL_ASYNC_ERROR_HANDLING="1", TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
     for key, value in layout.mca:
         env[f"OMPI_MCA_{key}"] = value
-    endpoint = layout.world > 0  # torchrun's launcher per node: the ranks' store is where the nodes meet
-    for name in _USER_DEFAULTS:
-        if name in launcher_env and not (endpoint and name.startswith("MASTER_")):
+    for name in _USER_DEFAULTS:  # torchrun reads no MASTER_* of its environment: its own are the ranks'
+        if name in launcher_env and not (layout.torch and name.startswith("MASTER_")):
             env[name] = launcher_env[name]
     return env
 

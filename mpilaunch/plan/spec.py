@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from mpilaunch.protocol.record import Record
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class AppContext(Record):
     """One program of the job (MPMD jobs have several, split by ' : ')."""
@@ -26,7 +30,9 @@ class TorchRun(Record):
     nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation)
     node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
-    run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id), else the job's id
+    master_addr: str = ""  # one node, --master-port given: the ranks' MASTER_ADDR (torchrun's 127.0.0.1 if not given)
+    master_port: int = 0  # ... and MASTER_PORT; 0: a free port, whatever the environment says (torchrun's)
+    run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id or none, as torchrun), "": the job's id
     role: str = "default"
     standalone: bool = False
     local_ranks_filter: tuple[int, ...] = ()  # only these local ranks on the console (torchrun's)
@@ -38,6 +44,14 @@ class TorchRun(Record):
         if self.local_ranks_filter and local_rank not in self.local_ranks_filter:
             return 0
         return 3 & ~_streams(self.redirects, local_rank) | _streams(self.tee, local_rank)
+
+    def master(self, planned: str, free_port: Callable[[], int]) -> tuple[str, int]:
+        """MASTER_ADDR and MASTER_PORT as torchrun gives them on one node: --master-addr (else
+        127.0.0.1) with --master-port; else `localhost` and a free port, never the environment's
+        (two jobs started with the same MASTER_PORT would meet on it)."""
+        if self.master_port:
+            return self.master_addr or planned, self.master_port
+        return "localhost" if planned == "127.0.0.1" else planned, free_port()
 
     @property
     def to_files(self) -> bool:
@@ -84,6 +98,7 @@ class Options(Record):
     kill_timeout: float = 2.0
     nolocal: bool = False  # Open MPI's --nolocal: no rank on this machine
     nooversubscribe: bool = False  # asked for: a job on this machine alone is held to its cores too
+    signal_grace: float | None = None  # after a signal stopped the run, SIGKILL to the ranks left (torchrun's)
     allow_run_as_root: bool = False
     mpi: str = "auto"  # served to the ranks: auto, pmi1, pmi2 (same server, MPICH told to use PMI-2), pmix, none
     # (auto becomes pmi1, pmix or plan/wireup.BOTH once the programs were looked at: plan/finalize.choose_mpi)

@@ -157,7 +157,9 @@ def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Laun
 
 
 def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -> None:
-    proc = launcher.run("--dry-run", "--nproc-per-node", "2", "--rdzv-id", "job42", "train.py")
+    proc = launcher.run(
+        "--dry-run", "--nproc-per-node", "2", "--master-port", "29600", "--rdzv-id", "job42", "train.py"
+    )
     out = proc.stdout.decode()
     assert proc.returncode == 0, proc.stderr.decode()
     for line in (
@@ -167,10 +169,33 @@ def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -
         "ROLE_WORLD_SIZE=2",
         "TORCHELASTIC_RESTART_COUNT=0",
         "TORCHELASTIC_USE_AGENT_STORE=True",
-        "MASTER_ADDR=localhost",
+        "MASTER_ADDR=127.0.0.1",
+        "MASTER_PORT=29600",
     ):
         assert line in out, line
     assert f"{sys.executable} -u train.py" in out
+
+
+def test_the_environments_master_port_is_not_the_jobs_and_master_port_is(launcher: Launcher, tmp_path: Path) -> None:
+    """As torchrun: two jobs started at once with the same MASTER_PORT in their environment each
+    get a free port of their own; --master-addr/--master-port (with --nnodes 1) are the ranks'."""
+    script = write_script(tmp_path, "ddp.py", DDP)
+    stale = {"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())}
+    jobs = [launcher.popen("--nproc-per-node", "2", script, env=stale) for _ in range(2)]
+    for job in jobs:
+        out, err = job.communicate(timeout=HANG)
+        assert job.returncode == 0, err.decode()[-3000:]
+        assert sorted(json.loads(line)["rank"] for line in out.decode().splitlines()) == [0, 1]
+    port = free_port()
+    out = tmp_path / "dump"
+    out.mkdir()
+    words = ("--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "2")
+    proc = launcher.run(*words, script, env=stale, timeout=HANG)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    proc = launcher.run(*words, write_script(tmp_path, "env_dump.py", ENV_DUMP), str(out), env=stale, timeout=HANG)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    given = {(d["env"]["MASTER_ADDR"], d["env"]["MASTER_PORT"]) for d in dumps(out).values()}
+    assert given == {("127.0.0.1", str(port))}
 
 
 def test_one_nodes_launcher_names_its_ranks_by_their_job_wide_numbers(launcher: Launcher) -> None:
@@ -300,7 +325,7 @@ def test_a_failure_on_one_node_is_named_by_its_job_wide_rank(launcher: Launcher,
     failing = ("--no-python", "sh", "-c", 'test "$RANK" = 3 && exit 3; sleep 60')
     nodes = [_node(launcher, node, port, *failing) for node in (0, 1)]
     errs = [p.communicate(timeout=HANG)[1].decode() for p in nodes]
-    assert nodes[1].returncode == 3, errs[1]
+    assert nodes[1].returncode == 1, errs[1]  # torchrun's status for any failed worker
     assert "Rank:      3" in errs[1], errs[1]
     report = json.loads((tmp_path / "node1.json").read_text())
     assert [r["rank"] for r in report["ranks"] if r["exit_code"] == 3] == [3], report["ranks"]
@@ -326,13 +351,13 @@ def test_a_failed_attempt_is_restarted_and_the_next_succeeds(launcher: Launcher,
     )
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
-    assert "mpilaunch: attempt 0 ended with status 3: the job starts again in 0 s (attempt 1 of 3)" in err
+    assert "mpilaunch: attempt 0 ended with status 1: the job starts again in 0 s (attempt 1 of 3)" in err
     first = (tmp_path / "logs" / "1" / "rank.1" / "stdout").read_text().split()
     second = (tmp_path / "logs" / "attempt.1" / "1" / "rank.1" / "stdout").read_text().split()
     assert first[:4] == ["attempt", "0", "rank", "1"] and second[:4] == ["attempt", "1", "rank", "1"]
     assert first[5] != second[5]  # a fresh MASTER_PORT
     report = json.loads((tmp_path / "r.json").read_text())
-    assert [a["exit_status"] for a in report["attempts"]] == [3, 0]
+    assert [a["exit_status"] for a in report["attempts"]] == [1, 0]
     assert sorted((r["attempt"], r["rank"]) for r in report["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert report["exit_status"] == 0
 
@@ -365,7 +390,8 @@ def test_a_job_that_always_fails_ends_with_its_status_after_every_attempt(launch
         "always",
         timeout=HANG,
     )
-    assert proc.returncode == 3, proc.stderr.decode()
+    assert proc.returncode == 1, proc.stderr.decode()  # torchrun's, whatever the worker's code
+    assert "Exit code: 3" in proc.stderr.decode() or "exit code 3" in proc.stderr.decode()
     assert [line.split()[1] for line in proc.stdout.decode().splitlines()] == ["0", "1", "2"]
     assert len(json.loads((tmp_path / "r.json").read_text())["attempts"]) == 3
 
@@ -383,8 +409,58 @@ def test_ctrl_c_is_never_restarted(launcher: Launcher, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, err.decode()
+    assert proc.returncode == 1, err.decode()  # torchrun's, when a signal stopped it
     assert "starts again" not in err.decode()
+
+
+CALM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("who", ["torchrun", "mpilaunch"])
+def test_a_launcher_stopped_by_sigterm_exits_1_though_its_ranks_exit_0(
+    launcher: Launcher, tmp_path: Path, who: str
+) -> None:
+    script = write_script(tmp_path, "calm.py", CALM)
+    argv = [sys.executable, "-m", "torch.distributed.run"] if who == "torchrun" else launcher.argv()
+    proc = subprocess.Popen(
+        [*argv, "--nproc-per-node", "2", script],
+        env=launcher.env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _lines_until(proc, 2, "ready")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=HANG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err.decode()[-2000:]
+
+
+def test_shutdown_timeout_is_the_grace_a_stopped_launcher_gives_its_ranks(launcher: Launcher, tmp_path: Path) -> None:
+    """torchrun's --shutdown-timeout: a rank that ignores the launcher's SIGTERM is killed S seconds later."""
+    script = write_script(tmp_path, "deaf.py", CALM.replace("lambda *_: sys.exit(0)", "signal.SIG_IGN"))
+    proc = launcher.popen("--nproc-per-node", "1", "--shutdown-timeout", "1", script)
+    try:
+        _lines_until(proc, 1, "ready")
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and 1.0 <= took < 10.0, (took, err.decode()[-2000:])
 
 
 def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher, tmp_path: Path) -> None:
@@ -411,14 +487,14 @@ def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher
 
 
 def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) -> None:
-    """-m runs a module, --no-python the program itself, --run-path a file through runpy; `--`
-    and the script's own options pass through untouched."""
+    """-m runs a module, --no-python the program itself, --run-path a file through runpy; the
+    script's own options pass through untouched, and a `--` right after it is dropped, as torchrun."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "hello.py").write_text("import os, sys\nprint(__name__, os.environ['RANK'], sys.argv[1:])\n")
-    proc = launcher.run("--nproc-per-node", "1", "-m", "pkg.hello", "--", "--lr", "0.1", "-n", "3")
+    proc = launcher.run("--nproc-per-node", "1", "-m", "pkg.hello", "--", "--lr", "0.1", "-n", "3", "--")
     assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode().split("\n")[0] == "__main__ 0 ['--', '--lr', '0.1', '-n', '3']"
+    assert proc.stdout.decode().split("\n")[0] == "__main__ 0 ['--lr', '0.1', '-n', '3', '--']"
     proc = launcher.run("--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "sh $RANK"')
     assert sorted(proc.stdout.decode().split("\n")[:2]) == ["sh 0", "sh 1"], proc.stderr.decode()
     proc = launcher.run("--nproc-per-node", "1", "--run-path", str(tmp_path / "pkg" / "hello.py"), "x")

@@ -28,7 +28,7 @@ from mpilaunch.launcher.events import (
 )
 from mpilaunch.launcher.policy import STACKS_WAIT, Policy
 from mpilaunch.plan.placement import Rank
-from mpilaunch.plan.spec import Options
+from mpilaunch.plan.spec import Options, TorchRun
 from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
 
 TICK = object()  # the loop's turn: time passed, nothing arrived
@@ -282,3 +282,36 @@ def test_silence_asks_for_stacks_and_with_kill_ends_the_job_as_a_timeout() -> No
     ]
     assert decisions(out) == [(2.5, Abort(1.0))]
     assert policy.exit_status() == 124 and policy.timed_out_by == "--hang-timeout"
+
+
+TORCH = TorchRun(nproc_per_node=2)
+EXITS = [
+    ([(1.0, Exited(1, 3)), (1.5, Exited(0, -signal.SIGTERM))], 3),
+    ([(1.0, Exited(1, -signal.SIGSEGV)), (1.5, Exited(0, -signal.SIGTERM))], 128 + signal.SIGSEGV),
+    ([(1.0, SignalReceived(signal.SIGTERM)), (1.1, Exited(0, 0)), (1.2, Exited(1, 0))], 0),
+    ([(1.0, SignalReceived(signal.SIGHUP)), (1.1, Exited(0, -signal.SIGHUP)), (1.2, Exited(1, 0))], 128 + 1),
+    ([(1.0, Exited(0, 0)), (1.1, Exited(1, 0))], 0),
+    ([(10.0, TICK), (10.1, Exited(0, -signal.SIGTERM)), (10.2, Exited(1, 1))], 124),
+]
+
+
+@pytest.mark.parametrize("history, mpiruns", EXITS)
+def test_under_torchruns_words_a_failure_or_a_stop_signal_is_status_1(history: list, mpiruns: int) -> None:
+    """torchrun 2.13 exits 1 for any failed worker and when it was stopped by a signal, even if its
+    workers then exited 0; --timeout stays 124, a run that ended well 0."""
+    assert replay([*started(), *history], timeout=10.0)[0].exit_status() == mpiruns
+    stopped = any(isinstance(event, SignalReceived) for _, event in history)
+    torchruns = 124 if mpiruns == 124 else 1 if mpiruns or stopped else 0
+    assert replay([*started(), *history], timeout=10.0, torch=TORCH)[0].exit_status() == torchruns
+
+
+def test_with_a_signal_grace_the_ranks_left_after_a_stop_signal_are_killed_then() -> None:
+    """torchrun's --shutdown-timeout: the signal goes to the ranks, SIGKILL to those left S seconds later."""
+    history = [*started(), (1.0, SignalReceived(signal.SIGTERM)), (1.5, Exited(0, 0)), (3.9, TICK)]
+    policy, out = replay(history, kill_timeout=30.0, signal_grace=3.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGTERM))] and policy.next_deadline() == pytest.approx(4.0)
+    policy.clock.now = 4.0  # type: ignore[attr-defined]
+    policy.tick()
+    assert decisions(out)[-1] == (4.0, Abort(0)) and policy.procs[1].killed and not policy.procs[0].killed
+    policy, out = replay([*started(), (1.0, SignalReceived(signal.SIGTERM)), (9.0, TICK)], kill_timeout=30.0)
+    assert decisions(out) == [(1.0, Forward(signal.SIGTERM))]  # mpirun's: the ranks end on their own

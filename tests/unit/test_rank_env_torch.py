@@ -73,13 +73,14 @@ def test_torchruns_knobs_only_for_torchruns_command_line() -> None:
     assert not set(KNOBS) & set(job_variables(layout(ranks), {}))
 
 
-def test_the_launchers_master_variables_win_only_without_a_launcher_per_node() -> None:
+def test_the_launchers_master_variables_win_only_under_mpiruns_words() -> None:
     ranks = node_ranks(1)
     launcher_env = {"MASTER_ADDR": "elsewhere", "MASTER_PORT": "12345", "PYTHONUNBUFFERED": "0"}
-    common = job_variables(layout(ranks, torch=True), launcher_env)
+    common = job_variables(layout(ranks), launcher_env)
     assert (common["MASTER_ADDR"], common["MASTER_PORT"], common["PYTHONUNBUFFERED"]) == ("elsewhere", "12345", "0")
-    common = job_variables(layout(ranks, offset=1, world=2, node=1, nodes=2, torch=True), launcher_env)
-    assert (common["MASTER_ADDR"], common["MASTER_PORT"], common["PYTHONUNBUFFERED"]) == ("n0", "29500", "0")
+    for torch in ({}, {"offset": 1, "world": 2, "node": 1, "nodes": 2}):  # torchrun reads no MASTER_* of its own
+        common = job_variables(layout(ranks, torch=True, **torch), launcher_env)
+        assert (common["MASTER_ADDR"], common["MASTER_PORT"], common["PYTHONUNBUFFERED"]) == ("n0", "29500", "0")
 
 
 # -- through the plan the launcher builds ------------------------------------------------------------
@@ -115,3 +116,39 @@ def test_one_launcher_with_torchruns_words_and_a_plain_job() -> None:
     plain = plan_envs(["-n", "2", "true"])
     assert not set(KNOBS) & set(plain[0]) and plain[0]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     assert plain[1]["RANK"] == "1" and plain[1]["TORCHELASTIC_RESTART_COUNT"] == "0"
+
+
+STALE = {"MASTER_ADDR": "stale", "MASTER_PORT": "12345"}
+
+
+def test_torchruns_one_node_ignores_the_environments_master_and_takes_its_options() -> None:
+    """As torchrun 2.13: the environment's MASTER_* are not read; --master-port (with --master-addr,
+    else 127.0.0.1) is the ranks', also with --nnodes 1; --master-addr alone is not."""
+    envs = plan_envs(["--nproc-per-node", "2", "--no-python", "true"], STALE)
+    assert {e["MASTER_ADDR"] for e in envs} == {"localhost"} and {e["MASTER_PORT"] for e in envs} != {"12345"}
+    given = (["--master-addr", "127.0.0.2", "--master-port", "29611"], ["--nnodes", "1", "--master-port", "29611"])
+    for words in given:
+        envs = plan_envs([*words, "--nproc-per-node", "2", "--no-python", "true"], STALE)
+        addr = "127.0.0.2" if "--master-addr" in words else "127.0.0.1"
+        assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {(addr, "29611")}
+    envs = plan_envs(["--master-addr", "127.0.0.2", "--nproc-per-node", "1", "--no-python", "true"], STALE)
+    assert envs[0]["MASTER_ADDR"] == "localhost" and envs[0]["MASTER_PORT"] != "12345"
+    plain = plan_envs(["-n", "1", "true"], STALE)  # mpirun's words: the environment's win
+    assert (plain[0]["MASTER_ADDR"], plain[0]["MASTER_PORT"]) == ("stale", "12345")
+
+
+def test_every_nodes_launcher_gives_the_same_run_id_without_rdzv_id() -> None:
+    """torchrun's `none`, not each launcher's own job id (which differs between nodes)."""
+    for node in ("0", "1"):
+        words = ["--nnodes", "2", "--node-rank", node, "--master-addr", "127.0.0.1", "--nproc-per-node", "1"]
+        assert {e["TORCHELASTIC_RUN_ID"] for e in plan_envs([*words, "--no-python", "true"])} == {"none"}
+
+
+def test_omp_num_threads_as_torchrun_sets_it() -> None:
+    """torchrun: 1 with several ranks per node, unset for one, the environment's when it has one;
+    mpirun's words: the host's CPUs shared by its ranks."""
+    assert {e["OMP_NUM_THREADS"] for e in plan_envs(["--nproc-per-node", "2", "--no-python", "true"])} == {"1"}
+    assert "OMP_NUM_THREADS" not in plan_envs(["--nproc-per-node", "1", "--no-python", "true"])[0]
+    envs = plan_envs(["--nproc-per-node", "2", "--no-python", "true"], {"OMP_NUM_THREADS": "3"})
+    assert {e["OMP_NUM_THREADS"] for e in envs} == {"3"}
+    assert plan_envs(["-n", "1", "true"])[0]["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))

@@ -259,7 +259,7 @@ def test_module_no_python_and_run_path_rewrite_the_program() -> None:
     assert spec("--no-python", "--nproc-per-node", "1", "echo", "hi").apps[0].argv == ("echo", "hi")
     assert spec("--run-path", "--standalone", "t.py", "a").apps[0].argv == (*PY, "-c", RUN_PATH, "t.py", "a")
     words = ("--nproc-per-node", "2", "t.py", "--", "-n", "3", "--nproc-per-node", "4")
-    assert spec(*words).apps[0].argv == (*PY, "t.py", "--", "-n", "3", "--nproc-per-node", "4")
+    assert spec(*words).apps[0].argv == (*PY, "t.py", "-n", "3", "--nproc-per-node", "4")
 
 
 def test_run_path_runs_the_script_as_main_with_its_arguments(tmp_path: Path) -> None:
@@ -327,17 +327,25 @@ def test_log_dir_is_the_output_tree_unless_output_filename_is_given() -> None:
 
 
 def test_ignored_torchrun_options_give_a_note() -> None:
-    job = spec("--nproc-per-node", "1", "--shutdown-timeout", "5", "--numa-binding", "node", "t.py")
+    job = spec("--nproc-per-node", "1", "--signals-to-handle", "SIGUSR1", "--numa-binding", "node", "t.py")
     assert job.options.notes == (
         "torchrun's --numa-binding means nothing here: ignored",
-        "torchrun's --shutdown-timeout means nothing here: ignored",
+        "torchrun's --signals-to-handle means nothing here: ignored",
     )
     assert spec("--nproc-per-node", "1", "t.py").options.notes == ()
 
 
-def test_rdzv_id_is_the_run_id_and_none_is_no_id() -> None:
-    assert torch_of("--rdzv-id", "abc", "--standalone", "t.py").run_id == "abc"
-    assert torch_of("--rdzv-id", "none", "--standalone", "t.py").run_id == ""
+def test_the_run_id_is_torchruns_rdzv_id_or_none_unless_it_makes_its_own_rendezvous() -> None:
+    """As torchrun 2.13: --rdzv-id, else `none`, the same on every node; a fresh id ("": the
+    job's) where torchrun starts a rendezvous of its own on a free port, whatever --rdzv-id says."""
+    node = ("--nnodes", "2", "--node-rank", "1", "--master-addr", "h")
+    assert torch_of(*node, "t.py").run_id == "none"
+    assert torch_of(*node, "--rdzv-id", "abc", "t.py").run_id == "abc"
+    assert torch_of(*node, "--rdzv-backend", "c10d", "--rdzv-id", "abc", "t.py").run_id == "abc"
+    assert torch_of("--master-port", "29600", "--rdzv-id", "abc", "t.py").run_id == "abc"
+    assert torch_of("--master-port", "29600", "t.py").run_id == "none"
+    for fresh in (("--standalone",), ("--nnodes", "1"), ()):
+        assert torch_of(*fresh, "--nproc-per-node", "2", "--rdzv-id", "abc", "t.py").run_id == ""
 
 
 # -- -r, -t, --local-ranks-filter ----------------------------------------------------------------------
@@ -419,3 +427,27 @@ def test_on_console_cases_by_hand() -> None:
     assert [run.on_console(r) for r in (0, 1)] == [0, 3] and run.to_files
     run = TorchRun(nproc_per_node=2, redirects=((-1, 0),), tee=((-1, 0),))
     assert not run.to_files
+
+
+def test_torchruns_graces_before_sigkill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """30 s after a failure and after a signal; --shutdown-timeout (PET_, TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
+    the latter only, as torchrun 2.13; --kill-timeout both; mpirun's words keep theirs."""
+    graces = lambda *w: (spec(*w, "t.py").options.kill_timeout, spec(*w, "t.py").options.signal_grace)  # noqa: E731
+    assert graces("--nproc-per-node", "2") == (30.0, 30.0)
+    assert graces("--nproc-per-node", "2", "--shutdown-timeout", "5") == (30.0, 5.0)
+    assert graces("--nproc-per-node", "2", "--kill-timeout", "4") == (4.0, 4.0)
+    assert graces("--nproc-per-node", "2", "--kill-timeout", "4", "--shutdown-timeout", "0") == (4.0, 0.0)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert graces("--nproc-per-node", "2") == (30.0, 7.0)
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "8")
+    assert graces("--nproc-per-node", "2") == (30.0, 8.0)
+    assert (spec("-n", "2", "t").options.kill_timeout, spec("-n", "2", "t").options.signal_grace) == (2.0, None)
+    said = refused("--shutdown-timeout", "soon", "t.py")
+    assert said == "--shutdown-timeout 'soon': expected a number from 0 to 3600"
+
+
+def test_a_double_dash_right_after_the_script_is_dropped_as_torchrun_does() -> None:
+    assert spec("--nproc-per-node", "1", "x.py", "--", "--lr", "1").apps[0].argv == (*PY, "x.py", "--lr", "1")
+    assert spec("--nproc-per-node", "1", "-m", "pkg", "--", "a", "--").apps[0].argv == (*PY, "-m", "pkg", "a", "--")
+    assert spec("--nproc-per-node", "1", "--no-python", "echo", "--", "a").apps[0].argv == ("echo", "a")
+    assert spec("-n", "1", "echo", "--", "a").apps[0].argv == ("echo", "--", "a")  # mpirun's words: as given
