@@ -419,7 +419,8 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
 
 def hydra_hosts(options: Options, env: Mapping[str, str]) -> tuple[list[Host], list[tuple[int, int]], str]:
     """hydra's host list (-hosts, -f, else the allocation or this machine), as the job's hosts and
-    its entries (host index, count: -ppn's if given) in list order; a host's slots are its counts."""
+    its entries (host index, count: -ppn's if given) in list order, an entry repeating the one
+    before it merged into it; a host's slots are its counts."""
     if options.hosts:
         listed = [h for v in options.hosts for h in hostlib.parse_host_list(v, f"-hosts {hostlib.shown(v)}")]
         source = "-hosts"
@@ -428,6 +429,7 @@ def hydra_hosts(options: Options, env: Mapping[str, str]) -> tuple[list[Host], l
         source = f"hostfile {options.hostfile}"
     else:
         listed, source = resolve_hosts(options, env)
+    listed = hostlib.merge_consecutive(listed)
     counts = [options.ppn or h.slots or 1 for h in listed]
     hosts, index = hostlib.entry_hosts([h._replace(slots=c, max_slots=None) for h, c in zip(listed, counts)])
     return hosts, list(zip(index, counts)), source

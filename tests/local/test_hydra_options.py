@@ -68,6 +68,11 @@ SHAPES = [  # hydra's placement words, as MPICH's mpiexec reads them
     ["-f", "HOSTFILE", "-n", "7"],
     ["-f", "HOSTFILE", "-ppn", "1", "-n", "3"],
     ["-hosts", "h1:2,h2:2", "-n", "2", "PROG", ":", "-n", "3"],
+    ["-f", "NODEFILE", "-ppn", "1", "-n", "2"],  # a host once per slot, as $PBS_NODEFILE: repeats merge
+    ["-f", "NODEFILE", "-n", "6"],
+    ["-hosts", "h1,h1,h2,h2", "-ppn", "1", "-n", "4"],
+    ["-hosts", "h1:2,h1:1,h2", "-ppn", "1", "-n", "4"],
+    ["-hosts", "h1,h1,h2,h1", "-ppn", "1", "-n", "6"],  # only an entry repeating the one before merges
 ]
 
 
@@ -101,7 +106,9 @@ def _our_map(launcher: Launcher, args: list[str]) -> list[str]:
 @pytest.mark.parametrize("args", SHAPES, ids=[" ".join(a) for a in SHAPES])
 def test_hosts_ppn_and_f_place_as_hydra_does(launcher: Launcher, tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "hosts").write_text("h1:2\nh2:3\n")
-    args = [str(tmp_path / "hosts") if a == "HOSTFILE" else a for a in args]
+    (tmp_path / "nodes").write_text("h1\nh1\nh2\nh2\n")
+    files = {"HOSTFILE": str(tmp_path / "hosts"), "NODEFILE": str(tmp_path / "nodes")}
+    args = [files.get(a, a) for a in args]
     assert _our_map(launcher, args) == _hydra_map(args, tmp_path)
 
 
