@@ -219,14 +219,14 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpe
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
     if side == "hydra" and not given_anywhere & {"genvall", "genvnone", "genvlist"}:
         globals_["genvall"] = True  # hydra's default: every rank gets the launcher's environment
-    options = _options(globals_, given_anywhere, apps, line.name)  # gives apps their exports too
+    options = _options(globals_, given_anywhere, apps, line.name, side)  # gives apps their exports too
     return JobSpec(tuple(apps), options)
 
 
 MERGED = ("hosts", "hydra_hosts", "mca", "exports", "genv", "am", "tune")  # added up over app contexts
 
 
-def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext], name: str) -> Options:
+def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext], name: str, side: str) -> Options:
     """The job-wide options, and the programs' exports, from what the command line gave."""
     from mpilaunch.cli import launcher_words as words
     from mpilaunch.cli.dialect import HYDRA_PLACEMENT
@@ -302,6 +302,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         hosts=hosts,  # type: ignore[arg-type]
         hostfile=hostfile,  # type: ignore[arg-type]
         placement=placement,
+        dialect=side,
         rsh_agent=agent,
         rsh_args=extra,
         notes=tuple(notes),

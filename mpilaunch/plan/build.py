@@ -492,6 +492,8 @@ def build_plan(
 
         nps[0] = mlp_np(env)
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
+    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None:
+        nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]
     ranks, notes = place_job(hosts, entries, apps_np, options, source, sockets)

@@ -124,6 +124,26 @@ def test_a_job_through_each_name(launcher: Launcher, shims: Path) -> None:
         assert sorted(proc.stdout.decode().splitlines()) == rows, name
 
 
+def test_a_program_without_n_is_one_rank_in_hydras_words(launcher: Launcher, shims: Path) -> None:
+    """hydra's host list, with no host given, is this machine once: one rank per program without
+    -n (`mpiexec -n 1 ./master : ./worker`); Open MPI's line gives it the slots left."""
+    rank = ["sh", "-c", "echo $PMI_RANK"]
+    for name, args, ranks in (
+        ("mpiexec.hydra", rank, ["0"]),
+        ("mpiexec", ["-genv", "FOO", "1", *rank], ["0"]),
+        ("mpiexec", ["-l", *rank], ["[0] 0"]),
+        ("mpiexec", ["-genv", "A=1", "-n", "1", *rank, ":", *rank], ["0", "1"]),
+        ("mpiexec.hydra", [*rank, ":", *rank], ["0", "1"]),
+    ):
+        proc = shim_run(launcher, shims, name, *args)
+        assert proc.returncode == 0, (args, proc.stderr.decode())
+        assert sorted(proc.stdout.decode().splitlines()) == ranks, args
+    full = shim_run(launcher, shims, "mpirun", "-H", "localhost:2", "-n", "2", "true", ":", "true")
+    assert full.returncode == 2 and one_line(full.stderr) == (
+        "mpilaunch: program 2 (true) has no -n and the programs before it take every slot (2 in all); give it -n"
+    )
+
+
 # ---- root and small machines ---------------------------------------------------------------------
 
 
