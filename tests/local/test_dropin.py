@@ -111,6 +111,33 @@ def test_ambiguous_words_take_the_meaning_of_the_name(launcher: Launcher, shims:
     assert refused.returncode == 2 and b"not enough slots" in refused.stderr
 
 
+def test_two_dash_host_words_and_mpiexecs_host_words_are_hydras(launcher: Launcher, shims: Path) -> None:
+    """hydra reads --host, --hostfile and --machinefile as -hosts and -f; under mpiexec a line with
+    no word only Open MPI has reads -host and -hostfile as hydra's too (it runs what Open MPI
+    refuses); mpirun keeps Open MPI's meaning."""
+    (launcher.tmp_path / "hf").write_text("localhost\n")
+    (launcher.tmp_path / "nodes").write_text("a\nb\n")
+    shown = ["--dry-run", "-print-rank-map"]
+    for name, args, placed in (
+        ("mpiexec", ["-ppn", "2", "--host", "a,b", "-n", "4"], b"(a:0,1)\n(b:2,3)\n"),
+        ("mpiexec.hydra", ["--hostfile", "nodes", "-n", "3"], b"(a:0,2)\n(b:1)\n"),
+        ("mpiexec.hydra", ["--machinefile=nodes", "-ppn", "2", "-n", "3"], b"(a:0,1)\n(b:2)\n"),
+        ("mpilaunch", ["-genv", "A=1", "--host", "a", "-n", "2"], b"(a:0,1)\n"),
+    ):
+        proc = (
+            shim_run(launcher, shims, name, *shown, *args, "true")
+            if name != "mpilaunch"
+            else launcher.run(*shown, *args, "true")
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith(placed), (args, proc.stdout, proc.stderr)
+    for args in (["-host", "localhost", "-n", "2"], ["-hostfile", "hf", "-n", "4"]):
+        ran = shim_run(launcher, shims, "mpiexec", *args, "sh", "-c", "echo $PMI_RANK")
+        assert ran.returncode == 0 and len(ran.stdout.split()) == int(args[-1]), (args, ran.stderr)
+    for name, args in (("mpirun", ["-host", "localhost"]), ("mpiexec", ["-x", "A=1", "-host", "localhost"])):
+        refused = shim_run(launcher, shims, name, *args, "-n", "2", "true")
+        assert refused.returncode == 2 and b"not enough slots" in refused.stderr, (name, args)
+
+
 def test_a_job_through_each_name(launcher: Launcher, shims: Path) -> None:
     for name, args, rows in (
         ("mpirun", ["-n", "2", "-x", "A=1", "sh", "-c", "echo $OMPI_COMM_WORLD_RANK $A"], ["0 1", "1 1"]),
