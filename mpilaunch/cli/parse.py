@@ -219,6 +219,10 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch") -> JobSpe
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
     if side == "hydra" and not given_anywhere & {"genvall", "genvnone", "genvlist"}:
         globals_["genvall"] = True  # hydra's default: every rank gets the launcher's environment
+    if side == "hydra":
+        from mpilaunch.cli.launcher_words import hydra_environment
+
+        given_anywhere |= hydra_environment(globals_, given_anywhere, os.environ)
     options = _options(globals_, given_anywhere, apps, line.name, side)  # gives apps their exports too
     return JobSpec(tuple(apps), options)
 

@@ -204,3 +204,28 @@ def test_iface_names_the_interface_to_every_library_and_yours_win(launcher: Laun
     bad = launcher.run("-iface", "eth0;reboot", "-n", "1", "true")
     assert bad.returncode == 2
     assert bad.stderr.decode() == "mpilaunch: -iface 'eth0;reboot': not a network interface name\n"
+
+
+def test_hydras_variables_are_read_on_a_line_in_hydras_words(launcher: Launcher, tmp_path: Path) -> None:
+    """HYDRA_HOST_FILE, HYDRA_LAUNCHER/HYDRA_BOOTSTRAP and HYDRA_IFACE, as hydra reads them; an
+    option given wins, and Open MPI's line does not read them."""
+    (tmp_path / "nodes").write_text("a\nb\n")
+    shown = ["--dry-run", "-print-rank-map", "-genv", "A=1"]
+    hostfile = {"HYDRA_HOST_FILE": str(tmp_path / "nodes")}
+    for words, env, first in (
+        ([*shown, "-n", "3"], hostfile, "(a:0,2)"),
+        ([*shown, "-hosts", "c", "-n", "3"], hostfile, "(c:0,1,2)"),
+        (["--dry-run", "--display-map", "-x", "A=1", "-n", "1"], hostfile, ""),
+        ([*shown, "-n", "1"], {"HYDRA_IFACE": "eth1"}, "  FI_TCP_IFACE=eth1"),
+        ([*shown, "-iface", "eth2", "-n", "1"], {"HYDRA_IFACE": "eth1"}, "  FI_TCP_IFACE=eth2"),
+    ):
+        proc = launcher.run(*words, "true", env=env)
+        out = proc.stdout.decode()
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert (first in out.splitlines()) if first else ("localhost" in out and "(a:" not in out), (words, out)
+    fork = launcher.run(
+        "-genv", "A=1", "-hosts", "node1,node2", "-n", "2", "sh", "-c", "echo $PMI_RANK", env={"HYDRA_LAUNCHER": "fork"}
+    )
+    assert fork.returncode == 0 and sorted(fork.stdout.split()) == [b"0", b"1"], fork.stderr.decode()
+    bad = launcher.run("-genv", "A=1", "-n", "1", "true", env={"HYDRA_BOOTSTRAP": "bogus"})
+    assert bad.returncode == 2 and bad.stderr.decode().startswith("mpilaunch: HYDRA_BOOTSTRAP='bogus': expected one of")
