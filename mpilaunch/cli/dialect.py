@@ -14,7 +14,7 @@ and refuses a line that places ranks both ways.
 from __future__ import annotations
 
 from mpilaunch.cli.argscan import OptionWord, option_words, split_apps
-from mpilaunch.cli.cliopts import ENV
+from mpilaunch.cli.cliopts import ENV, FLAG, HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_VALUES
 from mpilaunch.errors import LaunchError
 
 OPENMPI, HYDRA = "openmpi", "hydra"
@@ -78,6 +78,8 @@ HYDRA_ONLY = HYDRA_PLACEMENT | {  # options no Open MPI mpirun has: a line with 
     "rmk",
     "binding",
     "demux",
+    "usize",
+    *("hydra_" + name.replace("-", "_") for name in (*HYDRA_IGNORED_VALUES, *HYDRA_IGNORED_FLAGS)),
 }
 
 
@@ -139,14 +141,11 @@ def _rewritten(words: list[str], found: list[OptionWord], side: str) -> list[str
         if item.opt is None:
             continue
         head, eq, glued = item.word.partition("=")
-        if head in AMBIGUOUS:
-            respelled = AMBIGUOUS[head][side == HYDRA]
-            if not eq:
-                out[item.index] = respelled
-            else:  # click reads -f=x as -f '=x': a short option takes its value as the next word
-                out[item.index : item.index + 1] = (
-                    [respelled, glued] if len(respelled) == 2 else [f"{respelled}={glued}"]
-                )
+        respelled = AMBIGUOUS[head][side == HYDRA] if head in AMBIGUOUS else head
+        if eq and len(respelled) == 2 and item.opt.kind != FLAG and item.word.startswith(f"{head}="):
+            out[item.index : item.index + 1] = [respelled, glued]  # -n=2, as hydra reads it (click: -n '=2')
+        elif respelled != head:
+            out[item.index] = f"{respelled}={glued}" if eq else respelled
         if item.opt.kind == ENV and not eq and len(item.values) == 2:
             out[item.index + 1 : item.index + 3] = [f"{item.values[0]}={item.values[1]}"]
     return out

@@ -363,7 +363,7 @@ def job_plan(
     layout = JobLayout(
         ranks=ranks,
         app_sizes=app_sizes,
-        universe_size=sum(h.slots or 0 for h in hosts),
+        universe_size=options.universe_size or sum(h.slots or 0 for h in hosts),
         job_id=job_id if job == 1 else f"{job_id}.{job}",
         master_addr=master[0],
         master_port=master[1],

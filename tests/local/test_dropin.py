@@ -330,6 +330,27 @@ def test_hydra_words_with_their_meaning_or_a_note(launcher: Launcher) -> None:
         assert launcher.run(*words, "-n", "1", "true").stderr == b""
 
 
+def test_hydras_other_words_are_read_or_said_to_mean_nothing(launcher: Launcher) -> None:
+    """-n=2 and -usize as hydra reads them, -info as its version, and its flags that change
+    nothing here accepted with one line each."""
+    glued = launcher.run("-n=2", "sh", "-c", "echo $PMI_RANK")
+    assert glued.returncode == 0 and sorted(glued.stdout.split()) == [b"0", b"1"], glued.stderr
+    usize = launcher.run("-usize", "8", "-n", "1", "sh", "-c", "echo $OMPI_UNIVERSE_SIZE")
+    assert usize.returncode == 0 and usize.stdout == b"8\n", usize.stderr
+    info = launcher.run("-info")
+    assert info.returncode == 0 and info.stdout.startswith(b"mpilaunch "), info.stderr
+    for words, note in (
+        (["-disable-x"], "-disable-x: no X forwarding here"),
+        (["-disable-auto-cleanup"], "-disable-auto-cleanup: mpilaunch always ends the ranks of a failed job"),
+        (["-print-all-exitcodes"], "-print-all-exitcodes: the summary names every rank that failed and its status"),
+        (["-localhost", "here"], "-localhost here: the launcher's own host name is found here"),
+        (["-order-nodes", "ASCENDING"], "-order-nodes ASCENDING: hosts are taken in the order given"),
+        (["-envnone"], "-envnone: local ranks inherit the launcher's environment here"),
+    ):
+        proc = launcher.run(*words, "-n", "1", "true")
+        assert proc.returncode == 0 and one_line(proc.stderr) == f"mpilaunch: {note}: ignored", proc.stderr
+
+
 # ---- bad values ------------------------------------------------------------------------------------
 
 BAD = [
@@ -354,6 +375,7 @@ BAD = [
     (["-mca", "plm_rsh_agent", "no-such-remote-shell"], "the remote shell 'no-such-remote-shell'"),
     (["-genv", "1BAD", "x"], "'1BAD' is not a variable name"),
     (["-genv"], "-genv"),
+    (["-usize", "x"], "-usize 'x': expected a number of ranks"),
 ]
 
 
