@@ -42,7 +42,16 @@ def unknown_word(words: list[str]) -> str | None:
         glued = word.partition("=")[0] not in item.opt.flags  # -n4, -xFOO=1
         if glued and item.opt.check == cliopts.INT_MIN1 and not word[2:].isdigit():
             return word
+        if glued and item.opt.name in ("tee", "redirects") and not _streams_value(word[2:]):
+            return word  # -topolib, -rankmap, -rf: not torchrun's -t/-r with a value glued on
     return None
+
+
+def _streams_value(text: str) -> bool:
+    """torchrun's -t/-r value: 0 to 3, or LOCAL_RANK:0-3 pairs joined by commas."""
+    import re
+
+    return re.fullmatch(r"[0-3]|[0-9]+:[0-3](,[0-9]+:[0-3])*", text) is not None
 
 
 def _click_segment(words: list[str]) -> tuple[dict, set[str]]:
