@@ -300,6 +300,14 @@ def test_outfile_and_errfile_patterns_name_files_as_hydra_does(launcher: Launche
         assert out.read_text() == f"out {rank}\n" and (tmp_path / f"err.{rank}").read_text() == f"err {rank}\n"
 
 
+def test_output_patterns_may_throw_the_output_away_and_no_other_device(launcher: Launcher) -> None:
+    null = launcher.run("-outfile-pattern", "/dev/null", "-errfile-pattern", "/dev/null", "-n", "2", "sh", "-c",
+                        "echo out; echo err >&2")  # fmt: skip
+    assert null.returncode == 0 and null.stdout == b"" and b"err" not in null.stderr, null.stderr
+    zero = launcher.run("-outfile-pattern", "/dev/zero", "-n", "1", "true")
+    assert zero.returncode == 2 and "/dev/zero: a character device, not a regular file" in one_line(zero.stderr)
+
+
 def test_hydra_words_with_their_meaning_or_a_note(launcher: Launcher) -> None:
     cuda = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     gpus = launcher.run("--dry-run", "-gpus-per-proc", "2", "-n", "2", "true", env=cuda)
