@@ -143,7 +143,7 @@ def _with_configfile(words: list[str], path: str) -> list[str]:
     rest = words[:at] + words[at + (1 if "=" in words[at] else 2) :]
     text = read_text(path, "configfile", 1 << 20)
     contexts: list[list[str]] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in _joined_lines(text):
         try:
             line_words = shlex.split(line, comments=True)
         except ValueError as exc:
@@ -157,6 +157,22 @@ def _with_configfile(words: list[str], path: str) -> list[str]:
     out = rest + contexts[0]
     for context in contexts[1:]:
         out += [":", *context]
+    return out
+
+
+def _joined_lines(text: str) -> list[tuple[int, str]]:
+    """A configfile's lines, one ending in a backslash joined to the next (as hydra reads
+    them), each with the number of its first line."""
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if pending is not None:
+            number, line = pending[0], f"{pending[1]} {line}"
+        pending = (number, line[:-1]) if line.endswith("\\") else None
+        if pending is None:
+            out.append((number, line))
+    if pending is not None:
+        out.append(pending)
     return out
 
 

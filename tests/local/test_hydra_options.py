@@ -157,6 +157,14 @@ def test_configfile_lines_are_app_contexts(launcher: Launcher, tmp_path: Path) -
     assert sorted(proc.stdout.decode().splitlines()) == ["one 0", "one 1", "two y"]
 
 
+def test_a_configfile_line_ending_in_a_backslash_goes_on(launcher: Launcher, tmp_path: Path) -> None:
+    config = tmp_path / "apps"
+    config.write_text("-n 2 \\\n  sh -c 'echo one' \\\n\n-n 1 \\\n echo two\n")
+    proc = launcher.run("--oversubscribe", "-configfile", str(config))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == ["one", "one", "two"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
