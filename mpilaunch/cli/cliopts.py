@@ -27,6 +27,23 @@ OPEN_MPI_IGNORED = (
     "display-devel-map", "display-devel-allocation", "do-not-resolve", "debug-daemons", "noprefix",
     "show-progress", "report-state-on-timeout", "novm",
 )  # fmt: skip
+# hydra's options that mean nothing here (name -> why): accepted, said once; the first ones take a value
+HYDRA_IGNORED_VALUES = {
+    "localhost": "the launcher's own host name is found here",
+    "order-nodes": "hosts are taken in the order given",
+    "nameserver": "mpilaunch serves published names itself",
+}
+HYDRA_IGNORED_FLAGS = {
+    "disable-x": "no X forwarding here",
+    "enable-x": "no X forwarding here",
+    "disable-auto-cleanup": "mpilaunch always ends the ranks of a failed job",
+    "disable-hostname-propagation": "the ranks find their host names themselves",
+    "print-all-exitcodes": "the summary names every rank that failed and its status",
+    "envall": "a line in hydra's words sends every program the launcher's environment already",
+    "envnone": "local ranks inherit the launcher's environment here",
+    "pmi-port": "PMI is served over PMI_FD (--pmi-tcp for a port)",
+    "profile": "no profiling here",
+}
 # hydra's launchers that mpilaunch has no engine of its own for: read as auto, with a note
 OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "sge", "ll", "cobalt", "persist", "manual")
 
@@ -467,10 +484,34 @@ RUN_OPTIONS: tuple[Opt, ...] = (
     Opt(
         "demux", ("-demux", "--demux"), metavar="poll|select", help="hydra's I/O engine: accepted, ignored (said once)."
     ),
+    Opt(
+        "usize",
+        ("-usize", "--usize"),
+        metavar="N|SYSTEM|INFINITE",
+        help="hydra's universe size (MPI_UNIVERSE_SIZE, OMPI_UNIVERSE_SIZE; default SYSTEM: the hosts' slots).",
+    ),
+    *(
+        Opt(
+            "hydra_" + name.replace("-", "_"),
+            (f"-{name}", f"--{name}"),
+            metavar="VALUE",
+            help="hydra's: means nothing here, said.",
+        )
+        for name in HYDRA_IGNORED_VALUES
+    ),
+    *(
+        Opt(
+            "hydra_" + name.replace("-", "_"),
+            (f"-{name}", f"--{name}"),
+            FLAG,
+            help="hydra's: means nothing here, said.",
+        )
+        for name in HYDRA_IGNORED_FLAGS
+    ),
 )
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
-VERSION_FLAGS = ("--version", "-V", "-version")
+VERSION_FLAGS = ("--version", "-V", "-version", "-info", "--info")  # hydra's -info: its build details
 SUBCOMMANDS = ("check", "allrun", "shims", "report", "stacks")  # first words that are not a job: cli/main.SUBCOMMAND
 APP_PARAMS = ("np", "wdir", "argv", "app_env", "app_envlist")  # per app context; the rest are the job's
 

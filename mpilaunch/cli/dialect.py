@@ -5,7 +5,8 @@ Most words mean the same to both launchers and are read the same whatever the na
 spelled alike but place ranks differently (`-host`, `-hostfile`, `-machinefile`): they take the
 meaning of the launcher the line speaks. That is the one mpilaunch was started as (`mpirun`,
 `orterun`: Open MPI; `mpiexec.hydra`: hydra), or, for `mpiexec` and `mpilaunch`, the one whose
-own words the line uses. This pass, before the line is parsed, rewrites those three to an
+own words the line uses (under `mpiexec`, those three are hydra's unless the line uses a word
+only Open MPI has). This pass, before the line is parsed, rewrites those three to an
 unambiguous spelling, joins hydra's two-word `-genv NAME VALUE` (and `-env`) into `NAME=VALUE`,
 and refuses a line that places ranks both ways.
 """
@@ -13,7 +14,7 @@ and refuses a line that places ranks both ways.
 from __future__ import annotations
 
 from mpilaunch.cli.argscan import OptionWord, option_words, split_apps
-from mpilaunch.cli.cliopts import ENV
+from mpilaunch.cli.cliopts import ENV, FLAG, HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_VALUES
 from mpilaunch.errors import LaunchError
 
 OPENMPI, HYDRA = "openmpi", "hydra"
@@ -31,7 +32,31 @@ AMBIGUOUS = {  # spelling -> (Open MPI's meaning, hydra's meaning), each an unam
     "-host": ("--host", "-hosts"),
     "-hostfile": ("--hostfile", "-f"),
     "-machinefile": ("--machinefile", "-f"),
+    "--host": ("--host", "-hosts"),  # hydra reads every option with two dashes too
+    "--hostfile": ("--hostfile", "-f"),
+    "--machinefile": ("--machinefile", "-f"),
 }
+# Options only Open MPI's mpirun has: under the name mpiexec, a line with one of them reads the
+# ambiguous words as Open MPI's; a line with none, as hydra's (it runs what Open MPI refuses).
+OPENMPI_ONLY = frozenset(
+    {
+        "exports",
+        "mca",
+        "oversubscribe",
+        "nooversubscribe",
+        "am",
+        "tune",
+        "tag_output",
+        "output_filename",
+        "merge_stderr_to_stdout",
+        "timestamp_output",
+        "prefix",
+        "display_map",
+        "display_allocation",
+        "report_bindings",
+        "use_hwthread_cpus",
+    }
+)
 OPENMPI_PLACEMENT = frozenset({"hosts", "hostfile", "rank_by", "npernode", "npersocket", "bynode", "byslot"})
 HYDRA_PLACEMENT = frozenset({"hydra_hosts", "hydra_hostfile", "ppn"})
 HYDRA_ONLY = HYDRA_PLACEMENT | {  # options no Open MPI mpirun has: a line with one speaks hydra
@@ -53,6 +78,8 @@ HYDRA_ONLY = HYDRA_PLACEMENT | {  # options no Open MPI mpirun has: a line with 
     "rmk",
     "binding",
     "demux",
+    "usize",
+    *("hydra_" + name.replace("-", "_") for name in (*HYDRA_IGNORED_VALUES, *HYDRA_IGNORED_FLAGS)),
 }
 
 
@@ -89,13 +116,22 @@ def canonical(argv: list[str], name: str = "mpilaunch") -> tuple[list[str], str]
         )
     side = HYDRA if hyd else OPENMPI if omp else dialect_of(name)
     if side is None:
-        side = HYDRA if any(param in HYDRA_ONLY for param, _, _ in params) else OPENMPI
+        side = _side_of_words({param for param, _, _ in params}, name, found)
     out: list[str] = []
     for words, per in zip(segments, found):
         if out:
             out.append(":")
         out.extend(_rewritten(words, per, side))
     return out, side
+
+
+def _side_of_words(params: set[str], name: str, found: list[list[OptionWord]]) -> str:
+    """A line with no placement word of either: hydra's if it has a word of hydra's; under the
+    name mpiexec, hydra's too when it has an ambiguous host word and no word of Open MPI's."""
+    if params & HYDRA_ONLY:
+        return HYDRA
+    ambiguous = any(w.opt is not None and w.word.partition("=")[0] in AMBIGUOUS for per in found for w in per)
+    return HYDRA if name == "mpiexec" and ambiguous and not params & OPENMPI_ONLY else OPENMPI
 
 
 def _rewritten(words: list[str], found: list[OptionWord], side: str) -> list[str]:
@@ -105,8 +141,10 @@ def _rewritten(words: list[str], found: list[OptionWord], side: str) -> list[str
         if item.opt is None:
             continue
         head, eq, glued = item.word.partition("=")
-        if head in AMBIGUOUS:
-            respelled = AMBIGUOUS[head][side == HYDRA]
+        respelled = AMBIGUOUS[head][side == HYDRA] if head in AMBIGUOUS else head
+        if eq and len(respelled) == 2 and item.opt.kind != FLAG and item.word.startswith(f"{head}="):
+            out[item.index : item.index + 1] = [respelled, glued]  # -n=2, as hydra reads it (click: -n '=2')
+        elif respelled != head:
             out[item.index] = f"{respelled}={glued}" if eq else respelled
         if item.opt.kind == ENV and not eq and len(item.values) == 2:
             out[item.index + 1 : item.index + 3] = [f"{item.values[0]}={item.values[1]}"]

@@ -306,7 +306,56 @@ def hydra_options(values: dict[str, object], given: set[str]) -> tuple[dict[str,
     demux = values.pop("demux")
     if demux is not None:
         notes.append(f"-demux {demux}: mpilaunch has one I/O loop of its own: ignored")
+    from mpilaunch.cli.cliopts import HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_VALUES
+
+    for name, why in (*HYDRA_IGNORED_VALUES.items(), *HYDRA_IGNORED_FLAGS.items()):
+        value = values.pop("hydra_" + name.replace("-", "_"))
+        if value:
+            notes.append(f"-{name}{'' if value is True else f' {value}'}: {why}: ignored")
+    usize = values.pop("usize")
+    if usize is not None:
+        out["universe_size"] = universe_size(str(usize))
     gpus = values.pop("gpus_per_proc")
     if gpus is not None and values.get("devices_per_rank") is None:
         out["devices_per_rank"] = gpus
     return out, notes
+
+
+def universe_size(value: str) -> int | None:
+    """hydra's -usize: a number of ranks, or SYSTEM (the hosts' slots, None here); INFINITE is
+    read as SYSTEM (MPI has no such size to give)."""
+    word = value.strip()
+    if word.upper() in ("SYSTEM", "INFINITE"):
+        return None
+    if not (word.isascii() and word.isdigit() and len(word) <= 7 and 1 <= int(word) <= 1 << 20):
+        raise LaunchError(f"-usize {value[:40]!r}: expected a number of ranks (1 to {1 << 20}), SYSTEM or INFINITE")
+    return int(word)
+
+
+HOST_WORDS = frozenset({"hosts", "hostfile", "hydra_hosts", "hydra_hostfile"})
+
+
+def hydra_environment(values: dict[str, object], given: set[str], env: Mapping[str, str]) -> set[str]:
+    """hydra's variables, for a line in hydra's words: HYDRA_HOST_FILE (the hostfile when no host
+    option is given), HYDRA_BOOTSTRAP or HYDRA_LAUNCHER (-bootstrap), HYDRA_IFACE (-iface); an
+    option given wins. The names it set, as given. (HYDRA_ENV=all is hydra's -genvall, the default.)"""
+    from mpilaunch.cli.cliopts import RUN_OPTIONS
+
+    out: set[str] = set()
+    host_file = env.get("HYDRA_HOST_FILE", "")
+    if host_file and not given & HOST_WORDS:
+        values["hydra_hostfile"] = host_file
+        out.add("hydra_hostfile")
+    var = "HYDRA_BOOTSTRAP" if env.get("HYDRA_BOOTSTRAP") else "HYDRA_LAUNCHER"
+    launcher = env.get(var, "").strip().lower()
+    if launcher and "launcher" not in given:
+        choices = next(o.choices for o in RUN_OPTIONS if o.name == "launcher")
+        if launcher not in choices:
+            raise LaunchError(f"{var}={env[var][:40]!r}: expected one of {', '.join(choices)}")
+        values["launcher"] = launcher
+        out.add("launcher")
+    iface = env.get("HYDRA_IFACE", "")
+    if iface and "iface" not in given:
+        values["iface"] = iface
+        out.add("iface")
+    return out

@@ -42,7 +42,16 @@ def unknown_word(words: list[str]) -> str | None:
         glued = word.partition("=")[0] not in item.opt.flags  # -n4, -xFOO=1
         if glued and item.opt.check == cliopts.INT_MIN1 and not word[2:].isdigit():
             return word
+        if glued and item.opt.name in ("tee", "redirects") and not _streams_value(word[2:]):
+            return word  # -topolib, -rankmap, -rf: not torchrun's -t/-r with a value glued on
     return None
+
+
+def _streams_value(text: str) -> bool:
+    """torchrun's -t/-r value: 0 to 3, or LOCAL_RANK:0-3 pairs joined by commas."""
+    import re
+
+    return re.fullmatch(r"[0-3]|[0-9]+:[0-3](,[0-9]+:[0-3])*", text) is not None
 
 
 def _click_segment(words: list[str]) -> tuple[dict, set[str]]:
@@ -134,7 +143,7 @@ def _with_configfile(words: list[str], path: str) -> list[str]:
     rest = words[:at] + words[at + (1 if "=" in words[at] else 2) :]
     text = read_text(path, "configfile", 1 << 20)
     contexts: list[list[str]] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in _joined_lines(text):
         try:
             line_words = shlex.split(line, comments=True)
         except ValueError as exc:
@@ -148,6 +157,22 @@ def _with_configfile(words: list[str], path: str) -> list[str]:
     out = rest + contexts[0]
     for context in contexts[1:]:
         out += [":", *context]
+    return out
+
+
+def _joined_lines(text: str) -> list[tuple[int, str]]:
+    """A configfile's lines, one ending in a backslash joined to the next (as hydra reads
+    them), each with the number of its first line."""
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if pending is not None:
+            number, line = pending[0], f"{pending[1]} {line}"
+        pending = (number, line[:-1]) if line.endswith("\\") else None
+        if pending is None:
+            out.append((number, line))
+    if pending is not None:
+        out.append(pending)
     return out
 
 
@@ -227,14 +252,18 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch", from_file
         apps = apply_job_file(read_job_file(str(config), run_command().params), globals_, given_anywhere, apps)
     if side == "hydra" and not given_anywhere & {"genvall", "genvnone", "genvlist"}:
         globals_["genvall"] = True  # hydra's default: every rank gets the launcher's environment
-    options = _options(globals_, given_anywhere, apps, line.name)  # gives apps their exports too
+    if side == "hydra":
+        from mpilaunch.cli.launcher_words import hydra_environment
+
+        given_anywhere |= hydra_environment(globals_, given_anywhere, os.environ)
+    options = _options(globals_, given_anywhere, apps, line.name, side)  # gives apps their exports too
     return JobSpec(tuple(apps), options)
 
 
 MERGED = ("hosts", "hydra_hosts", "mca", "exports", "genv", "am", "tune")  # added up over app contexts
 
 
-def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext], name: str) -> Options:
+def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext], name: str, side: str) -> Options:
     """The job-wide options, and the programs' exports, from what the command line gave."""
     from mpilaunch.cli import launcher_words as words
     from mpilaunch.cli.dialect import HYDRA_PLACEMENT
@@ -313,6 +342,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         hosts=hosts,  # type: ignore[arg-type]
         hostfile=hostfile,  # type: ignore[arg-type]
         placement=placement,
+        dialect=side,
         rsh_agent=agent,
         rsh_args=extra,
         notes=tuple(notes),

@@ -128,6 +128,15 @@ def _not_regular(mode: int) -> OSError:
     return OSError(errno.EINVAL, f"{kind_of(mode)}, not a regular file")
 
 
+def _is_null(found: os.stat_result) -> bool:
+    """The null device (under any name): the one special file output may be sent to."""
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(found.st_mode) and found.st_rdev == null.st_rdev
+
+
 def _open_log(name: str, parent: int | None = None) -> int:
     """Create or truncate a regular log file, never waiting: a FIFO planted there would block
     the open (or the writes) for ever, a device would take the output somewhere else, so
@@ -138,12 +147,15 @@ def _open_log(name: str, parent: int | None = None) -> int:
         found = os.stat(name, dir_fd=parent, follow_symlinks=follow)
     except FileNotFoundError:
         found = None
-    if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
+    null = follow and found is not None and _is_null(found)  # hydra's -outfile-pattern /dev/null: thrown away
+    if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode) and not null:
         raise _not_regular(found.st_mode)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(name, flags, 0o644, dir_fd=parent)
     try:
         opened = os.fstat(fd)
+        if null and _is_null(opened):
+            return fd
         if not stat.S_ISREG(opened.st_mode):  # put there since it was looked at
             raise _not_regular(opened.st_mode)
         os.ftruncate(fd, 0)

@@ -380,7 +380,7 @@ def job_plan(
     layout = JobLayout(
         ranks=ranks,
         app_sizes=app_sizes,
-        universe_size=sum(h.slots or 0 for h in hosts),
+        universe_size=options.universe_size or sum(h.slots or 0 for h in hosts),
         job_id=job_id if job == 1 else f"{job_id}.{job}",
         master_addr=master[0],
         master_port=master[1],
@@ -448,7 +448,8 @@ def heartbeat_timeout(env: Mapping[str, str]) -> float:
 
 def hydra_hosts(options: Options, env: Mapping[str, str]) -> tuple[list[Host], list[tuple[int, int]], str]:
     """hydra's host list (-hosts, -f, else the allocation or this machine), as the job's hosts and
-    its entries (host index, count: -ppn's if given) in list order; a host's slots are its counts."""
+    its entries (host index, count: -ppn's if given) in list order, an entry repeating the one
+    before it merged into it; a host's slots are its counts."""
     if options.hosts:
         listed = [h for v in options.hosts for h in hostlib.parse_host_list(v, f"-hosts {hostlib.shown(v)}")]
         source = "-hosts"
@@ -457,6 +458,7 @@ def hydra_hosts(options: Options, env: Mapping[str, str]) -> tuple[list[Host], l
         source = f"hostfile {options.hostfile}"
     else:
         listed, source = resolve_hosts(options, env)
+    listed = hostlib.merge_consecutive(listed)
     counts = [options.ppn or h.slots or 1 for h in listed]
     hosts, index = hostlib.entry_hosts([h._replace(slots=c, max_slots=None) for h, c in zip(listed, counts)])
     return hosts, list(zip(index, counts)), source
@@ -530,6 +532,8 @@ def build_plan(
 
         nps[0] = mlp_np(env)
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
+    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None:
+        nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]
     only = app_hosts(spec.apps, hosts) if entries is None and torch is None else None

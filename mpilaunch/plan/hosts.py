@@ -230,6 +230,19 @@ def merge_local_aliases(hosts: list[Host]) -> list[Host]:
     return merge_hosts(renamed)
 
 
+def merge_consecutive(entries: list[Host]) -> list[Host]:
+    """hydra's host list: an entry naming the host of the one before it adds its count to that
+    one (`a,a,b` is `a:2,b`, as $PBS_NODEFILE lists a host once per slot); `a,b,a` stays three."""
+    out: list[Host] = []
+    for host in entries:
+        last = out[-1] if out else None
+        if last is not None and (last.name, last.user, last.port) == (host.name, host.user, host.port):
+            out[-1] = last._replace(slots=(last.slots or 1) + (host.slots or 1))
+        else:
+            out.append(host)
+    return out
+
+
 def entry_hosts(entries: list[Host]) -> tuple[list[Host], list[int]]:
     """hydra's host list, in which a host may come back (`a,b,a`): the job's hosts (merged, this
     machine's names as one) and the index among them of each entry."""

@@ -58,14 +58,23 @@ def _capacity(host: Host, used: int, oversubscribe: bool) -> int:
 def _not_enough(requested: int, hosts: list[Host], argv0: str, oversubscribe: bool) -> LaunchError:
     slots = ", ".join(f"{h.name}:{h.slots}" for h in hosts)
     total = sum(h.slots or 0 for h in hosts)
+    capped = oversubscribe and any(h.max_slots for h in hosts)
     hint = (
         "max_slots caps every host even with --oversubscribe"
-        if oversubscribe
+        if capped
         else "request fewer ranks, add slots, or use --oversubscribe"
     )
     return LaunchError(
         f"There are not enough slots available in the system to satisfy the {requested} slots "
         f"that were requested by the application: {argv0} (slots: {slots}; {total} in all); {hint}"
+    )
+
+
+def _none_left(app: int, argv0: str, hosts: list[Host]) -> LaunchError:
+    """A program without -n gets the slots left, and the programs before it took them all."""
+    total = sum(h.slots or 0 for h in hosts)
+    return LaunchError(
+        f"program {app + 1} ({argv0}) has no -n and the programs before it take every slot ({total} in all); give it -n"
     )
 
 
@@ -205,7 +214,7 @@ def place(
             if np is None:
                 np = sum(_capacity(hosts[i], used[i], False) for i in rotation)
                 if np == 0:
-                    raise _not_enough(sum(used) + 1, hosts, argv0, oversubscribe)
+                    raise _none_left(app, argv0, hosts)
             _check_size(planned + np)
             spread = _by_node if policy == "node" else _by_slot
             r_counts = spread(np, r_hosts, r_used, oversubscribe, argv0)

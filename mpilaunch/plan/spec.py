@@ -70,6 +70,8 @@ class Options(Record):
     hostfile: str | None = None  # (or hydra's -f)
     placement: str = "openmpi"  # openmpi: by slot with Open MPI's rules; hydra (-hosts, -ppn, -f): round-robin
     ppn: int | None = None  # hydra's -ppn
+    universe_size: int | None = None  # hydra's -usize; None: the hosts' slots
+    dialect: str = "openmpi"  # whose words the line speaks (cli/dialect.py); hydra: no -n is 1 rank here
     map_by: str = "slot"  # slot | node | ppr:N:node | ppr:N:socket
     rank_by: str | None = None  # slot | node, when it differs from map_by's order
     npernode: int | None = None

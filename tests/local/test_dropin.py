@@ -122,6 +122,33 @@ def test_ambiguous_words_take_the_meaning_of_the_name(launcher: Launcher, shims:
     assert refused.returncode == 2 and b"not enough slots" in refused.stderr
 
 
+def test_two_dash_host_words_and_mpiexecs_host_words_are_hydras(launcher: Launcher, shims: Path) -> None:
+    """hydra reads --host, --hostfile and --machinefile as -hosts and -f; under mpiexec a line with
+    no word only Open MPI has reads -host and -hostfile as hydra's too (it runs what Open MPI
+    refuses); mpirun keeps Open MPI's meaning."""
+    (launcher.tmp_path / "hf").write_text("localhost\n")
+    (launcher.tmp_path / "nodes").write_text("a\nb\n")
+    shown = ["--dry-run", "-print-rank-map"]
+    for name, args, placed in (
+        ("mpiexec", ["-ppn", "2", "--host", "a,b", "-n", "4"], b"(a:0,1)\n(b:2,3)\n"),
+        ("mpiexec.hydra", ["--hostfile", "nodes", "-n", "3"], b"(a:0,2)\n(b:1)\n"),
+        ("mpiexec.hydra", ["--machinefile=nodes", "-ppn", "2", "-n", "3"], b"(a:0,1)\n(b:2)\n"),
+        ("mpilaunch", ["-genv", "A=1", "--host", "a", "-n", "2"], b"(a:0,1)\n"),
+    ):
+        proc = (
+            shim_run(launcher, shims, name, *shown, *args, "true")
+            if name != "mpilaunch"
+            else launcher.run(*shown, *args, "true")
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith(placed), (args, proc.stdout, proc.stderr)
+    for args in (["-host", "localhost", "-n", "2"], ["-hostfile", "hf", "-n", "4"]):
+        ran = shim_run(launcher, shims, "mpiexec", *args, "sh", "-c", "echo $PMI_RANK")
+        assert ran.returncode == 0 and len(ran.stdout.split()) == int(args[-1]), (args, ran.stderr)
+    for name, args in (("mpirun", ["-host", "localhost"]), ("mpiexec", ["-x", "A=1", "-host", "localhost"])):
+        refused = shim_run(launcher, shims, name, *args, "-n", "2", "true")
+        assert refused.returncode == 2 and b"not enough slots" in refused.stderr, (name, args)
+
+
 def test_a_job_through_each_name(launcher: Launcher, shims: Path) -> None:
     for name, args, rows in (
         ("mpirun", ["-n", "2", "-x", "A=1", "sh", "-c", "echo $OMPI_COMM_WORLD_RANK $A"], ["0 1", "1 1"]),
@@ -133,6 +160,26 @@ def test_a_job_through_each_name(launcher: Launcher, shims: Path) -> None:
         proc = shim_run(launcher, shims, name, *args)
         assert proc.returncode == 0, (name, proc.stderr.decode())
         assert sorted(proc.stdout.decode().splitlines()) == rows, name
+
+
+def test_a_program_without_n_is_one_rank_in_hydras_words(launcher: Launcher, shims: Path) -> None:
+    """hydra's host list, with no host given, is this machine once: one rank per program without
+    -n (`mpiexec -n 1 ./master : ./worker`); Open MPI's line gives it the slots left."""
+    rank = ["sh", "-c", "echo $PMI_RANK"]
+    for name, args, ranks in (
+        ("mpiexec.hydra", rank, ["0"]),
+        ("mpiexec", ["-genv", "FOO", "1", *rank], ["0"]),
+        ("mpiexec", ["-l", *rank], ["[0] 0"]),
+        ("mpiexec", ["-genv", "A=1", "-n", "1", *rank, ":", *rank], ["0", "1"]),
+        ("mpiexec.hydra", [*rank, ":", *rank], ["0", "1"]),
+    ):
+        proc = shim_run(launcher, shims, name, *args)
+        assert proc.returncode == 0, (args, proc.stderr.decode())
+        assert sorted(proc.stdout.decode().splitlines()) == ranks, args
+    full = shim_run(launcher, shims, "mpirun", "-H", "localhost:2", "-n", "2", "true", ":", "true")
+    assert full.returncode == 2 and one_line(full.stderr) == (
+        "mpilaunch: program 2 (true) has no -n and the programs before it take every slot (2 in all); give it -n"
+    )
 
 
 # ---- root and small machines ---------------------------------------------------------------------
@@ -264,6 +311,14 @@ def test_outfile_and_errfile_patterns_name_files_as_hydra_does(launcher: Launche
         assert out.read_text() == f"out {rank}\n" and (tmp_path / f"err.{rank}").read_text() == f"err {rank}\n"
 
 
+def test_output_patterns_may_throw_the_output_away_and_no_other_device(launcher: Launcher) -> None:
+    null = launcher.run("-outfile-pattern", "/dev/null", "-errfile-pattern", "/dev/null", "-n", "2", "sh", "-c",
+                        "echo out; echo err >&2")  # fmt: skip
+    assert null.returncode == 0 and null.stdout == b"" and b"err" not in null.stderr, null.stderr
+    zero = launcher.run("-outfile-pattern", "/dev/zero", "-n", "1", "true")
+    assert zero.returncode == 2 and "/dev/zero: a character device, not a regular file" in one_line(zero.stderr)
+
+
 def test_hydra_words_with_their_meaning_or_a_note(launcher: Launcher) -> None:
     cuda = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     gpus = launcher.run("--dry-run", "-gpus-per-proc", "2", "-n", "2", "true", env=cuda)
@@ -294,6 +349,27 @@ def test_hydra_words_with_their_meaning_or_a_note(launcher: Launcher) -> None:
         assert launcher.run(*words, "-n", "1", "true").stderr == b""
 
 
+def test_hydras_other_words_are_read_or_said_to_mean_nothing(launcher: Launcher) -> None:
+    """-n=2 and -usize as hydra reads them, -info as its version, and its flags that change
+    nothing here accepted with one line each."""
+    glued = launcher.run("-n=2", "sh", "-c", "echo $PMI_RANK")
+    assert glued.returncode == 0 and sorted(glued.stdout.split()) == [b"0", b"1"], glued.stderr
+    usize = launcher.run("-usize", "8", "-n", "1", "sh", "-c", "echo $OMPI_UNIVERSE_SIZE")
+    assert usize.returncode == 0 and usize.stdout == b"8\n", usize.stderr
+    info = launcher.run("-info")
+    assert info.returncode == 0 and info.stdout.startswith(b"mpilaunch "), info.stderr
+    for words, note in (
+        (["-disable-x"], "-disable-x: no X forwarding here"),
+        (["-disable-auto-cleanup"], "-disable-auto-cleanup: mpilaunch always ends the ranks of a failed job"),
+        (["-print-all-exitcodes"], "-print-all-exitcodes: the summary names every rank that failed and its status"),
+        (["-localhost", "here"], "-localhost here: the launcher's own host name is found here"),
+        (["-order-nodes", "ASCENDING"], "-order-nodes ASCENDING: hosts are taken in the order given"),
+        (["-envnone"], "-envnone: local ranks inherit the launcher's environment here"),
+    ):
+        proc = launcher.run(*words, "-n", "1", "true")
+        assert proc.returncode == 0 and one_line(proc.stderr) == f"mpilaunch: {note}: ignored", proc.stderr
+
+
 # ---- bad values ------------------------------------------------------------------------------------
 
 BAD = [
@@ -318,6 +394,7 @@ BAD = [
     (["-mca", "plm_rsh_agent", "no-such-remote-shell"], "the remote shell 'no-such-remote-shell'"),
     (["-genv", "1BAD", "x"], "'1BAD' is not a variable name"),
     (["-genv"], "-genv"),
+    (["-usize", "x"], "-usize 'x': expected a number of ranks"),
 ]
 
 

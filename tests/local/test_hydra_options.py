@@ -68,6 +68,11 @@ SHAPES = [  # hydra's placement words, as MPICH's mpiexec reads them
     ["-f", "HOSTFILE", "-n", "7"],
     ["-f", "HOSTFILE", "-ppn", "1", "-n", "3"],
     ["-hosts", "h1:2,h2:2", "-n", "2", "PROG", ":", "-n", "3"],
+    ["-f", "NODEFILE", "-ppn", "1", "-n", "2"],  # a host once per slot, as $PBS_NODEFILE: repeats merge
+    ["-f", "NODEFILE", "-n", "6"],
+    ["-hosts", "h1,h1,h2,h2", "-ppn", "1", "-n", "4"],
+    ["-hosts", "h1:2,h1:1,h2", "-ppn", "1", "-n", "4"],
+    ["-hosts", "h1,h1,h2,h1", "-ppn", "1", "-n", "6"],  # only an entry repeating the one before merges
 ]
 
 
@@ -101,7 +106,9 @@ def _our_map(launcher: Launcher, args: list[str]) -> list[str]:
 @pytest.mark.parametrize("args", SHAPES, ids=[" ".join(a) for a in SHAPES])
 def test_hosts_ppn_and_f_place_as_hydra_does(launcher: Launcher, tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "hosts").write_text("h1:2\nh2:3\n")
-    args = [str(tmp_path / "hosts") if a == "HOSTFILE" else a for a in args]
+    (tmp_path / "nodes").write_text("h1\nh1\nh2\nh2\n")
+    files = {"HOSTFILE": str(tmp_path / "hosts"), "NODEFILE": str(tmp_path / "nodes")}
+    args = [files.get(a, a) for a in args]
     assert _our_map(launcher, args) == _hydra_map(args, tmp_path)
 
 
@@ -150,6 +157,14 @@ def test_configfile_lines_are_app_contexts(launcher: Launcher, tmp_path: Path) -
     assert sorted(proc.stdout.decode().splitlines()) == ["one 0", "one 1", "two y"]
 
 
+def test_a_configfile_line_ending_in_a_backslash_goes_on(launcher: Launcher, tmp_path: Path) -> None:
+    config = tmp_path / "apps"
+    config.write_text("-n 2 \\\n  sh -c 'echo one' \\\n\n-n 1 \\\n echo two\n")
+    proc = launcher.run("--oversubscribe", "-configfile", str(config))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == ["one", "one", "two"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -168,7 +183,9 @@ def test_a_bad_configfile_is_one_line(launcher: Launcher, tmp_path: Path, text: 
     assert proc.returncode == 2 and err.count("\n") == 1 and message in err and str(config) in err, err
 
 
-@pytest.mark.parametrize("word", ["-genvx", "-configfilex", "-colors", "-n4x", "-lx", "-ppnx"])
+@pytest.mark.parametrize(
+    "word", ["-genvx", "-configfilex", "-colors", "-n4x", "-lx", "-ppnx", "-topolib", "-rankmap", "-tv", "-rr", "-rf"]
+)
 def test_an_unknown_single_dash_word_is_named_whole(launcher: Launcher, word: str) -> None:
     proc = launcher.run(word, "1", "true")
     assert proc.returncode == 2
@@ -197,3 +214,28 @@ def test_iface_names_the_interface_to_every_library_and_yours_win(launcher: Laun
     bad = launcher.run("-iface", "eth0;reboot", "-n", "1", "true")
     assert bad.returncode == 2
     assert bad.stderr.decode() == "mpilaunch: -iface 'eth0;reboot': not a network interface name\n"
+
+
+def test_hydras_variables_are_read_on_a_line_in_hydras_words(launcher: Launcher, tmp_path: Path) -> None:
+    """HYDRA_HOST_FILE, HYDRA_LAUNCHER/HYDRA_BOOTSTRAP and HYDRA_IFACE, as hydra reads them; an
+    option given wins, and Open MPI's line does not read them."""
+    (tmp_path / "nodes").write_text("a\nb\n")
+    shown = ["--dry-run", "-print-rank-map", "-genv", "A=1"]
+    hostfile = {"HYDRA_HOST_FILE": str(tmp_path / "nodes")}
+    for words, env, first in (
+        ([*shown, "-n", "3"], hostfile, "(a:0,2)"),
+        ([*shown, "-hosts", "c", "-n", "3"], hostfile, "(c:0,1,2)"),
+        (["--dry-run", "--display-map", "-x", "A=1", "-n", "1"], hostfile, ""),
+        ([*shown, "-n", "1"], {"HYDRA_IFACE": "eth1"}, "  FI_TCP_IFACE=eth1"),
+        ([*shown, "-iface", "eth2", "-n", "1"], {"HYDRA_IFACE": "eth1"}, "  FI_TCP_IFACE=eth2"),
+    ):
+        proc = launcher.run(*words, "true", env=env)
+        out = proc.stdout.decode()
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert (first in out.splitlines()) if first else ("localhost" in out and "(a:" not in out), (words, out)
+    fork = launcher.run(
+        "-genv", "A=1", "-hosts", "node1,node2", "-n", "2", "sh", "-c", "echo $PMI_RANK", env={"HYDRA_LAUNCHER": "fork"}
+    )
+    assert fork.returncode == 0 and sorted(fork.stdout.split()) == [b"0", b"1"], fork.stderr.decode()
+    bad = launcher.run("-genv", "A=1", "-n", "1", "true", env={"HYDRA_BOOTSTRAP": "bogus"})
+    assert bad.returncode == 2 and bad.stderr.decode().startswith("mpilaunch: HYDRA_BOOTSTRAP='bogus': expected one of")

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.plan.hosts import Host, parse_host_list, parse_hostfile
+from mpilaunch.plan.hosts import Host, merge_consecutive, parse_host_list, parse_hostfile
 from tests.conftest import ROOT
 
 
@@ -49,6 +49,12 @@ def test_open_mpi_slot_rules_for_bare_and_max_only_lines() -> None:
 def test_repeated_host_adds_slots() -> None:
     assert parse_hostfile("a slots=2\nb slots=1\na slots=3\n", "hf") == [Host("a", 5), Host("b", 1)]
     assert parse_host_list("a,a,b:2") == [Host("a", 1), Host("a", 1), Host("b", 2)]
+
+
+def test_hydra_merges_a_host_repeating_the_entry_before_it_only() -> None:
+    merged = merge_consecutive(parse_host_list("a,a,b:2,b,a,c@a"))
+    shown = [(h.name, h.slots, h.user) for h in merged]
+    assert shown == [("a", 2, None), ("b", 3, None), ("a", 1, None), ("a", 1, "c")]
 
 
 def test_host_list_default_one_slot() -> None:
