@@ -338,7 +338,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="torchrun's ranks per node (with -H, a hostfile or an allocation: on each of its hosts).",
     ),
     Opt(
-        "nnodes", ("--nnodes",), metavar="N|N:N", help="torchrun's node count; with --node-rank, one launcher per node."
+        "nnodes", ("--nnodes",), metavar="N|MIN:MAX", help="torchrun's node count; more than 1: one launcher per node."
     ),
     Opt("node_rank", ("--node-rank", "--node_rank"), check=INT_MIN0, maximum=MAX_RANKS, help="torchrun's node rank."),
     Opt("master_addr", ("--master-addr", "--master_addr"), metavar="HOST", help="torchrun's rendezvous host."),

@@ -239,11 +239,18 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
     meeting = None
     torch = options.torch
     try:
-        if torch is not None and torch.node_rank is not None and not options.dry_run:  # one launcher per node
+        if torch is not None and torch.endpoint is not None and not options.dry_run:  # one launcher per node
             from mpilaunch.launcher.rendezvous import NodeRendezvous
 
             meeting = NodeRendezvous(torch, attempt)
             meeting.join()  # every node's launcher is there before any rank starts
+            if torch.node_rank is None:  # c10d's meeting numbered the nodes
+                torch = torch._replace(node_rank=meeting.node, nnodes=meeting.nodes)
+                spec = spec._replace(options=options._replace(torch=torch))
+        elif torch is not None and torch.endpoint is not None and torch.node_rank is None:
+            if not attempt:
+                say(options, f"the nodes' meeting numbers them: shown as node 0 of {torch.nnodes}")
+            spec = spec._replace(options=options._replace(torch=torch._replace(node_rank=0)))
         plan, source = build_plan(spec, os.environ, ThisMachine(), attempt=attempt)
         if not attempt:
             for note in plan.notes:

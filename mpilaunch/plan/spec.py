@@ -27,9 +27,13 @@ class TorchRun(Record):
     """torchrun's job, as its command line (or mpilaunch's with torchrun's words) asks for it."""
 
     nproc_per_node: int  # ranks on each node
-    nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation)
+    nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation); MIN:MAX's MAX
     node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
+    min_nodes: int = 0  # --nnodes MIN:MAX's MIN (0: nnodes); with endpoint and no node_rank the meeting numbers nodes
+    last_call: float = 30.0  # c10d's last_call_timeout: the wait for more nodes once MIN joined
+    join_timeout: float = 600.0  # c10d's join_timeout
+    is_host: bool | None = None  # c10d's is_host: serve the meeting's store (None: if the endpoint is this machine)
     master_addr: str = ""  # one node, --master-port given: the ranks' MASTER_ADDR (torchrun's 127.0.0.1 if not given)
     master_port: int = 0  # ... and MASTER_PORT; 0: a free port, whatever the environment says (torchrun's)
     run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id or none, as torchrun), "": the job's id
