@@ -387,6 +387,12 @@ RUN_OPTIONS: tuple[Opt, ...] = (
     ),
     Opt("local_addr", ("--local-addr", "--local_addr"), metavar="ADDR", help="torchrun's: this node's address."),
     Opt(
+        "virtual_local_rank",
+        ("--virtual-local-rank", "--virtual_local_rank"),
+        FLAG,
+        help="torchrun's: LOCAL_RANK 0 for every rank, each seeing its own GPU as device 0.",
+    ),
+    Opt(
         "shutdown_timeout",
         ("--shutdown-timeout", "--shutdown_timeout"),
         metavar="S",

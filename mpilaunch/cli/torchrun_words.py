@@ -41,9 +41,16 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "local_ranks_filter",
     "local_addr",
     "shutdown_timeout",
+    "virtual_local_rank",
     *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
 )
-FLAGS = ("standalone", "module", "no_python", "run_path")  # PET_<NAME> of these is 0 or 1, as torchrun reads it
+FLAGS = (
+    "standalone",
+    "module",
+    "no_python",
+    "run_path",
+    "virtual_local_rank",
+)  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
 GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
@@ -128,6 +135,7 @@ def torch_options(
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
         redirects=std_streams("--redirects", words["redirects"]),
         tee=std_streams("--tee", words["tee"]),
+        virtual_local_rank=bool(words["virtual_local_rank"]),
     )
     apps[:] = [a._replace(argv=script_argv(a.argv, words)) for a in apps]
     fields: dict[str, object] = {"torch": torch, **_graces(words, given, values, env)}

@@ -156,6 +156,39 @@ def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Laun
     assert runs["mpilaunch"][1]["env"]["PMI_SIZE"] == "2"
 
 
+@pytest.mark.parametrize("visible", [None, "3,5"], ids=["no-list", "a-list"])
+def test_virtual_local_rank_as_torchrun(launcher: Launcher, tmp_path: Path, visible: str | None) -> None:
+    """--virtual-local-rank: LOCAL_RANK 0 everywhere, and each rank's own GPU alone in
+    CUDA_VISIBLE_DEVICES (its local rank, or that entry of the launcher's list), as torchrun's."""
+    script = write_script(tmp_path, "env_dump.py", ENV_DUMP)
+    parent = {**launcher.env, "PYTHONPATH": str(ROOT)}
+    parent.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        parent["CUDA_VISIBLE_DEVICES"] = visible
+    seen = {}
+    for name, argv in (("torchrun", [sys.executable, "-m", "torch.distributed.run"]), ("mpilaunch", launcher.argv())):
+        out = tmp_path / name
+        out.mkdir()
+        proc = subprocess.run(
+            [*argv, "--virtual-local-rank", "--nproc-per-node", "2", script, str(out)],
+            env=parent,
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=HANG,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.returncode == 0, (name, proc.stderr.decode()[-3000:])
+        seen[name] = {r: (d["env"]["LOCAL_RANK"], d["env"]["CUDA_VISIBLE_DEVICES"]) for r, d in dumps(out).items()}
+    assert seen["torchrun"] == seen["mpilaunch"]
+    assert seen["mpilaunch"][1] == ("0", "5" if visible else "1")
+    if visible:  # more ranks than the list's GPUs: torchrun's workers fail to start; here, one line
+        proc = launcher.run("--virtual-local-rank", "--nproc-per-node", "3", script, env=parent)
+        assert (proc.returncode, proc.stderr.decode()) == (
+            2,
+            "mpilaunch: --virtual-local-rank: local rank 2 has no GPU in CUDA_VISIBLE_DEVICES=3,5\n",
+        )
+
+
 def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -> None:
     proc = launcher.run(
         "--dry-run", "--nproc-per-node", "2", "--master-port", "29600", "--rdzv-id", "job42", "train.py"
