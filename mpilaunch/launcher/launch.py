@@ -359,6 +359,12 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
             for stream, mask in ((STDOUT, 1), (STDERR, 2))
             if not torch.on_console(r.local_rank) & mask
         }
+        if console is not None:  # torchrun's label on each line of a tee'd stream
+            for r in plan.job.ranks:
+                for stream, mask in ((STDOUT, 1), (STDERR, 2)):
+                    label = torch.console_label(r.local_rank, mask)
+                    if label:
+                        console.line_labels[(r.rank, stream)] = label.encode("utf-8", "surrogateescape")
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:

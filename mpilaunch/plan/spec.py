@@ -58,6 +58,11 @@ class TorchRun(Record):
             return self.master_addr or planned, self.master_port
         return "localhost" if planned == "127.0.0.1" else planned, free_port()
 
+    def console_label(self, local_rank: int, stream: int) -> str:
+        """torchrun's `[<role><local rank>]:` before each console line of a tee'd stream (1 or 2)."""
+        teed = self.on_console(local_rank) & _streams(self.tee, local_rank) & stream
+        return f"[{self.role}{local_rank}]:" if teed else ""
+
     @property
     def to_files(self) -> bool:
         """--redirects or --tee: the output goes to files, which need a log tree."""

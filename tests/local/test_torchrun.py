@@ -576,8 +576,9 @@ def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) 
 
 
 def test_redirects_tee_and_the_local_ranks_filter(launcher: Launcher, tmp_path: Path) -> None:
-    """-r sends streams to files only, -t to files and the console, --local-ranks-filter keeps
-    the other ranks off the console; every byte still reaches the log tree."""
+    """-r sends streams to files only, -t to files and the console (each line labelled
+    `[<role><local rank>]:`, as torchrun's), --local-ranks-filter keeps the other ranks off the
+    console; every byte still reaches the log tree, unlabelled."""
     script = write_script(
         tmp_path,
         "say.py",
@@ -587,8 +588,11 @@ def test_redirects_tee_and_the_local_ranks_filter(launcher: Launcher, tmp_path: 
     assert (proc.stdout.decode(), proc.stderr.decode()) == ("out 1\n", "err 1\n")
     assert (tmp_path / "a" / "1" / "rank.0" / "stderr").read_text() == "err 0\n"
     proc = launcher.run("-q", "--nproc-per-node", "2", "-r", "3", "-t", "0:1", "--log-dir", "b", script)
-    assert (proc.stdout.decode(), proc.stderr.decode()) == ("out 0\n", "")
+    assert (proc.stdout.decode(), proc.stderr.decode()) == ("[default0]:out 0\n", "")  # torchrun's label, tee'd
     assert (tmp_path / "b" / "1" / "rank.1" / "stdout").read_text() == "out 1\n"
+    proc = launcher.run("-q", "--nproc-per-node", "2", "-t", "0:1", "-r", "1:2", "--role", "trainer", script)
+    assert sorted(proc.stdout.decode().splitlines()) == ["[trainer0]:out 0", "out 1"]  # only tee'd lines labelled
+    assert proc.stderr.decode() == "err 0\n"
     proc = launcher.run("--nproc-per-node", "1", "-r", "1", script)  # no --log-dir: a temp dir, said
     said = [line for line in proc.stderr.decode().splitlines() if "rank output goes to" in line]
     assert proc.stdout == b"" and len(said) == 1, proc.stderr.decode()

@@ -391,9 +391,12 @@ TEES = ["", "1", "2", "3", "0:2,1:1"]
 FILTERS = ["", "1", "0,2"]
 
 
-def _torchs_console(tmp: Path, redirects: str, tee: str, ranks_filter: str, nprocs: int) -> tuple[list[int], bool]:
+def _torchs_console(
+    tmp: Path, redirects: str, tee: str, ranks_filter: str, nprocs: int
+) -> tuple[list[int], bool, list[int]]:
     """What torch 2.13's torchrun shows on its console for each local rank (1 stdout, 2 stderr),
-    and whether it writes any stream to a file: its DefaultLogsSpecs decides both."""
+    whether it writes any stream to a file, and which shown streams it tails from their files
+    (labelled `[default0]:`): its DefaultLogsSpecs decides all three."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 
     logs = DefaultLogsSpecs(
@@ -403,13 +406,15 @@ def _torchs_console(tmp: Path, redirects: str, tee: str, ranks_filter: str, npro
         local_ranks_filter={int(r) for r in ranks_filter.split(",")} if ranks_filter else None,
     )
     dest = logs.reify({r: {"TORCHELASTIC_RUN_ID": "run", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(nprocs)})
-    shown = []
+    shown, labelled = [], []
     for rank in range(nprocs):
+        teed = [dest.tee_stdouts.get(rank, os.devnull), dest.tee_stderrs.get(rank, os.devnull)]
+        labelled.append(int(teed[0] != os.devnull) | 2 * int(teed[1] != os.devnull))
         out = dest.stdouts[rank] == "" or dest.tee_stdouts.get(rank, os.devnull) != os.devnull
         err = dest.stderrs[rank] == "" or dest.tee_stderrs.get(rank, os.devnull) != os.devnull
         shown.append(int(out) | 2 * int(err))
     paths = [*dest.stdouts.values(), *dest.stderrs.values()]
-    return shown, any(p not in ("", os.devnull) for p in paths)
+    return shown, any(p not in ("", os.devnull) for p in paths), labelled
 
 
 def test_on_console_and_to_files_agree_with_torchrun_for_every_combination(tmp_path: Path) -> None:
@@ -423,8 +428,12 @@ def test_on_console_and_to_files_agree_with_torchrun_for_every_combination(tmp_p
                 words += ["-t", tee] if tee else []
                 words += ["--local-ranks-filter", ranks_filter] if ranks_filter else []
                 run = torch_of(*words, "t.py")
-                shown, files = _torchs_console(tmp_path / str(checked), redirects, tee, ranks_filter, nprocs)
+                shown, files, labelled = _torchs_console(tmp_path / str(checked), redirects, tee, ranks_filter, nprocs)
                 assert [run.on_console(r) for r in range(nprocs)] == shown, words
+                ours = [
+                    int(bool(run.console_label(r, 1))) | 2 * int(bool(run.console_label(r, 2))) for r in range(nprocs)
+                ]
+                assert ours == labelled, words
                 assert run.to_files == files, words
                 checked += 1
     assert checked == len(REDIRECTS) * len(TEES) * len(FILTERS)
