@@ -355,7 +355,7 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="torchrun's ranks per node (with -H, a hostfile or an allocation: on each of its hosts).",
     ),
     Opt(
-        "nnodes", ("--nnodes",), metavar="N|N:N", help="torchrun's node count; with --node-rank, one launcher per node."
+        "nnodes", ("--nnodes",), metavar="N|MIN:MAX", help="torchrun's node count; more than 1: one launcher per node."
     ),
     Opt("node_rank", ("--node-rank", "--node_rank"), check=INT_MIN0, maximum=MAX_RANKS, help="torchrun's node rank."),
     Opt("master_addr", ("--master-addr", "--master_addr"), metavar="HOST", help="torchrun's rendezvous host."),
@@ -403,6 +403,12 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         help="torchrun's: only these local ranks' output on the console.",
     ),
     Opt("local_addr", ("--local-addr", "--local_addr"), metavar="ADDR", help="torchrun's: this node's address."),
+    Opt(
+        "virtual_local_rank",
+        ("--virtual-local-rank", "--virtual_local_rank"),
+        FLAG,
+        help="torchrun's: LOCAL_RANK 0 for every rank, each seeing its own GPU as device 0.",
+    ),
     Opt(
         "shutdown_timeout",
         ("--shutdown-timeout", "--shutdown_timeout"),

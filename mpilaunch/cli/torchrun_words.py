@@ -41,9 +41,16 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "local_ranks_filter",
     "local_addr",
     "shutdown_timeout",
+    "virtual_local_rank",
     *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
 )
-FLAGS = ("standalone", "module", "no_python", "run_path")  # PET_<NAME> of these is 0 or 1, as torchrun reads it
+FLAGS = (
+    "standalone",
+    "module",
+    "no_python",
+    "run_path",
+    "virtual_local_rank",
+)  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
 GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
@@ -91,31 +98,36 @@ def torch_options(
             "--rdzv-backend static or c10d (the same here)"
         )
     nproc = nproc_per_node(str(words["nproc_per_node"] or "1"))
-    nnodes = node_count(words["nnodes"], name)
+    low, nnodes = node_count(words["nnodes"], name)
     if any(a.np is not None for a in apps) and "nproc_per_node" in given:
         raise LaunchError("-n and --nproc-per-node: give one of them (torchrun's is ranks per node)")
     node_rank = None if words["node_rank"] is None else _whole("--node-rank", words["node_rank"], 0, 65536)
+    conf = rdzv_conf(words["rdzv_conf"])
     endpoint = None
     standalone = bool(words["standalone"])
     if standalone:
-        nnodes = 1
+        low = nnodes = 1
+    elif low == 1 and not (words["rdzv_endpoint"] or words["master_addr"]):
+        nnodes = 1  # MIN:MAX from 1 with nowhere to meet: this machine is the job
     per_node = nnodes is not None and nnodes > 1
     if per_node:
-        if node_rank is None and backend == "static":
-            raise LaunchError("--nnodes N with torchrun's static rendezvous: give this node's --node-rank")
-        if node_rank is None:  # c10d's agents number themselves as they arrive; these launchers do not
+        if backend == "static" and (node_rank is None or low != nnodes):
             raise LaunchError(
-                "--nnodes N with --rdzv-backend c10d: mpilaunch's launchers do not number the nodes as they "
-                "arrive; give this node's --node-rank (in Slurm, $SLURM_NODEID)"
+                f"--nnodes {words['nnodes']} with torchrun's static rendezvous: give this node's --node-rank and a "
+                "fixed N (or --rdzv-backend c10d, which numbers the nodes as they meet)"
             )
+        if low != nnodes:
+            node_rank = None  # c10d numbers the nodes itself (torchrun ignores --node-rank but for static)
         endpoint = _endpoint(words, backend)
-        if not 0 <= node_rank < nnodes:
+        if node_rank is not None and not 0 <= node_rank < nnodes:
             raise LaunchError(f"--node-rank {node_rank}: expected 0 to {nnodes - 1} for --nnodes {nnodes}")
     torch = TorchRun(
         nproc_per_node=nproc,
         nnodes=nnodes,
         node_rank=node_rank if per_node else None,
         endpoint=endpoint,
+        min_nodes=low if per_node and low else 0,
+        **conf,
         **(_one_node_master(words, backend) if not per_node and not standalone else {}),
         run_id=_run_id(words, backend, nnodes, standalone),
         role=str(words["role"] or "default"),
@@ -123,6 +135,7 @@ def torch_options(
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
         redirects=std_streams("--redirects", words["redirects"]),
         tee=std_streams("--tee", words["tee"]),
+        virtual_local_rank=bool(words["virtual_local_rank"]),
     )
     apps[:] = [a._replace(argv=script_argv(a.argv, words)) for a in apps]
     fields: dict[str, object] = {"torch": torch, **_graces(words, given, values, env)}
@@ -175,22 +188,40 @@ def nproc_per_node(value: str) -> int:
     raise LaunchError(f"--nproc-per-node {value!r}: expected a number from 1, auto, cpu or gpu")
 
 
-def node_count(value: object, name: str) -> int | None:
-    """torchrun's --nnodes: N, or MIN:MAX with MIN = MAX (a fixed membership); None when not given
-    under mpilaunch's name (the hosts decide), 1 under torchrun's."""
+def node_count(value: object, name: str) -> tuple[int, int | None]:
+    """torchrun's --nnodes: N or MIN:MAX, as (MIN, MAX); (0, None) when not given under
+    mpilaunch's name (the hosts decide), (1, 1) under torchrun's."""
     if value is None:
-        return 1 if name == "torchrun" else None
+        return (1, 1) if name == "torchrun" else (0, None)
     text = str(value)
     low, colon, high = text.partition(":")
     high = high if colon else low  # "2:" has no maximum, which torchrun refuses too
-    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= 65536 and 1 <= int(high) <= 65536):
-        raise LaunchError(f"--nnodes {text!r}: expected N or MIN:MAX")
-    if int(low) != int(high):
-        raise LaunchError(
-            f"--nnodes {text}: elastic membership (MIN < MAX) is not served; give a fixed --nnodes N "
-            "(mpilaunch restarts the whole job with --max-restarts instead)"
-        )
-    return int(low)
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high) <= 65536):
+        raise LaunchError(f"--nnodes {text!r}: expected N or MIN:MAX (MIN <= MAX)")
+    return int(low), int(high)
+
+
+CONF_TIMEOUTS = {"join_timeout": "join_timeout", "last_call_timeout": "last_call"}
+
+
+def rdzv_conf(value: object) -> dict[str, object]:
+    """torchrun's --rdzv-conf K=V,...: of c10d's keys, join_timeout, last_call_timeout and
+    is_host change the meeting here; the others are read by nothing, as by torchrun's backends."""
+    fields: dict[str, object] = {}
+    for part in str(value or "").split(","):
+        if not part.strip():
+            continue
+        key, eq, text = part.partition("=")
+        key, text = key.strip(), text.strip()
+        if not eq or not key:
+            raise LaunchError(f"--rdzv-conf {value!r}: expected KEY=VALUE,...")
+        if key in CONF_TIMEOUTS:
+            fields[CONF_TIMEOUTS[key]] = float(_whole(f"--rdzv-conf {key}", text, 0, 86400))
+        elif key == "is_host":  # torch's get_as_bool
+            if text.lower() not in ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n"):
+                raise LaunchError(f"--rdzv-conf is_host={text}: expected true or false")
+            fields["is_host"] = text.lower() in ("1", "true", "t", "yes", "y")
+    return fields
 
 
 def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:

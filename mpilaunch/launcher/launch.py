@@ -239,11 +239,18 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
     meeting = None
     torch = options.torch
     try:
-        if torch is not None and torch.node_rank is not None and not options.dry_run:  # one launcher per node
+        if torch is not None and torch.endpoint is not None and not options.dry_run:  # one launcher per node
             from mpilaunch.launcher.rendezvous import NodeRendezvous
 
             meeting = NodeRendezvous(torch, attempt)
             meeting.join()  # every node's launcher is there before any rank starts
+            if torch.node_rank is None:  # c10d's meeting numbered the nodes
+                torch = torch._replace(node_rank=meeting.node, nnodes=meeting.nodes)
+                spec = spec._replace(options=options._replace(torch=torch))
+        elif torch is not None and torch.endpoint is not None and torch.node_rank is None:
+            if not attempt:
+                say(options, f"the nodes' meeting numbers them: shown as node 0 of {torch.nnodes}")
+            spec = spec._replace(options=options._replace(torch=torch._replace(node_rank=0)))
         plan, source = build_plan(spec, os.environ, ThisMachine(), attempt=attempt)
         if not attempt:
             for note in plan.notes:
@@ -352,6 +359,12 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
             for stream, mask in ((STDOUT, 1), (STDERR, 2))
             if not torch.on_console(r.local_rank) & mask
         }
+        if console is not None:  # torchrun's label on each line of a tee'd stream
+            for r in plan.job.ranks:
+                for stream, mask in ((STDOUT, 1), (STDERR, 2)):
+                    label = torch.console_label(r.local_rank, mask)
+                    if label:
+                        console.line_labels[(r.rank, stream)] = label.encode("utf-8", "surrogateescape")
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:

@@ -266,6 +266,7 @@ class Console:
         self.open_line: tuple[int, int] | None = None  # whose partial line the console ends with
         self.labels: dict[int, tuple[int, int]] = {}  # process id -> (job, rank) for tags
         self.host_tags: dict[int, str] = {}  # process id -> host name, for `allrun`
+        self.line_labels: dict[tuple[int, int], bytes] = {}  # (process id, stream) -> torchrun's `[default0]:`
 
     def feed(self, rank: int, stream: int, data: bytes, now: float) -> None:
         """Show the whole lines of data (after what was pending), keep the partial one. The
@@ -333,8 +334,8 @@ class Console:
         continuing = self.open_line == key
         if self.open_line is not None and not continuing:
             self._emit(self.open_line[1], b"\n")
-        if self.tag or self.timestamp or self.rank_label:
-            prefix = self._prefix(*key)
+        if self.tag or self.timestamp or self.rank_label or key in self.line_labels:
+            prefix = self._prefix(*key) + self.line_labels.get(key, b"")
             lines = bytes(data).splitlines(keepends=True)
             data = b"".join(line if (continuing and i == 0) else prefix + line for i, line in enumerate(lines))
         self._emit(key[1], data)

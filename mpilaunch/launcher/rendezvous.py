@@ -1,20 +1,29 @@
-"""torchrun's way across nodes: a launcher on each node (`--nnodes N --node-rank K`), meeting
-at the endpoint (`--master-addr:--master-port`, or `--rdzv-endpoint`), as torchrun's static
-rendezvous does.
+"""torchrun's way across nodes: a launcher on each node, meeting at the endpoint
+(`--master-addr:--master-port`, or `--rdzv-endpoint`), as torchrun's rendezvous does.
 
-Node 0's launcher serves a TCPStore there (host/tcpstore.py); it is also the ranks' store
-(TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's node 0 agent's is. Each launcher writes
-`mpilaunch/joined/K` and waits until every node's is there; then each starts its node's ranks.
-While they run, a node that ends badly says so (`mpilaunch/failed`), which stops every other
-node's job; a launcher that goes away is seen by the store's end of its connection (node 0),
-or by the end of the connection to node 0 (the others). At the end each node writes
-`mpilaunch/done/K`; node 0 keeps the store up until every other node's launcher has hung up,
-having read whether any node said it was the last attempt (`mpilaunch/final`, which node 0
-writes before its own done: a failed node waits for that before it reads it).
+With `--node-rank K` (static, or c10d with a fixed --nnodes N), node 0's launcher serves a
+TCPStore there (host/tcpstore.py); each launcher writes `mpilaunch/joined/K` and waits until
+every node's is there. Under c10d without a node rank (or with --nnodes MIN:MAX), the meeting
+numbers the nodes, as torchrun's c10d rendezvous does: the launcher on the endpoint's machine
+(the first there to bind its port; `--rdzv-conf is_host=` decides otherwise) serves the store;
+each launcher takes an arrival number and writes `joined/<arrival>` (host and pid); the store's
+launcher closes the meeting when MAX joined, or MIN and then `last_call` seconds passed, and
+writes the node order (by host, then pid: torch's order) to `nodes`. Either way the store is
+also the ranks' (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's agent's is.
+
+While the ranks run, a node that ends badly says so (`mpilaunch/failed`), which stops every other
+node's job; a launcher that goes away is seen by the store's end of its connection, or by the
+end of the connection to the store. At the end each node writes `mpilaunch/done/K`; the store's
+launcher keeps it up until every other node's launcher has hung up, having read whether any node
+said it was the last attempt (`mpilaunch/final`, which it writes before its own done: a failed
+node waits for that before it reads it).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import os
 import selectors
 import socket
 import time
@@ -32,14 +41,20 @@ PREFIX = "mpilaunch/"
 
 
 class NodeRendezvous:
-    """This node's side of the meeting: node 0 serves the store, the others are its clients."""
+    """This node's side of the meeting: one launcher serves the store, the others are its clients."""
 
-    def __init__(self, torch: TorchRun, attempt: int = 0, timeout: float = JOIN_TIMEOUT) -> None:
-        assert torch.node_rank is not None and torch.nnodes is not None and torch.endpoint is not None
-        self.node, self.nodes = torch.node_rank, torch.nnodes
+    def __init__(self, torch: TorchRun, attempt: int = 0, timeout: float | None = None) -> None:
+        assert torch.nnodes is not None and torch.endpoint is not None
+        self.node, self.nodes = torch.node_rank, torch.nnodes  # node None: the meeting numbers it
+        self.fewest = torch.min_nodes or torch.nnodes
+        self.last_call = torch.last_call
+        self.is_host = torch.is_host
         self.host, self.port = torch.endpoint
-        self.timeout = timeout
+        self.timeout = torch.join_timeout if timeout is None else timeout
         self.attempt = attempt
+        self.slots = list(range(self.nodes))  # each node's arrival number, by node rank
+        self.slot = -1 if self.node is None else self.node  # this node's
+        self.host_rank = 0  # the node whose launcher serves the store
         self.server: tcpstore.StoreServer | None = None
         self.client: tcpstore.StoreClient | None = None
         self.watcher: tcpstore.StoreClient | None = None  # a node's connection that waits for the end
@@ -51,9 +66,15 @@ class NodeRendezvous:
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"
 
+    @property
+    def name(self) -> str:
+        return "this node" if self.node is None else f"node {self.node}"
+
     # -- meeting -----------------------------------------------------------------------------
     def join(self) -> None:
         """Say this node is here; return once every node is (LaunchError after the timeout)."""
+        if self.node is None:
+            return self._meet()
         keys = [self.key(f"joined/{k}") for k in range(self.nodes)]
         if self.node == 0:
             try:
@@ -72,6 +93,95 @@ class NodeRendezvous:
                 f"node {self.node}: nodes {', '.join(map(str, missing))} of {self.nodes} did not join at "
                 f"{self.host}:{self.port} within {self.timeout:g} s"
             )
+
+    def _meet(self) -> None:
+        """c10d's meeting, which numbers the nodes: served here if the endpoint is this machine
+        and its port is free, else met there (again, should that store go away meanwhile)."""
+        deadline = time.monotonic() + self.timeout
+        serve = ends_here(self.host) if self.is_host is None else self.is_host
+        order = None
+        while order is None:
+            if serve and self._take_store():
+                order = self._close(deadline)
+            else:
+                order = self._arrive(deadline)
+        slots, host = order
+        if self.slot not in slots:
+            self.close()
+            raise LaunchError(
+                f"the nodes' meeting at {self.host}:{self.port} closed with {len(slots)} nodes before this one "
+                "joined (a node that comes late is not taken in)"
+            )
+        self.slots, self.nodes = slots, len(slots)
+        self.node, self.host_rank = slots.index(self.slot), slots.index(host)
+
+    def _take_store(self) -> bool:
+        """Serve the meeting's store; False if another launcher of this machine already does."""
+        try:
+            self.server = tcpstore.StoreServer(None, "", self.port, on_close=self._closed)
+            return True
+        except OSError as exc:
+            if self.is_host:
+                raise LaunchError(f"cannot serve the rendezvous on port {self.port}: {exc.strerror}") from None
+            return False
+
+    def _close(self, deadline: float) -> tuple[list[int], int]:
+        """The store's side: close the meeting with MAX nodes, or MIN after the last call."""
+        server = self.server
+        assert server is not None
+        self.slot = server.add(self.key("arrivals"), 1) - 1
+        server.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
+        last_call: list[float] = []
+
+        def closed() -> bool:
+            count = len(self._joined())
+            now = time.monotonic()
+            if count < self.fewest:
+                last_call.clear()  # torchrun's deadline too starts again when MIN is reached again
+            elif not last_call:
+                last_call.append(now + self.last_call)
+            return count >= self.nodes or (bool(last_call) and now >= last_call[0]) or now > deadline
+
+        server.run(closed, 0.05)
+        joined = self._joined()
+        if len(joined) < self.fewest:
+            self.close()
+            raise LaunchError(
+                f"{len(joined)} of at least {self.fewest} nodes joined at {self.host}:{self.port} within "
+                f"{self.timeout:g} s"
+            )
+        slots = sorted(joined, key=lambda slot: (joined[slot][0], int(joined[slot][1]), slot))
+        server.set(self.key("nodes"), json.dumps({"slots": slots, "host": self.slot}))
+        return slots, self.slot
+
+    def _joined(self) -> dict[int, list[str]]:
+        """The launchers that arrived and are still there (arrival: host and pid)."""
+        assert self.server is not None
+        arrived = int(self.server.get(self.key("arrivals")) or 0)
+        values = {slot: self.server.get(self.key(f"joined/{slot}")) for slot in range(arrived)}
+        return {slot: value.decode().split() for slot, value in values.items() if value is not None}
+
+    def _arrive(self, deadline: float) -> tuple[list[int], int] | None:
+        """A client's side: arrive, and read the nodes' order once the meeting closed; None if
+        the store went away meanwhile (the store of the attempt before)."""
+        try:
+            self.client = tcpstore.StoreClient(self.host, self.port, max(deadline - time.monotonic(), 0.1))
+            self.slot = self.client.add(self.key("arrivals"), 1) - 1
+            self.client.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
+            said = json.loads(self.client.get(self.key("nodes"), max(deadline - time.monotonic(), 0.1)))
+            return [int(slot) for slot in said["slots"]], int(said["host"])
+        except tcpstore.StoreTimeout:
+            self.close()
+            raise LaunchError(
+                f"the nodes' meeting at {self.host}:{self.port} did not close within {self.timeout:g} s (fewer "
+                f"than {self.fewest} nodes joined)"
+            ) from None
+        except tcpstore.StoreError as exc:
+            self.close()
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"this node: {exc}") from None
+            time.sleep(0.05)
+            return None
 
     def _join_as_client(self, keys: list[str]) -> list[int]:
         """The nodes missing at the timeout. Node 0's store of the attempt before may still be
@@ -99,7 +209,7 @@ class NodeRendezvous:
     # -- while the ranks run ------------------------------------------------------------------
     def watch_from(self, sel: selectors.BaseSelector, lost: Callable[[str], None]) -> None:
         """From now on `lost(why)` is called, once, when another node's job ended badly or its
-        launcher went away: the controller's loop serves the store (node 0) or waits on it."""
+        launcher went away: the controller's loop serves the store (its launcher) or waits on it."""
         self.lost, self.sel = lost, sel
         if self.server is not None:
             self.server.set(self.key("running"), "1")
@@ -118,27 +228,33 @@ class NodeRendezvous:
             self._lose(failed.decode(errors="replace"))
 
     def _woken(self) -> None:
-        """The watching connection spoke: another node failed, or node 0's launcher is gone."""
+        """The watching connection spoke: another node failed, or the store's launcher is gone."""
         assert self.watcher is not None and self.client is not None and self.sel is not None
         self.sel.unregister(self.watcher.fileno())  # it said what it had to; its end later is no news
         try:
             self.watcher.wait_end(self.timeout)
             why = self.client.get(self.key("failed")).decode(errors="replace")
         except tcpstore.StoreError:
-            why = f"node 0's launcher at {self.host}:{self.port} went away"
+            why = f"node {self.host_rank}'s launcher at {self.host}:{self.port} went away"
         self._lose(why)
 
     def _closed(self, peer: tcpstore.Peer) -> None:
-        """Node 0: a connection closed; one that said a node joined is that node's launcher.
-        While the nodes still meet, that node has not joined after all: the others wait for it
-        again (another launcher of that node may come) and, at the timeout, name it."""
+        """The store's launcher: a connection closed; one that said a node joined is that node's
+        launcher. While the nodes still meet, that node has not joined after all: the others
+        wait for it again (another launcher of that node may come) and, at the timeout, name it."""
         if self.server is None or self.over:
             return
-        for k in range(1, self.nodes):
-            joined, done = self.key(f"joined/{k}"), self.key(f"done/{k}")
-            if joined in peer.wrote and self.server.get(done) is None:
-                if self.lost is None:  # meeting (node 0's store is served only then before watch_from)
-                    self.server.delete(joined)
+        if self.lost is None:  # meeting (the store is served only then before watch_from)
+            for key in peer.wrote:
+                if key.startswith(self.key("joined/")):
+                    self.server.delete(key)
+            return
+        for k, slot in enumerate(self.slots):
+            if (
+                k != self.node
+                and self.key(f"joined/{slot}") in peer.wrote
+                and self.server.get(self.key(f"done/{k}")) is None
+            ):
                 self._lose(f"node {k}'s launcher went away")
 
     def _lose(self, why: str) -> None:
@@ -150,9 +266,9 @@ class NodeRendezvous:
     def finish(self, status: int, last: bool = False) -> bool:
         """Say how this node's job ended (a failure stops the others'), and, with last, that it
         starts no other attempt (a user's signal, the time limit: --max-restarts then restarts
-        no node). A node waits until the job has ended everywhere, or failed somewhere and node
-        0 has said whether that was the last attempt; node 0's store stays until every other
-        node's launcher has hung up. So a node whose ranks ended well learns in `elsewhere`
+        no node). A node waits until the job has ended everywhere, or failed somewhere and the
+        store's launcher has said whether that was the last attempt; the store stays until every
+        other node's launcher has hung up. So a node whose ranks ended well learns in `elsewhere`
         that the job failed on another, and starts the next attempt with it. Whether any node
         said it was the last."""
         self.over = True
@@ -167,8 +283,8 @@ class NodeRendezvous:
                     self.server.set(final, "1")
                 if status and self.server.get(failed) is None:
                     self.server.set(failed, why)
-                self.server.set(keys[0], str(status))
-                nodes = {self.key(f"joined/{k}") for k in range(1, self.nodes)}
+                self.server.set(keys[self.node], str(status))
+                nodes = {self.key(f"joined/{slot}") for k, slot in enumerate(self.slots) if k != self.node}
                 # each node's launcher hangs up once it has read what it needs (or is gone)
                 self.server.run(lambda: not any(peer.wrote & nodes for peer in self.server.peers.values()), 0.05)
                 said_last = self.server.get(final) is not None
@@ -179,14 +295,14 @@ class NodeRendezvous:
                 if status and not self.client.check([failed]):
                     self.client.set(failed, why)
                 self.client.set(keys[self.node], str(status))
-                while not (self.client.check(keys) or self.client.check([failed, keys[0]])):
-                    time.sleep(0.05)  # the others still run: node 0's store answers while they do
+                while not (self.client.check(keys) or self.client.check([failed, keys[self.host_rank]])):
+                    time.sleep(0.05)  # the others still run: the store answers while they do
                 said_last = said_last or self.client.check([final])
                 told = self.client.get(failed) if self.client.check([failed]) else None
             if not status and told is not None:
                 self.elsewhere = told.decode(errors="replace")
         except (tcpstore.StoreError, OSError):
-            said_last = True  # node 0 is gone: no attempt can meet again
+            said_last = True  # the store's launcher is gone: no attempt can meet again
         finally:
             self.close()
         return said_last
@@ -199,3 +315,21 @@ class NodeRendezvous:
                 except OSError:
                     pass
         self.watcher = self.client = self.server = None
+
+
+def ends_here(host: str) -> bool:
+    """Whether the endpoint is this machine, as torch's c10d backend decides whether it hosts
+    the store: localhost, a loopback address, this machine's name or one of its addresses."""
+    if host == "localhost" or host in (socket.gethostname(), socket.gethostname().split(".")[0]):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    try:
+        theirs = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        ours = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(theirs & ours)

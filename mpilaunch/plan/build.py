@@ -345,6 +345,17 @@ def launch_messages(
     return launches
 
 
+def virtual_local_rank(local_rank: int, visible: str | None) -> dict[str, str]:
+    """torchrun's --virtual-local-rank: LOCAL_RANK 0, and as the only GPU the rank's own (its
+    local rank's entry of the launcher's CUDA_VISIBLE_DEVICES, or that number), so device 0 is it."""
+    if visible is None:
+        return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": str(local_rank)}
+    gpus = visible.split(",")
+    if local_rank >= len(gpus):
+        raise LaunchError(f"--virtual-local-rank: local rank {local_rank} has no GPU in CUDA_VISIBLE_DEVICES={visible}")
+    return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": gpus[local_rank].strip()}
+
+
 def stdin_ranks(choice: str, np: int) -> list[int]:
     if choice == "none":
         return []
@@ -418,6 +429,9 @@ def job_plan(
     )
     for rank_env, extras in zip(envs, more):
         rank_env.update(extras)
+    if torch is not None and torch.virtual_local_rank:
+        for r, rank_env in zip(ranks, envs):
+            rank_env.update(virtual_local_rank(r.local_rank, env.get("CUDA_VISIBLE_DEVICES")))
     if options.prefix:  # Open MPI's --prefix, for this machine's ranks (launch.py carries it to the others)
         here = {i for i, host in enumerate(hosts) if not hostlib.needs_ssh(host)}
         for r, rank_env in zip(ranks, envs):

@@ -27,9 +27,13 @@ class TorchRun(Record):
     """torchrun's job, as its command line (or mpilaunch's with torchrun's words) asks for it."""
 
     nproc_per_node: int  # ranks on each node
-    nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation)
+    nnodes: int | None = None  # None: as many as the hosts (-H, a hostfile, an allocation); MIN:MAX's MAX
     node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
+    min_nodes: int = 0  # --nnodes MIN:MAX's MIN (0: nnodes); with endpoint and no node_rank the meeting numbers nodes
+    last_call: float = 30.0  # c10d's last_call_timeout: the wait for more nodes once MIN joined
+    join_timeout: float = 600.0  # c10d's join_timeout
+    is_host: bool | None = None  # c10d's is_host: serve the meeting's store (None: if the endpoint is this machine)
     master_addr: str = ""  # one node, --master-port given: the ranks' MASTER_ADDR (torchrun's 127.0.0.1 if not given)
     master_port: int = 0  # ... and MASTER_PORT; 0: a free port, whatever the environment says (torchrun's)
     run_id: str = ""  # TORCHELASTIC_RUN_ID (--rdzv-id or none, as torchrun), "": the job's id
@@ -38,6 +42,7 @@ class TorchRun(Record):
     local_ranks_filter: tuple[int, ...] = ()  # only these local ranks on the console (torchrun's)
     redirects: tuple[tuple[int, int], ...] = ()  # (local rank or -1 for all, streams 1|2|3): to files only
     tee: tuple[tuple[int, int], ...] = ()  # ... to files and the console
+    virtual_local_rank: bool = False  # LOCAL_RANK 0 and one GPU in CUDA_VISIBLE_DEVICES per rank (torchrun's)
 
     def on_console(self, local_rank: int) -> int:
         """The streams (1 stdout, 2 stderr, as a mask) of this local rank the console shows."""
@@ -52,6 +57,11 @@ class TorchRun(Record):
         if self.master_port:
             return self.master_addr or planned, self.master_port
         return "localhost" if planned == "127.0.0.1" else planned, free_port()
+
+    def console_label(self, local_rank: int, stream: int) -> str:
+        """torchrun's `[<role><local rank>]:` before each console line of a tee'd stream (1 or 2)."""
+        teed = self.on_console(local_rank) & _streams(self.tee, local_rank) & stream
+        return f"[{self.role}{local_rank}]:" if teed else ""
 
     @property
     def to_files(self) -> bool:

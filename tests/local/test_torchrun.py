@@ -156,6 +156,39 @@ def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Laun
     assert runs["mpilaunch"][1]["env"]["PMI_SIZE"] == "2"
 
 
+@pytest.mark.parametrize("visible", [None, "3,5"], ids=["no-list", "a-list"])
+def test_virtual_local_rank_as_torchrun(launcher: Launcher, tmp_path: Path, visible: str | None) -> None:
+    """--virtual-local-rank: LOCAL_RANK 0 everywhere, and each rank's own GPU alone in
+    CUDA_VISIBLE_DEVICES (its local rank, or that entry of the launcher's list), as torchrun's."""
+    script = write_script(tmp_path, "env_dump.py", ENV_DUMP)
+    parent = {**launcher.env, "PYTHONPATH": str(ROOT)}
+    parent.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        parent["CUDA_VISIBLE_DEVICES"] = visible
+    seen = {}
+    for name, argv in (("torchrun", [sys.executable, "-m", "torch.distributed.run"]), ("mpilaunch", launcher.argv())):
+        out = tmp_path / name
+        out.mkdir()
+        proc = subprocess.run(
+            [*argv, "--virtual-local-rank", "--nproc-per-node", "2", script, str(out)],
+            env=parent,
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=HANG,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.returncode == 0, (name, proc.stderr.decode()[-3000:])
+        seen[name] = {r: (d["env"]["LOCAL_RANK"], d["env"]["CUDA_VISIBLE_DEVICES"]) for r, d in dumps(out).items()}
+    assert seen["torchrun"] == seen["mpilaunch"]
+    assert seen["mpilaunch"][1] == ("0", "5" if visible else "1")
+    if visible:  # more ranks than the list's GPUs: torchrun's workers fail to start; here, one line
+        proc = launcher.run("--virtual-local-rank", "--nproc-per-node", "3", script, env=parent)
+        assert (proc.returncode, proc.stderr.decode()) == (
+            2,
+            "mpilaunch: --virtual-local-rank: local rank 2 has no GPU in CUDA_VISIBLE_DEVICES=3,5\n",
+        )
+
+
 def test_dry_run_shows_torchruns_variables(launcher: Launcher, tmp_path: Path) -> None:
     proc = launcher.run(
         "--dry-run", "--nproc-per-node", "2", "--master-port", "29600", "--rdzv-id", "job42", "train.py"
@@ -389,6 +422,47 @@ def test_one_launcher_per_node_restarts_every_node_together(launcher: Launcher, 
     assert said == sorted(f"attempt {a} rank {r} of 4" for a in (0, 1) for r in range(4))
 
 
+def _c10d(launcher: Launcher, port: int, *args: str) -> subprocess.Popen:
+    """A launcher as PyTorch's docs start one per node: c10d, no --node-rank."""
+    words = ("--rdzv-id", "100", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}")
+    return launcher.popen(*words, *args)
+
+
+def test_c10d_launchers_without_node_ranks_are_numbered_as_torchrun_numbers_them(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """--nnodes 1:2 and no --node-rank: the meeting closes once both launchers are there (MAX),
+    numbers the nodes by host, then pid (torch's order), and meets again for the restart."""
+    script = write_script(tmp_path, "flaky.py", FLAKY_DDP)
+    port = free_port()
+    words = ("--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "1", "--restart-delay", "0", script)
+    nodes = [_c10d(launcher, port, *words) for _ in range(2)]
+    outs = [p.communicate(timeout=HANG) for p in nodes]
+    for proc, (_, err) in zip(nodes, outs):
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert "attempt 0 ended with status" in err.decode()
+    first = min(range(2), key=lambda k: nodes[k].pid)  # one host: the lower pid is node 0
+    said = {k: sorted(outs[k][0].decode().splitlines()) for k in range(2)}
+    assert said[first] == sorted(f"attempt {a} rank {r} of 4" for a in (0, 1) for r in (0, 1))
+    assert said[1 - first] == sorted(f"attempt {a} rank {r} of 4" for a in (0, 1) for r in (2, 3))
+
+
+def test_min_max_nodes_alone_runs_after_the_last_call(launcher: Launcher, tmp_path: Path) -> None:
+    """One launcher of --nnodes 1:2 waits c10d's last call (--rdzv-conf last_call_timeout) for
+    another, then runs the nodes there are; with nowhere to meet it runs at once."""
+    script = write_script(tmp_path, "ddp.py", DDP)
+    started = time.monotonic()
+    proc = _c10d(
+        launcher, free_port(), "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=2", "--nproc-per-node", "2", script
+    )
+    out, err = proc.communicate(timeout=HANG)
+    assert proc.returncode == 0 and time.monotonic() - started >= 2.0, err.decode()[-3000:]
+    assert sorted((s["rank"], s["world"]) for s in map(json.loads, out.decode().splitlines())) == [(0, 2), (1, 2)]
+    proc = launcher.run("--nnodes", "1:2", "--nproc-per-node", "2", script, timeout=HANG)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert sorted(json.loads(line)["world"] for line in proc.stdout.decode().splitlines()) == [2, 2]
+
+
 def test_a_job_that_always_fails_ends_with_its_status_after_every_attempt(launcher: Launcher, tmp_path: Path) -> None:
     script = write_script(tmp_path, "flaky.py", FLAKY)
     proc = launcher.run(
@@ -529,8 +603,9 @@ def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) 
 
 
 def test_redirects_tee_and_the_local_ranks_filter(launcher: Launcher, tmp_path: Path) -> None:
-    """-r sends streams to files only, -t to files and the console, --local-ranks-filter keeps
-    the other ranks off the console; every byte still reaches the log tree."""
+    """-r sends streams to files only, -t to files and the console (each line labelled
+    `[<role><local rank>]:`, as torchrun's), --local-ranks-filter keeps the other ranks off the
+    console; every byte still reaches the log tree, unlabelled."""
     script = write_script(
         tmp_path,
         "say.py",
@@ -540,8 +615,11 @@ def test_redirects_tee_and_the_local_ranks_filter(launcher: Launcher, tmp_path: 
     assert (proc.stdout.decode(), proc.stderr.decode()) == ("out 1\n", "err 1\n")
     assert (tmp_path / "a" / "1" / "rank.0" / "stderr").read_text() == "err 0\n"
     proc = launcher.run("-q", "--nproc-per-node", "2", "-r", "3", "-t", "0:1", "--log-dir", "b", script)
-    assert (proc.stdout.decode(), proc.stderr.decode()) == ("out 0\n", "")
+    assert (proc.stdout.decode(), proc.stderr.decode()) == ("[default0]:out 0\n", "")  # torchrun's label, tee'd
     assert (tmp_path / "b" / "1" / "rank.1" / "stdout").read_text() == "out 1\n"
+    proc = launcher.run("-q", "--nproc-per-node", "2", "-t", "0:1", "-r", "1:2", "--role", "trainer", script)
+    assert sorted(proc.stdout.decode().splitlines()) == ["[trainer0]:out 0", "out 1"]  # only tee'd lines labelled
+    assert proc.stderr.decode() == "err 0\n"
     proc = launcher.run("--nproc-per-node", "1", "-r", "1", script)  # no --log-dir: a temp dir, said
     said = [line for line in proc.stderr.decode().splitlines() if "rank output goes to" in line]
     assert proc.stdout == b"" and len(said) == 1, proc.stderr.decode()
@@ -555,10 +633,12 @@ def test_redirects_tee_and_the_local_ranks_filter(launcher: Launcher, tmp_path: 
 @pytest.mark.parametrize(
     "words, says",
     [
-        (["--nnodes", "1:4"], "--nnodes 1:4: elastic membership (MIN < MAX) is not served"),
+        (["--nnodes", "1:4", "--master-addr", "h"], "--nnodes 1:4 with torchrun's static rendezvous: give"),
+        (["--nnodes", "3:2"], "--nnodes '3:2': expected N or MIN:MAX (MIN <= MAX)"),
+        (["--rdzv-conf", "last_call_timeout"], "--rdzv-conf 'last_call_timeout': expected KEY=VALUE,..."),
         (["--rdzv-backend", "etcd"], "--rdzv-backend etcd: mpilaunch's launchers meet through a store"),
         (["--nproc-per-node", "many"], "--nproc-per-node 'many': expected a number from 1, auto, cpu or gpu"),
-        (["--nnodes", "2", "--master-addr", "127.0.0.1"], "--nnodes N with torchrun's static rendezvous: give"),
+        (["--nnodes", "2", "--master-addr", "127.0.0.1"], "--nnodes 2 with torchrun's static rendezvous: give"),
         (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], "--node-rank 2: expected 0 to 1 for --nnodes 2"),
         (["--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--mpi", "pmix"], "--mpi pmix with torchrun's"),
         (["-r", "7"], "--redirects '7': expected 0 to 3"),

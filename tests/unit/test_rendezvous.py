@@ -40,6 +40,26 @@ def node(rank: int, nodes: int, port: int, timeout: float = HANG, attempt: int =
     return NodeRendezvous(torch, attempt, timeout)
 
 
+def numbered(nodes: int, port: int, fewest: int = 0, last_call: float = 30.0, timeout: float = HANG) -> NodeRendezvous:
+    """A launcher under c10d without --node-rank: the meeting numbers it."""
+    torch = TorchRun(nproc_per_node=1, nnodes=nodes, endpoint=(HOST, port), min_nodes=fewest, last_call=last_call)
+    return NodeRendezvous(torch, 0, timeout)
+
+
+def meet_numbered(sides: list[NodeRendezvous]) -> tuple[NodeRendezvous, Loop]:
+    """Every launcher joins; the one that serves the store then serves it from its loop, as its
+    controller's does (the others read the nodes' order from it)."""
+    joining = [Background(side.join) for side in sides]
+    loop = Loop()
+    loop.turn_until(lambda: any(j.done() and side.server is not None for j, side in zip(joining, sides)))
+    server = next(side for side in sides if side.server is not None)
+    server.watch_from(loop.sel, loop.lost)
+    loop.turn_until(lambda: all(j.done() for j in joining))
+    for j in joining:
+        j.value()
+    return server, loop
+
+
 class Background:
     """A call in a thread: its result or its exception, once it returned."""
 
@@ -354,3 +374,63 @@ def test_a_node_killed_before_the_others_joined_has_not_joined() -> None:
     finally:
         kill(child)
         zero.close()
+
+
+def test_c10d_without_node_ranks_numbers_the_nodes_and_one_serves_the_store() -> None:
+    """The first to bind the endpoint's port serves; every launcher learns its node rank (torch's
+    order: host, then pid, here the arrival) and which node serves; then they run as numbered."""
+    port = free_port()
+    sides = [numbered(3, port) for _ in range(3)]
+    server, loop = meet_numbered(sides)
+    servers = [side for side in sides if side.server is not None]
+    assert servers == [server]
+    assert sorted(side.node for side in sides) == [0, 1, 2]  # type: ignore[type-var]
+    assert {side.host_rank for side in sides} == {server.node}
+    assert all(side.nodes == 3 and side.slots == sides[0].slots for side in sides)
+    others = [side for side in sides if side.server is None]
+    failing = Background(lambda: others[0].finish(3))
+    loop.turn_until(lambda: bool(loop.heard))
+    assert loop.heard == [f"node {others[0].node}'s job ended with status 3"]
+    ending = [failing, Background(lambda: others[1].finish(143))]
+    assert servers[0].finish(143) is False
+    assert [e.value() for e in ending] == [False, False]
+    loop.sel.close()
+
+
+def test_min_max_closes_with_max_at_once_and_with_min_after_the_last_call() -> None:
+    port = free_port()
+    sides = [numbered(2, port, fewest=1, last_call=HANG) for _ in range(2)]
+    started = time.monotonic()
+    _server, loop = meet_numbered(sides)
+    assert time.monotonic() - started < HANG / 2 and sorted(side.node for side in sides) == [0, 1]  # type: ignore[type-var]
+    for side in sides:
+        side.close()
+    loop.sel.close()
+    alone = numbered(2, port, fewest=1, last_call=0.3)
+    started = time.monotonic()
+    alone.join()
+    assert time.monotonic() - started >= 0.3
+    assert (alone.node, alone.nodes, alone.host_rank) == (0, 1, 0)
+    loop = Loop()
+    alone.watch_from(loop.sel, loop.lost)
+    late = Background(numbered(2, port, fewest=1, last_call=0.3).join)
+    loop.turn_until(late.done)
+    with pytest.raises(LaunchError) as caught:
+        late.value()
+    assert str(caught.value).startswith(f"the nodes' meeting at {HOST}:{port} closed with 1 nodes before this one")
+    assert loop.heard == []  # a late launcher is no node of the job: its going away stops nothing
+    alone.close()
+    loop.sel.close()
+
+
+def test_fewer_than_min_nodes_is_said_by_every_launcher() -> None:
+    port = free_port()
+    sides = [numbered(4, port, fewest=3, timeout=0.5) for _ in range(2)]
+    joining = [Background(side.join) for side in sides]
+    said = []
+    for j in joining:
+        with pytest.raises(LaunchError) as caught:
+            j.value()
+        said.append(str(caught.value))
+    assert f"2 of at least 3 nodes joined at {HOST}:{port} within 0.5 s" in said
+    assert any(s.startswith(f"the nodes' meeting at {HOST}:{port} did not close within 0.5 s") for s in said), said

@@ -103,14 +103,31 @@ def test_dash_n_with_nproc_per_node_is_refused_and_dash_n_alone_keeps_its_count(
 
 
 # -- --nnodes, --node-rank, --standalone -----------------------------------------------------------
-def test_nnodes_min_max_equal_is_n_and_unequal_is_refused() -> None:
+def test_nnodes_min_max_is_a_meeting_that_numbers_the_nodes() -> None:
     assert torch_of("--nnodes", "2:2", "--node-rank", "0", "--master-addr", "h", "t.py").nnodes == 2
-    assert refused("--nnodes", "1:4", "t.py") == (
-        "--nnodes 1:4: elastic membership (MIN < MAX) is not served; give a fixed --nnodes N "
-        "(mpilaunch restarts the whole job with --max-restarts instead)"
+    c10d = ("--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29433")
+    run = torch_of("--nnodes", "1:4", *c10d, "--node-rank", "3", "t.py")  # torchrun's c10d ignores --node-rank
+    assert (run.min_nodes, run.nnodes, run.node_rank, run.endpoint, run.last_call) == (1, 4, None, ("h", 29433), 30.0)
+    run = torch_of("--nnodes", "1:2", "--nproc-per-node", "2", "t.py")  # nowhere to meet: this machine's job
+    assert (run.nnodes, run.endpoint, spec("--nnodes", "1:2", "--nproc-per-node", "2", "t.py").options.npernode) == (
+        1,
+        None,
+        2,
     )
-    for bad in ("0", "x", ":2", "2:", "1:2:3", "0:0"):
-        assert refused("--nnodes", bad, "t.py") == f"--nnodes {bad!r}: expected N or MIN:MAX", bad
+    assert refused("--nnodes", "2:4", "t.py").startswith("--nnodes 2:4 with torchrun's static rendezvous: give")
+    for bad in ("0", "x", ":2", "2:", "1:2:3", "0:0", "3:2"):
+        assert refused("--nnodes", bad, "t.py") == f"--nnodes {bad!r}: expected N or MIN:MAX (MIN <= MAX)", bad
+
+
+def test_rdzv_conf_sets_the_meetings_timeouts_and_who_serves_it() -> None:
+    words = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h")
+    conf = "join_timeout=60, last_call_timeout=5,is_host=False,read_timeout=9"  # torchrun's other keys: read by none
+    run = torch_of(*words, "--rdzv-conf", conf, "t.py")
+    assert (run.join_timeout, run.last_call, run.is_host, run.endpoint) == (60.0, 5.0, False, ("h", 29400))
+    assert (
+        refused(*words, "--rdzv-conf", "is_host=maybe", "t.py") == "--rdzv-conf is_host=maybe: expected true or false"
+    )
+    assert refused(*words, "--rdzv-conf", "join_timeout=-1", "t.py").startswith("--rdzv-conf join_timeout '-1':")
 
 
 def test_node_rank_is_one_of_the_nodes() -> None:
@@ -120,7 +137,8 @@ def test_node_rank_is_one_of_the_nodes() -> None:
         "--node-rank 2: expected 0 to 1 for --nnodes 2"
     )
     assert refused("--nnodes", "3", "--master-addr", "h", "t.py") == (
-        "--nnodes N with torchrun's static rendezvous: give this node's --node-rank"
+        "--nnodes 3 with torchrun's static rendezvous: give this node's --node-rank and a fixed N (or --rdzv-backend "
+        "c10d, which numbers the nodes as they meet)"
     )
     assert refused("--nnodes", "2", "--node-rank", "0", "t.py").startswith("--nnodes N: say where the nodes meet")
 
@@ -173,11 +191,10 @@ def test_rdzv_endpoint_port_out_of_range_is_refused() -> None:
         assert refused(*words) == f"--rdzv-endpoint {endpoint!r}: expected HOST[:PORT]", endpoint
 
 
-def test_c10d_without_node_rank_is_refused_not_run_as_one_node() -> None:
-    """c10d's agents number the nodes as they come; these launchers do not. Without --node-rank,
-    each launcher ran a world of its own on the same port."""
-    said = refused("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400", "t.py", name="torchrun")
-    assert said.startswith("--nnodes N with --rdzv-backend c10d:") and "--node-rank" in said
+def test_c10d_without_node_rank_is_numbered_at_the_meeting() -> None:
+    """As torchrun's c10d agents: without --node-rank the launchers number the nodes as they meet."""
+    run = torch_of("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400", "t.py", name="torchrun")
+    assert (run.nnodes, run.min_nodes, run.node_rank, run.endpoint) == (2, 2, None, ("h", 29400))
 
 
 def test_master_addr_and_port_and_the_endpoint_before_them() -> None:
@@ -374,9 +391,12 @@ TEES = ["", "1", "2", "3", "0:2,1:1"]
 FILTERS = ["", "1", "0,2"]
 
 
-def _torchs_console(tmp: Path, redirects: str, tee: str, ranks_filter: str, nprocs: int) -> tuple[list[int], bool]:
+def _torchs_console(
+    tmp: Path, redirects: str, tee: str, ranks_filter: str, nprocs: int
+) -> tuple[list[int], bool, list[int]]:
     """What torch 2.13's torchrun shows on its console for each local rank (1 stdout, 2 stderr),
-    and whether it writes any stream to a file: its DefaultLogsSpecs decides both."""
+    whether it writes any stream to a file, and which shown streams it tails from their files
+    (labelled `[default0]:`): its DefaultLogsSpecs decides all three."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 
     logs = DefaultLogsSpecs(
@@ -386,13 +406,15 @@ def _torchs_console(tmp: Path, redirects: str, tee: str, ranks_filter: str, npro
         local_ranks_filter={int(r) for r in ranks_filter.split(",")} if ranks_filter else None,
     )
     dest = logs.reify({r: {"TORCHELASTIC_RUN_ID": "run", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(nprocs)})
-    shown = []
+    shown, labelled = [], []
     for rank in range(nprocs):
+        teed = [dest.tee_stdouts.get(rank, os.devnull), dest.tee_stderrs.get(rank, os.devnull)]
+        labelled.append(int(teed[0] != os.devnull) | 2 * int(teed[1] != os.devnull))
         out = dest.stdouts[rank] == "" or dest.tee_stdouts.get(rank, os.devnull) != os.devnull
         err = dest.stderrs[rank] == "" or dest.tee_stderrs.get(rank, os.devnull) != os.devnull
         shown.append(int(out) | 2 * int(err))
     paths = [*dest.stdouts.values(), *dest.stderrs.values()]
-    return shown, any(p not in ("", os.devnull) for p in paths)
+    return shown, any(p not in ("", os.devnull) for p in paths), labelled
 
 
 def test_on_console_and_to_files_agree_with_torchrun_for_every_combination(tmp_path: Path) -> None:
@@ -406,8 +428,12 @@ def test_on_console_and_to_files_agree_with_torchrun_for_every_combination(tmp_p
                 words += ["-t", tee] if tee else []
                 words += ["--local-ranks-filter", ranks_filter] if ranks_filter else []
                 run = torch_of(*words, "t.py")
-                shown, files = _torchs_console(tmp_path / str(checked), redirects, tee, ranks_filter, nprocs)
+                shown, files, labelled = _torchs_console(tmp_path / str(checked), redirects, tee, ranks_filter, nprocs)
                 assert [run.on_console(r) for r in range(nprocs)] == shown, words
+                ours = [
+                    int(bool(run.console_label(r, 1))) | 2 * int(bool(run.console_label(r, 2))) for r in range(nprocs)
+                ]
+                assert ours == labelled, words
                 assert run.to_files == files, words
                 checked += 1
     assert checked == len(REDIRECTS) * len(TEES) * len(FILTERS)
