@@ -7,6 +7,10 @@ from this same table for --help, errors and job files.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
 # How an option takes its value: FLAG (none), VALUE (one), MULTI (one, repeatable), PAIRS (two, repeatable),
 # ENV (hydra's NAME=VALUE or NAME VALUE, repeatable; one NAME=VALUE word once cli/dialect.canonical joined it).
 FLAG, VALUE, MULTI, PAIRS, ENV = "flag", "value", "multi", "pairs", "env"
@@ -77,6 +81,16 @@ class Opt:
         self.choices = choices
         self.show_default = show_default
         self.maximum = maximum
+
+
+def _ignored(
+    whose: str, prefix: str, names: Iterable[str], spellings: Callable[[str], tuple[str, ...]], kind: str = VALUE
+) -> tuple[Opt, ...]:
+    """Another launcher's options that mean nothing here: accepted (with their value, unless a
+    flag), and said once where they are read."""
+    metavar = None if kind == FLAG else "VALUE"
+    said = f"{whose}: means nothing here, said."
+    return tuple(Opt(prefix + n.replace("-", "_"), spellings(n), kind, metavar=metavar, help=said) for n in names)
 
 
 RUN_OPTIONS: tuple[Opt, ...] = (
@@ -415,24 +429,8 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="S",
         help="torchrun's: seconds the ranks get after a signal stopped the job, before SIGKILL (default 30).",
     ),
-    *(
-        Opt(
-            "ignored_" + name.replace("-", "_"),
-            (f"--{name}", f"--{name.replace('-', '_')}"),
-            metavar="VALUE",
-            help="torchrun's: means nothing here, said.",
-        )
-        for name in TORCHRUN_IGNORED
-    ),
-    *(
-        Opt(
-            "openmpi_" + name.replace("-", "_"),
-            (f"--{name}", f"-{name}"),
-            FLAG,
-            help="Open MPI's: means nothing here, said.",
-        )
-        for name in OPEN_MPI_IGNORED
-    ),
+    *_ignored("torchrun's", "ignored_", TORCHRUN_IGNORED, lambda name: (f"--{name}", f"--{name.replace('-', '_')}")),
+    *_ignored("Open MPI's", "openmpi_", OPEN_MPI_IGNORED, lambda name: (f"--{name}", f"-{name}"), FLAG),
     Opt(
         "quiet", ("-q", "--quiet", "-quiet"), FLAG, help="Silence mpilaunch's own notes (errors and the summary stay)."
     ),
@@ -496,24 +494,8 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="N|SYSTEM|INFINITE",
         help="hydra's universe size (MPI_UNIVERSE_SIZE, OMPI_UNIVERSE_SIZE; default SYSTEM: the hosts' slots).",
     ),
-    *(
-        Opt(
-            "hydra_" + name.replace("-", "_"),
-            (f"-{name}", f"--{name}"),
-            metavar="VALUE",
-            help="hydra's: means nothing here, said.",
-        )
-        for name in HYDRA_IGNORED_VALUES
-    ),
-    *(
-        Opt(
-            "hydra_" + name.replace("-", "_"),
-            (f"-{name}", f"--{name}"),
-            FLAG,
-            help="hydra's: means nothing here, said.",
-        )
-        for name in HYDRA_IGNORED_FLAGS
-    ),
+    *_ignored("hydra's", "hydra_", HYDRA_IGNORED_VALUES, lambda name: (f"-{name}", f"--{name}")),
+    *_ignored("hydra's", "hydra_", HYDRA_IGNORED_FLAGS, lambda name: (f"-{name}", f"--{name}"), FLAG),
 )
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
