@@ -31,7 +31,14 @@ def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher) -> None
         assert not ours, text
         # Python's own start (site, runpy, its standard streams), interrupted before any of our code
         python_start = "<frozen " in text or "Fatal Python error" in text or "Could not import runpy module" in text
-        assert proc.returncode in (-signal.SIGINT, 130) or (proc.returncode == 1 and python_start), text
+        # ... or met in a callback of its import machinery while runpy imports the package, before
+        # mpilaunch's first line: Python prints "Exception ignored" and goes on, and the job runs
+        dropped = "Exception ignored in" in text and "<frozen importlib._bootstrap>" in text
+        assert (
+            proc.returncode in (-signal.SIGINT, 130)
+            or (proc.returncode == 1 and python_start)
+            or (proc.returncode == 0 and dropped)
+        ), text
         outcomes[proc.returncode] = outcomes.get(proc.returncode, 0) + 1
         deadline = time.monotonic() + 5
         while tagged_pids(launcher.tag) and time.monotonic() < deadline:
