@@ -308,8 +308,10 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
             "--mpi pmi2 with --pmi-tcp: MPICH's PMI-2 client skips the PMI_ID handshake over TCP, "
             "so mpilaunch would refuse its connection; drop --pmi-tcp to serve PMI-2 over PMI_FD"
         )
-    bind_to = str(fields.pop("bind_to", None) or globals_.pop("bind_to")).split(":", 1)[0].lower()
+    bind_to, _, qualifier = str(fields.pop("bind_to", None) or globals_.pop("bind_to")).lower().partition(":")
     globals_.pop("bind_to", None)
+    if qualifier.isdigit() and qualifier.isascii() and bind_to in ("core", "hwthread") and not fields["cpus_per_rank"]:
+        fields["cpus_per_rank"] = min(int(qualifier), 4096) or 1  # hydra's -bind-to core:2: two cores a rank
     if bind_to == "none" and "bind_to" not in given and "binding" not in given:
         bind_to = ""  # not asked for: each MPI family's launcher default (plan/build.launch_messages)
     if bind_to not in BIND_LEVELS:

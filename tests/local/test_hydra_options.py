@@ -241,3 +241,18 @@ def test_hydras_variables_are_read_on_a_line_in_hydras_words(launcher: Launcher,
     assert fork.returncode == 0 and sorted(fork.stdout.split()) == [b"0", b"1"], fork.stderr.decode()
     bad = launcher.run("-genv", "A=1", "-n", "1", "true", env={"HYDRA_BOOTSTRAP": "bogus"})
     assert bad.returncode == 2 and bad.stderr.decode().startswith("mpilaunch: HYDRA_BOOTSTRAP='bogus': expected one of")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_bind_to_core_with_a_count_gives_each_rank_that_many_cores(launcher: Launcher) -> None:
+    """hydra's -bind-to core:2 (a hybrid MPI + OpenMP rank's cores); Open MPI's qualifiers
+    (core:overload-allowed) still bind to one."""
+    words = ("-n", "1", "sh", "-c", "grep Cpus_allowed_list /proc/self/status")
+    two = launcher.run("-q", "-bind-to", "core:2", *words)
+    one = launcher.run("-q", "--bind-to", "core:overload-allowed", *words)
+    cpus = sorted(os.sched_getaffinity(0))
+    assert two.stdout.decode().split()[-1] == f"{cpus[0]}-{cpus[1]}", two.stderr.decode()
+    assert one.stdout.decode().split()[-1] == str(cpus[0]), one.stderr.decode()
+    if HYDRA.exists():
+        real = subprocess.run([str(HYDRA), "-bind-to", "core:2", *words], capture_output=True, timeout=60)
+        assert real.stdout.split()[-1] == two.stdout.split()[-1]
