@@ -351,10 +351,11 @@ RUN_OPTIONS: tuple[Opt, ...] = (
     ),
     Opt(
         "configfile",
-        ("-configfile", "--configfile", "--app", "-app"),
+        ("-configfile", "--configfile"),
         metavar="FILE",
-        help="hydra's file of app contexts (Open MPI's appfile): one per line, options and program, as between ' : '.",
+        help="hydra's file of app contexts: one per line, options and program, as between ' : '.",
     ),
+    Opt("appfile", ("--app", "-app"), metavar="FILE", help="Open MPI's appfile: read as hydra's -configfile."),
     Opt(
         "allow_run_as_root",
         ("--allow-run-as-root", "-allow-run-as-root"),
@@ -466,6 +467,12 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         ("-errfile-pattern", "--errfile-pattern"),
         metavar="PATTERN",
         help="hydra's: each rank's stderr also to this file (as -outfile-pattern).",
+    ),
+    Opt(
+        "prepend_pattern",
+        ("-prepend-pattern", "--prepend-pattern"),
+        metavar="PATTERN",
+        help="hydra's: this before each console line (%%r rank, %%h host, %%g 0, %%p its host's index).",
     ),
     Opt(
         "print_rank_map",

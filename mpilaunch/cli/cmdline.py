@@ -15,7 +15,7 @@ from mpilaunch.errors import LaunchError
 # What a command line asks for
 JOB, DRY_RUN, VERSION, HELP, SUBCOMMAND, INFO = "job", "dry-run", "version", "help", "subcommand", "ompi_info"
 SINGLETON = "singleton"  # hydra's singleton start: cli/singleton.py
-HOST_OPTIONS = ("hosts", "hostfile", "hydra_hosts", "hydra_hostfile", "launcher", "config", "configfile")
+HOST_OPTIONS = ("hosts", "hostfile", "hydra_hosts", "hydra_hostfile", "launcher", "config", "configfile", "appfile")
 
 
 class CommandLine:

@@ -69,6 +69,7 @@ HYDRA_ONLY = HYDRA_PLACEMENT | {  # options no Open MPI mpirun has: a line with 
     "iface",
     "configfile",
     "prepend_rank",
+    "prepend_pattern",
     "rsh_agent",
     "rsh_args",
     "outfile_pattern",

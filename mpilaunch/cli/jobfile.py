@@ -27,7 +27,7 @@ from mpilaunch.plan.textfiles import read_text
 JOBFILE_MAX = 1 << 20
 EXPANDED_MAX = 4 * JOBFILE_MAX  # characters a job file may stand for once its aliases are expanded
 NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's words are not keys (it speaks Open MPI's)
-    {"config", "configfile", "am", "tune", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
+    {"config", "configfile", "appfile", "am", "tune", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
     | {"hydra_hosts", "hydra_hostfile", "ppn", "rsh_agent", "rsh_args", "outfile_pattern", "errfile_pattern"}
     | {"print_rank_map", "gpus_per_proc", "rmk", "binding", "demux"}
 )

@@ -129,7 +129,7 @@ def iface_exports(
     return tuple((name, iface) for name in IFACE_NAMES if name not in given)
 
 
-CONFIGFILE_FLAGS = next(o.flags for o in cliopts.RUN_OPTIONS if o.name == "configfile")
+CONFIGFILE_FLAGS = tuple(f for o in cliopts.RUN_OPTIONS if o.name in ("configfile", "appfile") for f in o.flags)
 
 
 def _with_configfile(words: list[str], path: str) -> list[str]:
@@ -217,10 +217,12 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch", from_file
     for index, words in enumerate(segments):
         scanned = line.segments[index] if line.segments else None  # none read: help, for click
         params, given = scanned if scanned is not None else _click_segment(words)
-        if params["configfile"] is not None:
+        path = params["configfile"] if params["configfile"] is not None else params["appfile"]
+        if path is not None:
+            option = "-configfile" if params["configfile"] is not None else "--app"
             if len(segments) > 1 or params["argv"]:
-                raise LaunchError("-configfile: the file gives the programs; give none on the command line")
-            return parse_args(_with_configfile(words, str(params["configfile"])), line.name, from_file=True)
+                raise LaunchError(f"{option}: the file gives the programs; give none on the command line")
+            return parse_args(_with_configfile(words, str(path)), line.name, from_file=True)
         given_anywhere |= given
         if not params["argv"] and not (params["config"] and len(segments) == 1):  # the job file may have it
             where = f" in app context {index + 1}" if index else ""
@@ -244,6 +246,7 @@ def parse_args(line: CommandLine | list[str], name: str = "mpilaunch", from_file
                     value = tuple(globals_[key]) + tuple(value)  # type: ignore[arg-type]
                 globals_[key] = value
     globals_.pop("configfile")
+    globals_.pop("appfile")
     config = globals_.pop("config")
     if config:  # pyyaml only now: a plain run does not pay for it
         from mpilaunch.cli.command import run_command

@@ -12,7 +12,7 @@ from mpilaunch.host.programs import carried_environment, program_family, program
 from mpilaunch.launcher.events import NodesEnded
 from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
-from mpilaunch.launcher.output import Console, OutputSink, PatternFiles
+from mpilaunch.launcher.output import Console, OutputSink, PatternFiles, expand_pattern
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, user_port
 from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
@@ -348,10 +348,14 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
             console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
     sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
+    used = sorted({r.host for r in plan.job.ranks})
+    places = [(plan.hosts[r.host].name, used.index(r.host)) for r in plan.job.ranks]
     if patterns:
-        used = sorted({r.host for r in plan.job.ranks})
-        places = [(plan.hosts[r.host].name, used.index(r.host)) for r in plan.job.ranks]
         sink.patterns = PatternFiles(patterns, places)
+    if console is not None and options.prepend_pattern is not None:  # hydra's, on each console line
+        for rank, (host, proxy) in enumerate(places):
+            label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
+            console.line_labels.update({(rank, STDOUT): label, (rank, STDERR): label})
     if torch is not None:
         sink.off_console = {
             (r.rank, stream)

@@ -96,6 +96,7 @@ class Options(Record):
     merge_stderr_to_stdout: bool = False
     tag_output: bool = False
     prepend_rank: bool = False  # hydra's -l: [rank] before each console line
+    prepend_pattern: str | None = None  # hydra's -prepend-pattern: %r, %h, %g, %p expanded before each line
     timestamp_output: bool = False
     stdin: str = "0"  # rank number, "all" or "none"
     mca: tuple[tuple[str, str], ...] = ()

@@ -256,3 +256,13 @@ def test_bind_to_core_with_a_count_gives_each_rank_that_many_cores(launcher: Lau
     if HYDRA.exists():
         real = subprocess.run([str(HYDRA), "-bind-to", "core:2", *words], capture_output=True, timeout=60)
         assert real.stdout.split()[-1] == two.stdout.split()[-1]
+
+
+def test_prepend_pattern_labels_each_console_line_as_hydra_does(launcher: Launcher) -> None:
+    words = ("-prepend-pattern", "[%r@%p] ", "-n", "2", "sh", "-c", "echo out; echo err >&2")
+    proc = launcher.run("-q", *words)
+    assert sorted(proc.stdout.decode().splitlines()) == ["[0@0] out", "[1@0] out"], proc.stderr.decode()
+    assert sorted(proc.stderr.decode().splitlines()) == ["[0@0] err", "[1@0] err"]
+    if HYDRA.exists():
+        real = subprocess.run([str(HYDRA), *words], capture_output=True, timeout=60)
+        assert sorted(real.stdout.decode().splitlines()) == ["[0@0] out", "[1@0] out"]

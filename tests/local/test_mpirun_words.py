@@ -188,3 +188,11 @@ def test_prefix_leads_this_machines_ranks_paths_too(launcher: Launcher, tmp_path
     assert proc.stdout.decode().split() == [f"{prefix}/bin", f"{prefix}/lib"], proc.stderr.decode()
     if MPIRUN:
         assert real_mpirun(launcher, *args).stdout.decode().split() == [f"{prefix}/bin", f"{prefix}/lib"]
+
+
+def test_an_app_file_keeps_the_line_open_mpis(launcher: Launcher) -> None:
+    """--app is Open MPI's word: -H keeps Open MPI's slots (hydra's -configfile would make it
+    hydra's host list, which wraps round)."""
+    (launcher.tmp_path / "apps").write_text("-np 2 true\n")
+    proc = launcher.run("-H", "localhost:1", "--app", "apps")
+    assert proc.returncode == 2 and b"not enough slots" in proc.stderr, proc.stderr.decode()

@@ -58,7 +58,7 @@ def test_every_option_of_the_command_has_a_key() -> None:
     hydra = {"configfile", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
     hydra |= {"hydra_hosts", "hydra_hostfile", "ppn", "rsh_agent", "rsh_args", "outfile_pattern", "errfile_pattern"}
     hydra |= {"print_rank_map", "gpus_per_proc", "rmk", "binding", "demux"}
-    assert options - covered == {"config", "am", "tune", *hydra}
+    assert options - covered == {"config", "appfile", "am", "tune", *hydra}
 
 
 # ---- values --------------------------------------------------------------------------------------
