@@ -119,7 +119,9 @@ def _stopped_by(signum: int, frame: object) -> None:
     exception raised in the middle of an import is printed and dropped, and the job then ran to
     its end with status 0. Leaving closes every descriptor, so each agent (the early one, those
     behind SSH clients) sees its link end and stops its ranks."""
-    leave(128 + signum)
+    from mpilaunch.launcher.signal_table import leave_status
+
+    leave(leave_status(signum))
 
 
 def reopen_closed_std_streams() -> None:

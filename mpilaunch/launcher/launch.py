@@ -13,6 +13,7 @@ from mpilaunch.launcher.events import NodesEnded
 from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink, PatternFiles, expand_pattern
+from mpilaunch.launcher.signal_table import LEAVES_WITH
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, user_port
 from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
@@ -203,6 +204,7 @@ def run_job(spec: JobSpec) -> int:
 
         options = options._replace(output_filename=tempfile.mkdtemp(prefix="mpilaunch-logs-"))
         spec = spec._replace(options=options)
+    LEAVES_WITH[:] = [1] if torch is not None else []  # a signal between attempts: torchrun's status
     earlier: list[dict[str, object]] | None = [] if options.max_restarts else None
     attempt = 0
     while True:

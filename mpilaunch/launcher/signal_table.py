@@ -51,6 +51,15 @@ ACTIONS: dict[int, tuple[str, int]] = _rows()  # signal -> (FORWARD, STOP or STA
 ALWAYS = frozenset((_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGUSR1, _signal.SIGUSR2))
 
 
+LEAVES_WITH: list[int] = []  # set by a run whose launcher leaves with a status of its own (torchrun's 1)
+
+
+def leave_status(sig: int) -> int:
+    """The status a stopping signal ends the launcher with outside the run's own handling (the
+    start, a restart's delay): the shell's 128 + signal, or the command line's launcher's."""
+    return LEAVES_WITH[0] if LEAVES_WITH else 128 + sig
+
+
 def name_of(sig: int) -> str:
     """SIGTERM, SIGRTMIN+3, or `signal 99`."""
     import signal

@@ -564,9 +564,15 @@ def test_shutdown_timeout_is_the_grace_a_stopped_launcher_gives_its_ranks(launch
     assert proc.returncode == 1 and 1.0 <= took < 10.0, (took, err.decode()[-2000:])
 
 
-def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("words", "status"), [((), 130), (("--nproc-per-node", "1", "--no-python"), 1)], ids=["mpirun's", "torchrun's"]
+)
+def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(
+    launcher: Launcher, tmp_path: Path, words: tuple[str, ...], status: int
+) -> None:
+    """With the status of the command line's launcher: the shell's 130, torchrun's 1."""
     proc = launcher.popen(
-        "--max-restarts", "3", "--restart-delay", "600", "sh", "-c", "exit 3", preexec_fn=_default_sigint
+        *words, "--max-restarts", "3", "--restart-delay", "600", "sh", "-c", "exit 3", preexec_fn=_default_sigint
     )
     try:
         fd = proc.stderr.fileno()  # type: ignore[union-attr]
@@ -584,7 +590,7 @@ def test_ctrl_c_during_the_restart_delay_ends_the_run_at_once(launcher: Launcher
             proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
-    assert proc.returncode == 130
+    assert proc.returncode == status
 
 
 def test_a_plain_job_and_torchrun_spellings(launcher: Launcher, tmp_path: Path) -> None:
