@@ -83,6 +83,16 @@ class Opt:
         self.maximum = maximum
 
 
+# The parameter names of other launchers' options that mean nothing here: PREFIX + the name
+TORCHRUN_IGNORED_PREFIX, OPEN_MPI_IGNORED_PREFIX, HYDRA_IGNORED_PREFIX = "ignored_", "openmpi_", "hydra_"
+
+
+def ignored_param(prefix: str, name: str) -> str:
+    """The parameter an ignored option of another launcher's is read into (`--numa-binding` ->
+    ignored_numa_binding): made by _ignored, popped by the reader that says it is ignored."""
+    return prefix + name.replace("-", "_")
+
+
 def _ignored(
     whose: str, prefix: str, names: Iterable[str], spellings: Callable[[str], tuple[str, ...]], kind: str = VALUE
 ) -> tuple[Opt, ...]:
@@ -90,7 +100,7 @@ def _ignored(
     flag), and said once where they are read."""
     metavar = None if kind == FLAG else "VALUE"
     said = f"{whose}: means nothing here, said."
-    return tuple(Opt(prefix + n.replace("-", "_"), spellings(n), kind, metavar=metavar, help=said) for n in names)
+    return tuple(Opt(ignored_param(prefix, n), spellings(n), kind, metavar=metavar, help=said) for n in names)
 
 
 RUN_OPTIONS: tuple[Opt, ...] = (
@@ -430,8 +440,13 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="S",
         help="torchrun's: seconds the ranks get after a signal stopped the job, before SIGKILL (default 30).",
     ),
-    *_ignored("torchrun's", "ignored_", TORCHRUN_IGNORED, lambda name: (f"--{name}", f"--{name.replace('-', '_')}")),
-    *_ignored("Open MPI's", "openmpi_", OPEN_MPI_IGNORED, lambda name: (f"--{name}", f"-{name}"), FLAG),
+    *_ignored(
+        "torchrun's",
+        TORCHRUN_IGNORED_PREFIX,
+        TORCHRUN_IGNORED,
+        lambda name: (f"--{name}", f"--{name.replace('-', '_')}"),
+    ),
+    *_ignored("Open MPI's", OPEN_MPI_IGNORED_PREFIX, OPEN_MPI_IGNORED, lambda name: (f"--{name}", f"-{name}"), FLAG),
     Opt(
         "quiet", ("-q", "--quiet", "-quiet"), FLAG, help="Silence mpilaunch's own notes (errors and the summary stay)."
     ),
@@ -501,8 +516,8 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         metavar="N|SYSTEM|INFINITE",
         help="hydra's universe size (MPI_UNIVERSE_SIZE, OMPI_UNIVERSE_SIZE; default SYSTEM: the hosts' slots).",
     ),
-    *_ignored("hydra's", "hydra_", HYDRA_IGNORED_VALUES, lambda name: (f"-{name}", f"--{name}")),
-    *_ignored("hydra's", "hydra_", HYDRA_IGNORED_FLAGS, lambda name: (f"-{name}", f"--{name}"), FLAG),
+    *_ignored("hydra's", HYDRA_IGNORED_PREFIX, HYDRA_IGNORED_VALUES, lambda name: (f"-{name}", f"--{name}")),
+    *_ignored("hydra's", HYDRA_IGNORED_PREFIX, HYDRA_IGNORED_FLAGS, lambda name: (f"-{name}", f"--{name}"), FLAG),
 )
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")

@@ -14,7 +14,14 @@ and refuses a line that places ranks both ways.
 from __future__ import annotations
 
 from mpilaunch.cli.argscan import OptionWord, option_words, split_apps
-from mpilaunch.cli.cliopts import ENV, FLAG, HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_VALUES
+from mpilaunch.cli.cliopts import (
+    ENV,
+    FLAG,
+    HYDRA_IGNORED_FLAGS,
+    HYDRA_IGNORED_PREFIX,
+    HYDRA_IGNORED_VALUES,
+    ignored_param,
+)
 from mpilaunch.errors import LaunchError
 
 OPENMPI, HYDRA = "openmpi", "hydra"
@@ -80,7 +87,7 @@ HYDRA_ONLY = HYDRA_PLACEMENT | {  # options no Open MPI mpirun has: a line with 
     "binding",
     "demux",
     "usize",
-    *("hydra_" + name.replace("-", "_") for name in (*HYDRA_IGNORED_VALUES, *HYDRA_IGNORED_FLAGS)),
+    *(ignored_param(HYDRA_IGNORED_PREFIX, name) for name in (*HYDRA_IGNORED_VALUES, *HYDRA_IGNORED_FLAGS)),
 }
 
 

@@ -114,7 +114,7 @@ def old_open_mpi_words(values: dict[str, object], given: set[str]) -> tuple[set[
     """Open MPI's older spellings as the options they stand for (-pernode, --bind-to-core,
     --bind-to-socket; a newer option given wins), its rankfile refused, and a note for each of
     its flags that means nothing here: (the options so set, the notes)."""
-    from mpilaunch.cli.cliopts import OPEN_MPI_IGNORED
+    from mpilaunch.cli.cliopts import OPEN_MPI_IGNORED, OPEN_MPI_IGNORED_PREFIX, ignored_param
 
     rankfile = values.pop("rankfile")
     if rankfile is not None:
@@ -133,7 +133,7 @@ def old_open_mpi_words(values: dict[str, object], given: set[str]) -> tuple[set[
     notes = [
         f"mpirun's --{name} means nothing here: ignored"
         for name in OPEN_MPI_IGNORED
-        if values.pop("openmpi_" + name.replace("-", "_"))
+        if values.pop(ignored_param(OPEN_MPI_IGNORED_PREFIX, name))
     ]
     return out, notes
 
@@ -225,7 +225,7 @@ def mca_defaults(
         value = last_mca(mca, key, env)
         if value is None or given & MCA_GIVEN.get(name, {name}):
             continue
-        if name in MCA_VALUES.values():
+        if key in MCA_VALUES:
             values[name] = value
         elif value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
             values[name] = value.strip().lower() in TRUE_WORDS
@@ -306,10 +306,10 @@ def hydra_options(values: dict[str, object], given: set[str]) -> tuple[dict[str,
     demux = values.pop("demux")
     if demux is not None:
         notes.append(f"-demux {demux}: mpilaunch has one I/O loop of its own: ignored")
-    from mpilaunch.cli.cliopts import HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_VALUES
+    from mpilaunch.cli.cliopts import HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_PREFIX, HYDRA_IGNORED_VALUES, ignored_param
 
     for name, why in (*HYDRA_IGNORED_VALUES.items(), *HYDRA_IGNORED_FLAGS.items()):
-        value = values.pop("hydra_" + name.replace("-", "_"))
+        value = values.pop(ignored_param(HYDRA_IGNORED_PREFIX, name))
         if value:
             notes.append(f"-{name}{'' if value is True else f' {value}'}: {why}: ignored")
     usize = values.pop("usize")

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from mpilaunch.cli.cliopts import TORCHRUN_IGNORED
+from mpilaunch.cli.cliopts import TORCHRUN_IGNORED, TORCHRUN_IGNORED_PREFIX, ignored_param
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, TorchRun
 
@@ -42,7 +42,7 @@ TORCH_WORDS = (  # options only torchrun has: one makes the command line torchru
     "local_addr",
     "shutdown_timeout",
     "virtual_local_rank",
-    *("ignored_" + name.replace("-", "_") for name in TORCHRUN_IGNORED),
+    *(ignored_param(TORCHRUN_IGNORED_PREFIX, name) for name in TORCHRUN_IGNORED),
 )
 FLAGS = (
     "standalone",
@@ -84,12 +84,12 @@ def torch_options(
         apps[:] = [a._replace(argv=python_program(a.argv, a.wdir)) for a in apps]
         return {}, []
     for key in TORCH_WORDS:  # torchrun reads PET_<NAME> for an option not given
-        if key not in given and not key.startswith("ignored_") and f"PET_{key.upper()}" in env:
+        if key not in given and not key.startswith(TORCHRUN_IGNORED_PREFIX) and f"PET_{key.upper()}" in env:
             words[key] = _env_flag(key, env) if key in FLAGS else env[f"PET_{key.upper()}"]
     notes = [
         f"torchrun's --{name} means nothing here: ignored"
         for name in TORCHRUN_IGNORED
-        if words["ignored_" + name.replace("-", "_")] is not None
+        if words[ignored_param(TORCHRUN_IGNORED_PREFIX, name)] is not None
     ]
     backend = str(words["rdzv_backend"] or "static").lower()
     if backend not in ("static", "c10d"):

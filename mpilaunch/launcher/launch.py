@@ -333,6 +333,12 @@ def show_plan(plan: LaunchPlan, source: str) -> None:
             print(f"rank table for {plan.options.rank_table} (not written in a dry run):\n{text}", end="", flush=True)
 
 
+def pattern_places(plan: LaunchPlan) -> list[tuple[str, int]]:
+    """hydra's %h and %p of each rank: its host's name, and that host's place among the job's."""
+    used = {host: place for place, host in enumerate(sorted({r.host for r in plan.job.ranks}))}
+    return [(plan.hosts[r.host].name, used[r.host]) for r in plan.job.ranks]
+
+
 def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     """The console copy and the log tree DIR/1/rank.N (Open MPI's `DIR:nocopy`: files only)."""
     options = plan.options
@@ -350,11 +356,11 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
             console.host_tags = {r.rank: plan.hosts[r.host].name for r in plan.job.ranks}
     sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
-    used = sorted({r.host for r in plan.job.ranks})
-    places = [(plan.hosts[r.host].name, used.index(r.host)) for r in plan.job.ranks]
+    labelled = console is not None and options.prepend_pattern is not None  # hydra's, on each console line
+    places = pattern_places(plan) if patterns or labelled else []
     if patterns:
         sink.patterns = PatternFiles(patterns, places)
-    if console is not None and options.prepend_pattern is not None:  # hydra's, on each console line
+    if labelled:
         for rank, (host, proxy) in enumerate(places):
             label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
             console.line_labels.update({(rank, STDOUT): label, (rank, STDERR): label})
