@@ -115,6 +115,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _dumped(name: str, argv: list[str], env: dict, tmp_path: Path) -> dict:
+    """Each rank's ENV_DUMP record of one run of argv (a launcher, its words and the script),
+    which must succeed; its folder is named after the launcher."""
+    out = tmp_path / name
+    out.mkdir()
+    proc = subprocess.run(
+        [*argv, str(out)], env=env, cwd=tmp_path, capture_output=True, timeout=HANG, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, (name, proc.stderr.decode()[-3000:])
+    return dumps(out)
+
+
 def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Launcher, tmp_path: Path) -> None:
     """torchrun, `mpilaunch --nproc-per-node 2` and the torchrun shim: every variable torchrun
     gives a rank, mpilaunch gives too, with the same value (but ports, run ids, file paths)."""
@@ -126,18 +138,7 @@ def test_each_rank_gets_torchruns_variables_with_torchruns_values(launcher: Laun
         ("mpilaunch", launcher.argv()),
         ("shim", [os.path.join(shims(launcher, tmp_path), "torchrun")]),
     ):
-        out = tmp_path / name
-        out.mkdir()
-        proc = subprocess.run(
-            [*argv, "--nproc-per-node", "2", script, str(out)],
-            env=parent,
-            cwd=tmp_path,
-            capture_output=True,
-            timeout=HANG,
-            stdin=subprocess.DEVNULL,
-        )
-        assert proc.returncode == 0, (name, proc.stderr.decode()[-3000:])
-        runs[name] = dumps(out)
+        runs[name] = _dumped(name, [*argv, "--nproc-per-node", "2", script], parent, tmp_path)
         assert sorted(runs[name]) == [0, 1], name
     for rank in (0, 1):
         theirs = added(runs["torchrun"][rank]["env"], parent)
@@ -167,18 +168,8 @@ def test_virtual_local_rank_as_torchrun(launcher: Launcher, tmp_path: Path, visi
         parent["CUDA_VISIBLE_DEVICES"] = visible
     seen = {}
     for name, argv in (("torchrun", [sys.executable, "-m", "torch.distributed.run"]), ("mpilaunch", launcher.argv())):
-        out = tmp_path / name
-        out.mkdir()
-        proc = subprocess.run(
-            [*argv, "--virtual-local-rank", "--nproc-per-node", "2", script, str(out)],
-            env=parent,
-            cwd=tmp_path,
-            capture_output=True,
-            timeout=HANG,
-            stdin=subprocess.DEVNULL,
-        )
-        assert proc.returncode == 0, (name, proc.stderr.decode()[-3000:])
-        seen[name] = {r: (d["env"]["LOCAL_RANK"], d["env"]["CUDA_VISIBLE_DEVICES"]) for r, d in dumps(out).items()}
+        dumped = _dumped(name, [*argv, "--virtual-local-rank", "--nproc-per-node", "2", script], parent, tmp_path)
+        seen[name] = {r: (d["env"]["LOCAL_RANK"], d["env"]["CUDA_VISIBLE_DEVICES"]) for r, d in dumped.items()}
     assert seen["torchrun"] == seen["mpilaunch"]
     assert seen["mpilaunch"][1] == ("0", "5" if visible else "1")
     if visible:  # more ranks than the list's GPUs: torchrun's workers fail to start; here, one line
