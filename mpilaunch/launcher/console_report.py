@@ -7,6 +7,8 @@ end of a failed or stopped run into its summary.
 
 from __future__ import annotations
 
+from signal import SIGINT
+
 from mpilaunch.launcher.events import (
     AgentLost,
     AgentNote,
@@ -16,6 +18,7 @@ from mpilaunch.launcher.events import (
     RankNotStarted,
     RunEnded,
     SpawnRefused,
+    StopNotice,
     TimedOut,
     table,
 )
@@ -58,6 +61,7 @@ class ConsoleReporter:
                 RankNotStarted: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} could not start: {e.error}"),
                 MpiFailure: lambda e: self.say(f"{describe(self.policy.procs[e.proc])} {e.reason}"),
                 HardStop: lambda e: self.say(f"{name_of(e.sig)} again: killing every rank"),
+                StopNotice: self.stop_notice,
                 TimedOut: self.timed_out,
                 AgentLost: self.agent_lost,
                 Garbled: lambda e: self.say(f"garbled message from the agent of {self.hosts[e.host].name}: {e.why}"),
@@ -74,6 +78,14 @@ class ConsoleReporter:
 
     def say(self, text: str) -> None:
         self.output.say(f"mpilaunch: {text}")
+
+    def stop_notice(self, event: StopNotice) -> None:
+        """What happens next, said as the first stop signal goes out (hydra says as much)."""
+        name = name_of(event.sig)
+        sent = f"{name} forwarded" if event.sent == event.sig else f"{name}: {name_of(event.sent)} sent"
+        then = "SIGTERM, then SIGKILL" if event.term else "SIGKILL"
+        again = "Ctrl-C again" if event.sig == SIGINT else "a second signal"
+        self.say(f"{sent} to every rank; ranks still running in {event.grace:g} s get {then} ({again} kills them now)")
 
     def timed_out(self, event: TimedOut) -> None:
         if event.hang:

@@ -107,6 +107,16 @@ class HardStop(Record):
     sig: int
 
 
+class StopNotice(Record):
+    """The first stop signal went to the ranks (as sent); those still running after grace seconds
+    get SIGTERM and then SIGKILL (term), or SIGKILL (not term)."""
+
+    sig: int
+    sent: int
+    grace: float
+    term: bool
+
+
 class TimedOut(Record):
     """--timeout, or with hang: --hang-timeout with --hang-action kill; stacks: every rank's stack
     is taken before the kill (--get-stack-traces, --hang-timeout)."""

@@ -28,6 +28,7 @@ from mpilaunch.launcher.events import (
     SignalReceived,
     Silent,
     StacksTaken,
+    StopNotice,
     TimedOut,
     WantStacks,
 )
@@ -67,8 +68,8 @@ class Policy:
         self.aborted = False  # a kill went out to every agent
         self.timed_out = False
         self.stop_signal: int | None = None  # the first signal that stops the run (SIGINT, SIGTERM...)
-        self.abort_at: float | None = None  # after a stop signal and a failure: when ranks still running are killed
-        self.signal_kill_at: float | None = None  # after a stop signal, with Options.signal_grace: SIGKILL then
+        self.escalate_at: float | None = None  # after a stop signal: when the ranks still running are stopped
+        self.escalate_grace = 0.0  # ... with this abort's grace (0: SIGKILL at once)
         self.deadline: float | None = None  # --timeout
         self.signals_seen: dict[int, int] = {}
         self.stacks_asked: dict[int, float] = {}  # a STACKS signal -> when it last asked for stacks
@@ -145,8 +146,10 @@ class Policy:
         self.mpi_failure(self.procs[event.proc], 1, event.error)
 
     def signal(self, event: SignalReceived) -> None:
-        """A signal's row of signal_table.ACTIONS: forwarded, or the run stopped by it (a second
-        one of the same kills every rank at once)."""
+        """A signal's row of signal_table.ACTIONS: forwarded, or the run stopped by it. After the
+        first stop signal the ranks get a grace to end on their own (--kill-timeout, torchrun's
+        --shutdown-timeout), then SIGTERM and SIGKILL; a second stop signal, of any kind (a
+        SIGTERM after a closed terminal's SIGHUP, Ctrl-C twice), kills every rank at once."""
         sig = event.sig
         action, sent = ACTIONS.get(sig, (FORWARD, sig))
         if action == STACKS:  # a first one asks for stacks; a second within STACKS_TWICE stops the run
@@ -156,19 +159,24 @@ class Policy:
                 self.publish(WantStacks(signal.Signals(sig).name))
                 return
             action = STOP
-        count = self.signals_seen.get(sig, 0) + 1
-        self.signals_seen[sig] = count
-        if action == STOP and count > 1:
+        if action != STOP:
+            self.publish(Forward(sent))
+            return
+        if self.stop_signal is not None:
             self.publish(HardStop(sig))
             self.abort(0)
             return
-        if action == STOP and self.stop_signal is None:
-            self.stop_signal = sig
-            if self.options.signal_grace is not None:
-                self.signal_kill_at = self.clock() + self.options.signal_grace
-            if self.phase == RUNNING:
-                self.move(INTERRUPTED)
+        self.stop_signal = sig
+        if self.phase == RUNNING:
+            self.move(INTERRUPTED)
         self.publish(Forward(sent))
+        if self.phase != INTERRUPTED or self.all_done():
+            return  # an abort or the end is under way already: it stops what is left
+        own = self.options.signal_grace  # torchrun's: SIGKILL once it has passed
+        grace = self.options.kill_timeout if own is None else own
+        self.escalate_grace = 0.0 if own is not None or sent == signal.SIGTERM else self.options.kill_timeout
+        self.escalate_at = self.clock() + grace
+        self.publish(StopNotice(sig, sent, grace, self.escalate_grace > 0))
 
     def host_lost(self, event: HostLost) -> None:
         """Its ranks are gone: killed there by the agent or its guardian, here by the controller.
@@ -219,14 +227,10 @@ class Policy:
         now = self.clock()
         if self.kill_at is not None and now >= self.kill_at:  # the stacks never came: the kill goes on
             self.stacks_taken(StacksTaken(next(iter(self.kill_after))))
-        if self.signal_kill_at is not None and now >= self.signal_kill_at:
-            self.signal_kill_at = None
+        if self.escalate_at is not None and now >= self.escalate_at:
+            self.escalate_at = None
             if not self.all_done():
-                self.abort(0)
-        if self.abort_at is not None and now >= self.abort_at:
-            self.abort_at = None
-            if not self.all_done():
-                self.abort(self.options.kill_timeout)
+                self.abort(self.escalate_grace)
         if self.deadline is not None and now >= self.deadline:
             self.deadline = None
             if not self.all_done():
@@ -242,7 +246,7 @@ class Policy:
             self.publish(FinishAgents(FINISH_GRACE))
 
     def next_deadline(self) -> float | None:
-        due = [t for t in (self.abort_at, self.deadline, self.kill_at, self.signal_kill_at) if t is not None]
+        due = [t for t in (self.deadline, self.kill_at, self.escalate_at) if t is not None]
         return min(due) if due else None
 
     def links_closed(self) -> None:
@@ -273,15 +277,11 @@ class Policy:
         if status == 0:
             return
         self.count_failure(state)
-        if not self.options.abort_on_failure:
+        if not self.options.abort_on_failure or self.stop_signal is not None:
+            # After the user's signal every rank may still be acting on it (a traceback, a
+            # checkpoint): the others keep the signal's grace before they are stopped.
             return
-        if self.stop_signal is not None and self.phase != ABORTING:
-            # Every rank got the user's signal and may still be acting on it (a traceback, a
-            # checkpoint): the others get the grace before they are killed, not at once.
-            if self.abort_at is None:
-                self.abort_at = self.clock() + self.options.kill_timeout
-        else:
-            self.abort(self.options.kill_timeout)
+        self.abort(self.options.kill_timeout)
 
     def count_failure(self, state: RankState) -> None:
         if state.proc not in self.failed:

@@ -3,8 +3,9 @@
 FORWARD: sent on to every rank; the run goes on (the ranks may end it), as mpirun and hydra
     forward SIGUSR1, SIGUSR2 and SIGALRM.
 STOP: the run is stopped by it, as by Ctrl-C: the row's signal goes to every rank, the summary
-    says `stopped by NAME`, --report-json records it, the status is 128 + the signal; the same
-    signal again kills every rank at once. The rest end the job as SIGTERM does.
+    says `stopped by NAME`, --report-json records it, the status is 128 + the signal; ranks
+    still running after the grace are stopped (policy.py), and a second STOP signal of any kind
+    kills every rank at once. The rest end the job as SIGTERM does.
 STACKS: every rank's stack is taken and printed, grouped, and the run goes on (SIGQUIT, Ctrl-\\);
     the same signal again within STACKS_TWICE seconds is a STOP with the row's signal (Ctrl-\\
     twice is Ctrl-C: SIGINT to every rank, status 128 + SIGQUIT).

@@ -12,6 +12,7 @@ Scenario by scenario results are in docs/reliability.md.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,6 +149,25 @@ def test_launcher_killed_every_host_clean_within_2s(
         assert proc.returncode == 128 + sig, err.decode()
         assert f"stopped by {sig.name}" in err.decode()
     assert_clean_within(bed, sent, f"{sig.name} to the launcher")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (Debian: tmux)")
+def test_a_closed_terminal_ends_the_job_on_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """The launcher's terminal closes (tmux kill-session) while ranks on two hosts ignore SIGHUP:
+    they get SIGTERM after --kill-timeout (1 s here), and every host is clean."""
+    from tests.terminal import Terminal
+
+    stubborn = "trap '' HUP INT; echo ready$RANK; sleep 300"
+    argv = launcher.argv("--ssh-config", str(bed.config), "-H", "node1,node2", "--kill-timeout", "1")
+    with Terminal(tmp_path, launcher.env) as term:
+        term.start([*argv, "sh", "-c", stubborn], tmp_path)
+        term.wait_for(lambda screen: "ready0" in screen and "ready1" in screen, timeout=60)
+        closed = time.monotonic()
+        term.close()
+        left = bed.wait_clean(10.0)
+        took = time.monotonic() - closed
+    assert not left, f"still running {took:.2f} s after the terminal closed: {left}"
+    report("every host clean after the terminal closed", seconds=took)
 
 
 def test_kill_9_of_the_launcher_with_ranks_that_ignore_sigterm(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:

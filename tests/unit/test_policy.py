@@ -23,6 +23,7 @@ from mpilaunch.launcher.events import (
     SignalReceived,
     Silent,
     StacksTaken,
+    StopNotice,
     TimedOut,
     WantStacks,
 )
@@ -94,14 +95,15 @@ def test_with_abort_off_the_others_run_on_and_the_status_is_still_the_failure() 
 
 def test_ctrl_c_gives_a_rank_that_failed_of_it_the_grace_before_the_others_are_killed() -> None:
     """The race of commit 66b81b5: after a forwarded SIGINT, rank 0 dies of it first; rank 1 is
-    still printing its traceback and must get --kill-timeout to end on its own, not a SIGTERM."""
+    still printing its traceback and must get the signal's grace (--kill-timeout) to end on its
+    own, not a SIGTERM at once."""
     history = [*started(), (1.0, SignalReceived(signal.SIGINT)), (1.1, Exited(0, -signal.SIGINT)), (2.0, TICK)]
     policy, out = replay(history, kill_timeout=2.0)
     assert decisions(out) == [(1.0, Forward(signal.SIGINT))]
-    assert policy.phase == states.INTERRUPTED and policy.next_deadline() == pytest.approx(3.1)
-    policy.clock.now = 3.1  # type: ignore[attr-defined]
+    assert policy.phase == states.INTERRUPTED and policy.next_deadline() == pytest.approx(3.0)
+    policy.clock.now = 3.0  # type: ignore[attr-defined]
     policy.tick()
-    assert decisions(out)[-1] == (3.1, Abort(2.0))
+    assert decisions(out)[-1] == (3.0, Abort(2.0))
     policy.handle(Exited(1, -signal.SIGTERM))
     policy.tick()
     assert policy.first_failure is None and policy.exit_status() == 128 + signal.SIGINT
@@ -121,6 +123,37 @@ def test_a_second_ctrl_c_kills_at_once() -> None:
     assert decisions(out) == [(1.0, Forward(signal.SIGINT)), (1.2, Abort(0))]
     assert (1.2, HardStop(signal.SIGINT)) in out
     assert policy.phase == states.ABORTING
+
+
+@pytest.mark.parametrize(
+    "sig, then",
+    [(signal.SIGINT, Abort(2.0)), (signal.SIGHUP, Abort(2.0)), (signal.SIGTERM, Abort(0)), (signal.SIGABRT, Abort(0))],
+)
+def test_ranks_that_outlive_a_stop_signals_grace_are_stopped(sig: int, then: Abort) -> None:
+    """A closed terminal (SIGHUP) or one Ctrl-C never leaves ranks that ignore it running: after
+    --kill-timeout they get SIGTERM, then SIGKILL (SIGKILL at once where SIGTERM was the signal
+    sent); the notice says so as the signal goes out."""
+    sent = signal.SIGTERM if sig == signal.SIGABRT else sig
+    policy, out = replay([*started(), (1.0, SignalReceived(sig)), (2.9, TICK)], kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Forward(sent))]
+    assert (1.0, StopNotice(sig, sent, 2.0, then.grace > 0)) in out
+    assert policy.next_deadline() == pytest.approx(3.0)
+    policy.clock.now = 3.0  # type: ignore[attr-defined]
+    policy.tick()
+    assert decisions(out)[-1] == (3.0, then) and all(s.killed for s in policy.procs)
+    policy.handle(Exited(0, -signal.SIGTERM))
+    policy.handle(Exited(1, -signal.SIGKILL))
+    assert policy.first_failure is None and policy.exit_status() == 128 + sig
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGHUP, signal.SIGTERM), (signal.SIGINT, signal.SIGTERM)])
+def test_any_stop_signal_after_a_first_one_kills_at_once(first: int, second: int) -> None:
+    """`kill -HUP` then `kill -TERM` (the terminal is gone: nobody sends the same signal twice)."""
+    history = [*started(), (1.0, SignalReceived(first)), (1.2, SignalReceived(second))]
+    policy, out = replay(history, kill_timeout=2.0)
+    assert decisions(out) == [(1.0, Forward(first)), (1.2, Abort(0))]
+    policy.handle(Exited(0, -signal.SIGKILL))
+    assert (1.2, HardStop(second)) in out and policy.exit_status() == 128 + first
 
 
 def test_a_second_abort_with_grace_is_not_sent_again_but_a_kill_now_is() -> None:
@@ -314,4 +347,4 @@ def test_with_a_signal_grace_the_ranks_left_after_a_stop_signal_are_killed_then(
     policy.tick()
     assert decisions(out)[-1] == (4.0, Abort(0)) and policy.procs[1].killed and not policy.procs[0].killed
     policy, out = replay([*started(), (1.0, SignalReceived(signal.SIGTERM)), (9.0, TICK)], kill_timeout=30.0)
-    assert decisions(out) == [(1.0, Forward(signal.SIGTERM))]  # mpirun's: the ranks end on their own
+    assert decisions(out) == [(1.0, Forward(signal.SIGTERM))]  # the ranks have --kill-timeout to end on their own
