@@ -348,6 +348,7 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         hostfile=hostfile,  # type: ignore[arg-type]
         placement=placement,
         dialect=side,
+        rules=_rules(side, name, given),
         rsh_agent=agent,
         rsh_args=extra,
         notes=tuple(notes),
@@ -355,6 +356,14 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
         **fields,  # type: ignore[arg-type]
         **globals_,  # type: ignore[arg-type]
     )
+
+
+def _rules(side: str, name: str, given: set[str]) -> str:
+    """hydra's failure and signal rules for a line in hydra's words, and under the name mpiexec
+    for a line with no word only Open MPI has (as mpiexec's ambiguous host words); else Open MPI's."""
+    from mpilaunch.cli.dialect import HYDRA, OPENMPI_ONLY
+
+    return HYDRA if side == HYDRA or (name == "mpiexec" and not given & OPENMPI_ONLY) else "openmpi"
 
 
 BIND_LEVELS = ("", "none", "core", "socket", "numa", "hwthread")

@@ -79,6 +79,7 @@ class Policy:
         self.first_failure: RankState | None = None
         self.failed: list[int] = []  # process ids, in the order they failed
         self.elsewhere: str | None = None  # why another node's job ended this one (torchrun's way)
+        self.hydra = options.rules == "hydra"  # hydra's failure and signal rules, else Open MPI's
         self.inputs = {
             Started: self.started,
             Exited: self.exited,
@@ -149,7 +150,8 @@ class Policy:
         """A signal's row of signal_table.ACTIONS: forwarded, or the run stopped by it. After the
         first stop signal the ranks get a grace to end on their own (--kill-timeout, torchrun's
         --shutdown-timeout), then SIGTERM and SIGKILL; a second stop signal, of any kind (a
-        SIGTERM after a closed terminal's SIGHUP, Ctrl-C twice), kills every rank at once."""
+        SIGTERM after a closed terminal's SIGHUP, Ctrl-C twice), kills every rank at once, but
+        for a SIGTERM under hydra's rules, which is forwarded as each one is."""
         sig = event.sig
         action, sent = ACTIONS.get(sig, (FORWARD, sig))
         if action == STACKS:  # a first one asks for stacks; a second within STACKS_TWICE stops the run
@@ -162,9 +164,12 @@ class Policy:
         if action != STOP:
             self.publish(Forward(sent))
             return
-        if self.stop_signal is not None:
+        if self.stop_signal is not None and not (self.hydra and sig == signal.SIGTERM):
             self.publish(HardStop(sig))
             self.abort(0)
+            return
+        if self.stop_signal is not None:  # hydra's: every SIGTERM goes to the ranks
+            self.publish(Forward(sent))
             return
         self.stop_signal = sig
         if self.phase == RUNNING:
@@ -281,6 +286,8 @@ class Policy:
             # After the user's signal every rank may still be acting on it (a traceback, a
             # checkpoint): the others keep the signal's grace before they are stopped.
             return
+        if self.hydra and status is not None and status > 0 and mpi != "init":
+            return  # hydra's: a rank's own exit, outside MPI, ends only that rank
         self.abort(self.options.kill_timeout)
 
     def count_failure(self, state: RankState) -> None:
@@ -330,12 +337,22 @@ class Policy:
         failure = self.first_failure
         if failure is None and self.elsewhere is not None:
             return 1
+        if self.hydra and failure is not None and not self.aborted:
+            return self.ored_exits()
         if failure is None:
             return 128 + self.stop_signal if self.stop_signal is not None and self.failed else 0
         if failure.abort_code is not None:
             return abort_status(failure.abort_code)
         status = failure.status if failure.status is not None else 1
         return 128 - status if status < 0 else status
+
+    def ored_exits(self) -> int:
+        """hydra's status for a run no failure ended: every rank's exit code ORed."""
+        status = 0
+        for state in self.procs:
+            if state.status is not None and state.status > 0:
+                status |= state.status
+        return status & 0xFF
 
 
 def abort_status(code: int) -> int:

@@ -111,6 +111,7 @@ def failure_summary(
     killed_other: int = 0,
     aborted: bool,
     failed_total: int,
+    ran_on: str | None = None,
     reason: str | None = None,
     before_finalizing: bool = False,
     cause: RootCause | None = None,
@@ -124,7 +125,7 @@ def failure_summary(
     else:
         head = (
             f"mpilaunch detected that {failed_total} process(es) exited with non-zero status "
-            "(abort on failure was off, so the others ran on). The first process to do so was:"
+            f"({ran_on or 'abort on failure was off'}, so the others ran on). The first process to do so was:"
         )
     where = f"{rank}" if job == 1 else f"{rank} of spawned job {job}"
     lines = [RULE]

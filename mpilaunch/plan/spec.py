@@ -82,6 +82,7 @@ class Options(Record):
     ppn: int | None = None  # hydra's -ppn
     universe_size: int | None = None  # hydra's -usize; None: the hosts' slots
     dialect: str = "openmpi"  # whose words the line speaks (cli/dialect.py); hydra: no -n is 1 rank here
+    rules: str = "openmpi"  # whose failure and signal rules the run keeps: openmpi or hydra (policy.py)
     map_by: str = "slot"  # slot | node | ppr:N:node | ppr:N:socket
     rank_by: str | None = None  # slot | node, when it differs from map_by's order
     npernode: int | None = None
