@@ -15,6 +15,7 @@ from __future__ import annotations
 import selectors
 import time
 
+from mpilaunch.launcher.agent_frames import AgentFrames
 from mpilaunch.launcher.console_report import ConsoleReporter
 from mpilaunch.launcher.events import (
     Abort,
@@ -23,8 +24,6 @@ from mpilaunch.launcher.events import (
     Events,
     FinishAgents,
     Forward,
-    Garbled,
-    HostLost,
     RankEnded,
     RunEnded,
     SignalReceived,
@@ -35,6 +34,7 @@ from mpilaunch.launcher.links import HostLink, Links
 from mpilaunch.launcher.output import OutputSink
 from mpilaunch.launcher.policy import Policy
 from mpilaunch.launcher.signals import FAULTS_AFTER, SignalPipe
+from mpilaunch.launcher.spawn_agents import AgentStarts
 from mpilaunch.launcher.spawns import Spawner
 from mpilaunch.launcher.stacks import StackSnapshots
 from mpilaunch.launcher.states import RankState
@@ -42,7 +42,6 @@ from mpilaunch.launcher.stdin import StdinFeed
 from mpilaunch.plan.build import JobPlan, LaunchPlan, launch_messages
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
-    UP,
     Bye,
     Checked,
     Exited,
@@ -51,7 +50,6 @@ from mpilaunch.protocol.messages import (
     Gone,
     Hello,
     Kill,
-    MessageError,
     Note,
     Ping,
     PmiAbort,
@@ -60,7 +58,6 @@ from mpilaunch.protocol.messages import (
     Signal,
     Started,
     StdinAck,
-    decode,
     encode,
     mixed_reason,
 )
@@ -71,7 +68,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from mpilaunch.transport.base import Link
+    from mpilaunch.transport.base import HostResult, Link
 
 PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
 
@@ -95,6 +92,7 @@ class Controller:
         launched: bool = False,
         *,
         agents: Callable[[], Link] | None = None,
+        remote_agents: Callable[[JobPlan, list[int]], dict[int, HostResult]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         signals: SignalPipe | None = None,
         selector: selectors.BaseSelector | None = None,
@@ -115,13 +113,23 @@ class Controller:
         self.pmi = JobWidePmi(self.links, self.mixed_families, clock)
         self.signals = signals if signals is not None else SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
+        self.started = False  # the loop started: links adopted later are read at once
         self.stacks = StackSnapshots(plan, self.policy, self.links, output, clock)
-        self.spawner = Spawner(plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch)
+        self.agent_starts = AgentStarts(self.sel, remote_agents) if remote_agents is not None else None
+        self.spawner = Spawner(
+            plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch,
+            self.agent_starts, self.adopt,
+        )  # fmt: skip
         self.stdin = StdinFeed(  # job 1's process ids are its ranks
             self.sel, list(plan.stdin_ranks), self.send_stdin, self.in_flight, lambda p: self.procs[p].done
         )
+        self.handlers: dict[type, Callable[[HostLink, Record], None]] = {}
+        self.frames = AgentFrames(
+            plan, self.policy, self.links, output, self.events, self.stacks, self.handlers, self.heartbeat
+        )
+        self.read_link, self.give_up_silent = self.frames.read_link, self.frames.give_up_silent
         ignore = lambda link, message: None  # noqa: E731
-        self.handlers = {
+        self.handlers |= {
             Started: self.to_policy,
             Exited: self.exited,
             Failed: self.to_policy,
@@ -129,7 +137,7 @@ class Controller:
             PmiError: self.to_policy,
             StdinAck: self.stdin_ack,
             Note: lambda link, message: self.events.publish(AgentNote(message.text)),
-            Gone: self.gone,
+            Gone: self.frames.gone,
             Ping: ignore,  # any frame is a word
             Hello: ignore,
             Checked: ignore,
@@ -153,9 +161,7 @@ class Controller:
         self.events.subscribe(self.stacks)  # WantStacks
         self.events.subscribe(ConsoleReporter(plan.hosts, self.policy, self.jobs, output, summary))
         for index, link in (links or {}).items():  # agents started before the run (remote hosts)
-            self.links.add(index, link)
-            if not link.local:
-                link.ping_every(self.heartbeat / PINGS_PER_TIMEOUT, encode(Ping()))
+            self.adopt(index, link)
         self.add_job(plan.job)
 
     @property
@@ -168,6 +174,15 @@ class Controller:
         self.jobs[job.job] = job
         self.pmi.add_job(job)
         return procs
+
+    def adopt(self, index: int, link: Link) -> None:
+        """A greeted agent's link becomes the run's: before it (job 1's hosts), or during it (a
+        spawned job's host that had none); frames it sent after its greeting are read at once."""
+        host_link = self.links.add(index, link)
+        if not link.local:
+            link.ping_every(self.heartbeat / PINGS_PER_TIMEOUT, encode(Ping()))
+        if self.started and link.unread:
+            self.read_link(host_link, self.clock())
 
     def mixed_families(self, job: int, host: int, protocol: str, other_host: int, other: str) -> None:
         """Ranks of both MPI families in one job, on different hosts: ended as the agent ends
@@ -194,14 +209,6 @@ class Controller:
             message = message._replace(error_file=self.output.keep_error(message.proc, message.error))
         self.policy.handle(message)
 
-    def gone(self, link: HostLink, message: Gone) -> None:
-        """A relay's child ended (tree spawn)."""
-        below = self.links.get(message.host)
-        if below is None or below.link.parent != link.index:
-            raise MessageError(f"host {message.host!r} is not one this agent started")
-        if below.open:
-            self.link_closed(below, message.why, tell_relay=False)
-
     def stdin_ack(self, link: HostLink, message: StdinAck) -> None:
         self.links.connection_of(link).inflight -= message.n
 
@@ -214,77 +221,6 @@ class Controller:
     def in_flight(self, proc: int) -> int:
         return self.links.connection_of(self.links.get(self.procs[proc].rank.host)).inflight  # type: ignore[arg-type]
 
-    def _own_proc(self, link: HostLink, proc: int) -> int:
-        """A process id an agent sent: one of the processes of its own host, or the frame is bad."""
-        if not 0 <= proc < len(self.procs) or self.procs[proc].rank.host != link.index:
-            raise MessageError(f"process {proc!r} is not one of this host's")
-        return proc
-
-    def read_link(self, link: HostLink, now: float) -> None:
-        data = link.link.recv()
-        if data is None:
-            return
-        link.heard = now
-        if not data:
-            self.link_closed(link)
-            return
-        try:
-            for kind, value in link.decoder.feed(data):
-                self._frame(link, kind, value, now)
-        except wire.FrameError as exc:
-            self._garbled(link, exc)
-
-    def _garbled(self, link: HostLink, exc: wire.FrameError) -> None:
-        """Bytes that are no frame, or a message we cannot use: the link is not to be trusted."""
-        self.events.publish(Garbled(link.index, str(exc)))
-        if link.open:
-            self.link_closed(link)
-
-    def _frame(self, link: HostLink, kind: int, value: object, now: float) -> None:
-        if kind == wire.OUTPUT:
-            proc, stream, chunk = value  # type: ignore[misc]
-            self.stacks.last_output = now  # --hang-timeout counts from here
-            self.output.write(self._own_proc(link, proc), stream, chunk, now)
-        elif kind == wire.CONTROL:
-            message = decode(value, UP)  # type: ignore[arg-type]
-            if "proc" in message._fields:
-                self._own_proc(link, message.proc)  # type: ignore[attr-defined]
-            self.handlers[type(message)](link, message)  # type: ignore[operator]
-        elif kind == wire.ROUTED:  # from a host below this one (tree spawn)
-            host, frame = value  # type: ignore[misc]
-            below = self.links.get(host)
-            if below is None or below.link.head_index != link.index:
-                raise MessageError(f"a frame of host {host!r}, which is not below this one")
-            if not below.open:
-                return
-            below.heard = now
-            try:
-                kind, value = wire.decode_frame(frame)
-                if kind == wire.ROUTED:
-                    raise wire.FrameError("a routed frame inside a routed frame")
-                self._frame(below, kind, value, now)
-            except wire.FrameError as exc:  # that host is not to be trusted; its relay and neighbours still are
-                self._garbled(below, exc)
-
-    def link_closed(self, link: HostLink, why: str = "", tell_relay: bool = True, confirmed: bool = True) -> None:
-        """The agent's link ended (or was given up): its ranks are lost, and so is every host
-        it relayed to. A host behind relays is cut off by its relay when tell_relay. Not
-        confirmed: given up after a silence, the agent may still run its ranks (HostLost)."""
-        why = why or link.link.lost_because()
-        below = self.links.close(link, tell_relay)
-        host = self.plan.hosts[link.index].name
-        self.policy.handle(HostLost(link.index, host, why, confirmed))
-        for other in below:
-            if other.open:
-                self.link_closed(other, f"its relay {host} was lost", tell_relay=False, confirmed=confirmed)
-
-    def give_up_silent(self, now: float) -> None:
-        """A network cut that sends no reset would otherwise leave the job waiting for ever.
-        Pings to the agents go from a thread of each link, so a launcher stuck on a full
-        console pipe does not make the agents give up."""
-        for link in self.links.silent(now, self.heartbeat, lambda connection: self.read_link(connection, now)):
-            self.link_closed(link, f"no word from it for {self.heartbeat:g} s", confirmed=False)
-
     def kill_groups(self, states: list[RankState]) -> None:
         self.links.kill_local([(state.rank.host, state.pid) for state in states])
 
@@ -294,6 +230,8 @@ class Controller:
             return self._run()
         finally:  # on any way out, no rank may outlive the launcher: kill what is still recorded as running
             self.links.close_all()
+            if self.agent_starts is not None:
+                self.agent_starts.close()
             self.stacks.close()
             self.kill_groups([s for s in self.procs if not s.done])
             self.links.wait_all()
@@ -302,6 +240,7 @@ class Controller:
             self.sel.close()
 
     def start(self) -> None:
+        self.started = True
         self.signals.install(self.sel)
         self.stacks.serve(self.sel)
         now = self.clock()

@@ -266,3 +266,15 @@ def start_agents(
         greet(more, checks)
         results.update(more)
     return dict(sorted(results.items()))
+
+
+def host_problems(results: Mapping[int, HostResult], names: Callable[[int], str]) -> list[str]:
+    """One line per problem of a start, in host order: a host not reached or not greeted, and
+    what its agent's Check found (a program missing there)."""
+    problems = []
+    for index, result in sorted(results.items()):
+        if result.error is not None:
+            problems.append(f"{names(index)}: {result.error}")
+        elif result.reply is not None:
+            problems.extend(f"{names(index)}: {p}" for p in result.reply.problems)
+    return problems

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.events import NodesEnded
-from mpilaunch.launcher.greeting import start_agents
+from mpilaunch.launcher.greeting import host_problems, start_agents
 from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink, PatternFiles, expand_pattern
 from mpilaunch.launcher.signal_table import LEAVES_WITH
 from mpilaunch.plan import devices
-from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, user_port
+from mpilaunch.plan.build import JobPlan, LaunchPlan, build_plan, host_checks, remote_hosts, user_port
 from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
 from mpilaunch.plan.rank_env import inherited, prefixed_paths
 from mpilaunch.plan.spec import JobSpec, Options
@@ -69,45 +70,54 @@ def remote_transport(options: Options, hosts: int) -> Transport:
     return transport
 
 
-def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], dict[int, HostResult]]:
-    """One agent on every remote host, each checked before anything starts (the agent checks the
-    programs, answers the probe and, on rank 0's host, finds a free port for MASTER_PORT)."""
+def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callable[[int], bytes]:
+    """Each remote host's Check for job: its programs, the launcher's search paths, the probe,
+    and on host port_on a free port for MASTER_PORT."""
     options = plan.options
-    env = plan.launcher_env
-    rank0 = plan.job.ranks[0].host
-    pick_port = rank0 in remote and user_port(options, env) is None
-    carried = carried_environment(dict(env))
+    carried = carried_environment(dict(plan.launcher_env))
     if options.prefix:  # Open MPI's --prefix: its bin and lib first on every remote host
         carried.update(prefixed_paths(options.prefix, carried))
-    probe = devices.probe_request(options.devices_per_rank, options.rank_table, env, plan.exports)
+    probe = devices.probe_request(options.devices_per_rank, options.rank_table, plan.launcher_env, plan.exports)
 
     def check(index: int) -> bytes:
         return encode(
             Check(
-                apps=tuple(AppCheck(**app) for app in host_checks(plan.job, index)),
+                apps=tuple(AppCheck(**app) for app in host_checks(job, index)),
                 carried=carried,
                 mpi=refuses_open_mpi(options),
-                port=0 if pick_port and index == rank0 else -1,
+                port=0 if index == port_on else -1,
                 heartbeat=plan.heartbeat,
                 probe=Probe(**probe),
                 families=asks_families(options),
             )
         )
 
+    return check
+
+
+def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], dict[int, HostResult]]:
+    """One agent on every remote host, each checked before anything starts (the agent checks the
+    programs, answers the probe and, on rank 0's host, finds a free port for MASTER_PORT)."""
+    options = plan.options
+    rank0 = plan.job.ranks[0].host
+    pick_port = rank0 in remote and user_port(options, plan.launcher_env) is None
+    check = agent_checks(plan, plan.job, rank0 if pick_port else None)
     hosts = {i: plan.hosts[i] for i in remote}
     results = start_agents(remote_transport(options, len(hosts)), hosts, check)
     links = {i: r.link for i, r in results.items() if r.link is not None}
-    problems = []
-    for index, result in sorted(results.items()):
-        name = plan.hosts[index].name
-        if result.error is not None:
-            problems.append(f"{name}: {result.error}")
-        elif result.reply is not None:
-            problems.extend(f"{name}: {p}" for p in result.reply.problems)
+    problems = host_problems(results, lambda index: plan.hosts[index].name)
     if problems:
         _close_and_wait(links)  # an agent's ssh or srun may not outlive the launcher
         raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
     return links, results
+
+
+def start_spawn_agents(plan: LaunchPlan, job: JobPlan, hosts: list[int]) -> dict[int, HostResult]:
+    """Agents for the hosts of a spawned job that have none yet (no rank of job 1 runs there),
+    started and checked as job 1's were, by the same transport."""
+    return start_agents(
+        remote_transport(plan.options, len(hosts)), {i: plan.hosts[i] for i in hosts}, agent_checks(plan, job, None)
+    )
 
 
 def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[int, HostResult]) -> Facts:
@@ -444,7 +454,10 @@ def execute(plan: LaunchPlan, host_tags: bool = False, notes: bool = True) -> Co
             links[index].send(encode(launch))
         from mpilaunch.launcher.controller import Controller
 
-        return Controller(plan, sink, links, summary=not host_tags, launched=True, agents=LOCAL.agent)
+        return Controller(
+            plan, sink, links, summary=not host_tags, launched=True, agents=LOCAL.agent,
+            remote_agents=functools.partial(start_spawn_agents, plan),
+        )  # fmt: skip
     except BaseException:
         _close_and_wait(links)
         raise
