@@ -427,8 +427,9 @@ def job_plan(
         exports=exports,
         torch_omp=torch is not None,
     )
-    for rank_env, extras in zip(envs, more):
+    for r, rank_env, extras in zip(ranks, envs, more):
         rank_env.update(extras)
+        rank_env["PMI_HOSTNAME"] = hosts[r.host].name  # hydra's: the rank's host as the host list names it
     if torch is not None and torch.virtual_local_rank:
         for r, rank_env in zip(ranks, envs):
             rank_env.update(virtual_local_rank(r.local_rank, env.get("CUDA_VISIBLE_DEVICES")))
@@ -443,7 +444,9 @@ def job_plan(
         names = [h.name for h in hosts]
         nspace = f"mpilaunch.{layout.job_id}"
         pmix = pmix_job(ranks, names, app_sizes, layout.universe_size, nspace, options.pmix_lib, job)
-    pmi = pmi_job(job, ranks, layout.universe_size, layout.job_id) if served and served[0] != "pmix" else None
+    # hydra's: no universe size unless -usize gives one (PMI's -1); mpirun-style lines: the slots
+    universe = -1 if options.rules == "hydra" and options.universe_size is None else layout.universe_size
+    pmi = pmi_job(job, ranks, universe, layout.job_id) if served and served[0] != "pmix" else None
     argvs, wdirs = [a for a, _ in apps], [w for _, w in apps]
     return JobPlan(job, ranks, argvs, wdirs, common, envs, pmi, served, pmix, layout.offset, layout.world)
 

@@ -18,7 +18,6 @@ from mpilaunch.plan.build import (
     cores_short,
     intel_note,
     launch_messages,
-    open_mpi_binding,
     serves_open_mpi,
     with_master,
 )
@@ -83,13 +82,13 @@ def finalize(plan: LaunchPlan, facts: Facts) -> Final:
         raise LaunchError(short)
     job, options = plan.job, plan.options
     notes = []
-    level = open_mpi_binding(len(job.ranks), False)
-    if not options.bind_to and serves_open_mpi(job) and level != "none":
-        notes.append(
-            f"Open MPI ranks are bound to a {level} each, as mpirun binds them (not on a host with more ranks than "
-            "slots); --bind-to none leaves them unbound"
-        )
     launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
+    bound = {launch.bind_to for launch in launches.values()} - {"none"}
+    if not options.bind_to and serves_open_mpi(job) and bound:  # no note where every host has more ranks than slots
+        notes.append(
+            f"Open MPI ranks are bound to a {bound.pop()} each, as mpirun binds them (not on a host with more ranks "
+            "than slots); --bind-to none leaves them unbound"
+        )
     notes.append(intel_note(plan, launches) if plan.intel_mpi else "")
     notes.append(
         devices.omp_note(

@@ -112,6 +112,30 @@ def test_an_mpich_rank_that_returns_3_after_finalize_keeps_rank_0s_output(
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("words", [[], ["-usize", "5"], ["-hosts", "localhost:2"]])
+def test_universe_size_and_pmi_hostname_are_hydras(
+    launcher: Launcher, tmp_path: Path, shims: Path, words: list[str]
+) -> None:
+    """An MPICH rank's MPI_UNIVERSE_SIZE is unset unless -usize gives one (it was the slots), and
+    PMI_HOSTNAME names its host as the host list does, as under hydra."""
+    pytest.importorskip("mpi4py")
+    script = write_script(
+        tmp_path, "universe.py",
+        "import os\nfrom mpi4py import MPI\n"
+        "print(MPI.COMM_WORLD.Get_attr(MPI.UNIVERSE_SIZE), os.environ.get('PMI_HOSTNAME') is not None, flush=True)\n",
+    )  # fmt: skip
+    seen = {}
+    for who, program in peers(shims).items():
+        done, _took = run_as(launcher, program, *words, "-n", "2", sys.executable, script)
+        assert done.returncode == 0, (who, done.stderr.decode())
+        seen[who] = sorted(done.stdout.decode().splitlines())
+    assert seen["mpilaunch"] == seen["hydra"] == [f"{'5' if '-usize' in words else 'None'} True"] * 2
+    if "-hosts" in words:
+        shown = run_as(launcher, shims / "mpiexec.hydra", *words, "-n", "1", "sh", "-c", "echo $PMI_HOSTNAME")[0]
+        assert shown.stdout == b"localhost\n"
+
+
+@pytest.mark.mpi
 def test_a_rank_that_leaves_mpi_unfinished_ends_the_job(launcher: Launcher, tmp_path: Path, shims: Path) -> None:
     """A rank that exits 3 between MPI_Init and MPI_Finalize ends the job, as under hydra."""
     pytest.importorskip("mpi4py")

@@ -209,6 +209,16 @@ def test_bindings_are_mpiruns_and_reported_in_its_words(launcher: Launcher, prog
     assert (said in ours.stderr.decode()) == (not binding)
 
 
+def test_no_binding_note_where_no_rank_is_bound(launcher: Launcher, program: str) -> None:
+    """More ranks than this machine's cores: mpirun binds none of them, nor does mpilaunch, and
+    the binding note is not printed (it was, for a binding nobody got)."""
+    ranks = str(2 * (os.cpu_count() or 1))
+    ours = launcher.run("--report-bindings", "-n", ranks, program, timeout=120)
+    assert ours.returncode == 0, ours.stderr.decode()[-3000:]
+    assert "are bound to a" not in ours.stderr.decode()
+    assert all("not bound" in line for line in _reports(ours.stderr)) and len(_reports(ours.stderr)) == int(ranks)
+
+
 def test_ranks_are_not_offered_pmix_4s_dstore() -> None:
     """ds21 and ds12 race with a direct modex of a local peer (services/pmix.py, RACY_GDS)."""
     assert rank_gds("ds21,ds12,hash") == "hash"  # Debian's libpmix2 4.2

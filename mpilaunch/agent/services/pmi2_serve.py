@@ -101,7 +101,10 @@ def _get_node_attr(server: JobState, client: PmiClient, msg: dict[str, str], pai
 
 def _get_job_attr(server: JobState, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
     key = msg.get("key", "")
-    _answer(server, client, msg, **found(str(server.universe) if key == "universeSize" else server.lookup(key)))
+    if key == "universeSize":  # unset (-1): not found, as hydra without -usize
+        _answer(server, client, msg, **found(str(server.universe) if server.universe >= 0 else None))
+    else:
+        _answer(server, client, msg, **found(server.lookup(key)))
 
 
 def _finalize(server: JobState, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
