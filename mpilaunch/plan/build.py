@@ -513,7 +513,7 @@ def place_job(
             raise
     ranks = placed(True)
     cores = hosts[0].slots
-    return ranks, [f"{len(ranks)} ranks on this machine's {cores} cores: more ranks than cores (they take turns)"]
+    return ranks, [f"{len(ranks)} ranks on {cores} cores: they take turns"]
 
 
 def build_plan(

@@ -169,19 +169,14 @@ def omp_note(
     if not chosen:
         return None
     if torch_omp:
-        detail = "1 for each rank (torchrun's, with several ranks on a host)"
+        detail = "1 per rank, as torchrun"
     elif len(set(chosen.values())) == 1:
         value, cpus, size = next(iter(chosen.values()))
-        per = "" if len(chosen) == 1 else " on each host"
-        detail = f"{value} for each rank ({cpus} CPUs ÷ {size} local ranks{per})"
+        detail = f"{value} per rank ({cpus} CPUs, {size} ranks{'' if len(chosen) == 1 else ' a host'})"
     else:
-        shown = list(chosen.items())[:4]
-        detail = ", ".join(f"{v} on {hosts[h].name} ({c} CPUs ÷ {s} ranks)" for h, (v, c, s) in shown)
-        detail += ", ..." if len(chosen) > 4 else ""
-    return (
-        f"OMP_NUM_THREADS={detail}, so that their threads do not overload the host; "
-        "set OMP_NUM_THREADS to choose another value"
-    )
+        shown = list(chosen.items())[:3]
+        detail = ", ".join(f"{v} on {hosts[h].name}" for h, (v, _c, _s) in shown) + (", ..." if len(chosen) > 3 else "")
+    return f"OMP_NUM_THREADS={detail}; set it to choose"
 
 
 def probe_request(

@@ -85,10 +85,7 @@ def finalize(plan: LaunchPlan, facts: Facts) -> Final:
     launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
     bound = {launch.bind_to for launch in launches.values()} - {"none"}
     if not options.bind_to and serves_open_mpi(job) and bound:  # no note where every host has more ranks than slots
-        notes.append(
-            f"Open MPI ranks are bound to a {bound.pop()} each, as mpirun binds them (not on a host with more ranks "
-            "than slots); --bind-to none leaves them unbound"
-        )
+        notes.append(f"Open MPI ranks bound to a {bound.pop()} each, as by mpirun; --bind-to none: unbound")
     notes.append(intel_note(plan, launches) if plan.intel_mpi else "")
     notes.append(
         devices.omp_note(
