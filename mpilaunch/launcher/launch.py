@@ -12,7 +12,7 @@ from mpilaunch.host.programs import carried_environment, program_family, program
 from mpilaunch.launcher.events import NodesEnded
 from mpilaunch.launcher.greeting import start_agents
 from mpilaunch.launcher.here import ThisMachine
-from mpilaunch.launcher.output import Console, OutputSink, PatternFiles, expand_pattern
+from mpilaunch.launcher.output import Console, OutputSink
 from mpilaunch.launcher.signal_table import LEAVES_WITH
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import LaunchPlan, build_plan, host_checks, remote_hosts, user_port
@@ -358,8 +358,10 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
     labelled = console is not None and options.prepend_pattern is not None  # hydra's, on each console line
     places = pattern_places(plan) if patterns or labelled else []
+    if patterns or labelled:
+        from mpilaunch.launcher.pattern_files import PatternFiles, expand_pattern  # a job with hydra's patterns only
     if patterns:
-        sink.patterns = PatternFiles(patterns, places)
+        sink.patterns = PatternFiles(patterns, places, sink.same)  # refused before the log tree is emptied
     if labelled:
         for rank, (host, proxy) in enumerate(places):
             label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
@@ -380,8 +382,12 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:
+        if sink.patterns is not None:
+            sink.patterns.close()
         sink.unlock()
         raise
+    if sink.patterns is not None:
+        sink.patterns.start()  # every file is the job's own: the old output goes
     if root:
         say(options, f"rank output goes to {root}/rank.N")
     return sink
