@@ -382,8 +382,6 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:
-        if sink.patterns is not None:
-            sink.patterns.close()
         sink.unlock()
         raise
     if sink.patterns is not None:

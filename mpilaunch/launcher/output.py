@@ -301,18 +301,22 @@ class OutputSink:
             self.patterns.rank_done(rank)
 
     def close(self) -> None:
-        if self.patterns is not None:
-            self.patterns.close()  # after the partial lines it held
-            self._say_failed(self.patterns.failures())
-            self.patterns = None
+        self._close_patterns()
         if self.console:
             self.console.finish()
         for tree in self.trees.values():
             tree.close()
         self.unlock()
 
+    def _close_patterns(self) -> None:
+        if self.patterns is not None:
+            self._say_failed(self.patterns.close())  # after the partial lines it held
+            self.patterns = None
+
     def unlock(self) -> None:
-        """The log tree is free for another run (also on the way out of a run that failed)."""
+        """The run's files are free for another run (also on the way out of a run that failed):
+        the log tree's lock, and the pattern files (and their locks) once their lines are out."""
+        self._close_patterns()
         if self.lock is not None:
             self.lock.release()
             self.lock = None

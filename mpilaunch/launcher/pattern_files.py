@@ -137,12 +137,16 @@ class PatternFiles:
             if file is not None:
                 file.flush((rank, stream))
 
-    def close(self) -> None:
-        """Every partial line held is written, then the files are closed."""
-        for file in self.distinct():
+    def close(self) -> list[tuple[str, str]]:
+        """Every partial line held is written, then the files are closed: the failures not said yet."""
+        files = self.distinct()
+        for file in files:
             file.flush_all()
+        failed = self.failures()
+        for file in files:
             os.close(file.fd)
         self.files.clear()
+        return failed
 
 
 def _lock(fd: int, option: str, path: str) -> None:

@@ -18,6 +18,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Launcher, write_script
 
 PY = sys.executable
@@ -201,6 +203,23 @@ def test_a_hard_link_inside_the_log_tree_is_refused(launcher: Launcher, tmp_path
     assert (rank0 / "stdout").read_text() == "kept\n"
 
 
+def test_a_full_disk_under_a_shared_pattern_file_is_said_once(launcher: Launcher, tmp_path: Path) -> None:
+    """A pattern file that fills its disk: one line naming it, the status stays the ranks'. Before:
+    the rest of the output was lost without a word."""
+    (tmp_path / "disk").mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp_path / "disk")])
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        script = write_script(tmp_path, "lines.py", LINES)
+        proc = launcher.run("-n", "2", "-outfile-pattern", "disk/out", PY, script, "20000", timeout=HANG)
+        full = os.statvfs(tmp_path / "disk").f_bfree == 0
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=True)
+    said = "mpilaunch: cannot write disk/out: No space left on device; the rest of that output is not kept\n"
+    assert proc.returncode == 0 and full and proc.stderr.decode().count(said) == 1, proc.stderr.decode()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -208,16 +227,16 @@ def _free_port() -> int:
 
 
 def test_torchruns_node_launchers_share_one_log_dir(launcher: Launcher, tmp_path: Path) -> None:
-    """torchrun's way on a shared file system: one launcher per node, one --log-dir. Each writes
-    its own ranks' directories, so both run (the second was refused as a second job); a job whose
-    ranks are theirs is still refused while they run."""
+    """torchrun's way on a shared file system: one launcher per node, one --log-dir (and -r 3: the
+    output in the files only). Each writes its own ranks' directories, so both run (the second was
+    refused as a second job); a job whose ranks are theirs is still refused while they run."""
     script = write_script(tmp_path, "lines.py", LINES)
     hold = write_script(tmp_path, "hold.py", "import os, time\nwhile not os.path.exists('go'): time.sleep(0.01)\n")
     port = str(_free_port())
     nodes = [
         launcher.popen(
             *("--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port),
-            *("--nproc-per-node", "2", "--log-dir", "logs", "--no-python", "sh", "-c"),
+            *("--nproc-per-node", "2", "--log-dir", "logs", "-r", "3", "--no-python", "sh", "-c"),
             f"{PY} {script} 1000 && {PY} {hold}",
         )
         for node in (0, 1)
@@ -235,8 +254,8 @@ def test_torchruns_node_launchers_share_one_log_dir(launcher: Launcher, tmp_path
             if node.poll() is None:
                 node.kill()
                 node.wait()
-    for node, (_, err) in zip(nodes, outs):
-        assert node.returncode == 0, err.decode()[-3000:]
+    for node, (out, err) in zip(nodes, outs):
+        assert node.returncode == 0 and out == b"", err.decode()[-3000:]  # -r 3: the files only
     for rank in range(4):
         kept = per_rank((tmp_path / "logs" / "1" / f"rank.{rank}" / "stdout").read_text())
         assert kept == {str(rank): list(range(1000))}
