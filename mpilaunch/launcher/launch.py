@@ -13,7 +13,7 @@ from mpilaunch.host.programs import carried_environment, program_family, program
 from mpilaunch.launcher.events import NodesEnded
 from mpilaunch.launcher.greeting import host_problems, start_agents
 from mpilaunch.launcher.here import ThisMachine
-from mpilaunch.launcher.output import Console, OutputSink, PatternFiles, expand_pattern
+from mpilaunch.launcher.output import Console, OutputSink
 from mpilaunch.launcher.signal_table import LEAVES_WITH
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import JobPlan, LaunchPlan, build_plan, host_checks, remote_hosts, user_port
@@ -368,8 +368,10 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
     labelled = console is not None and options.prepend_pattern is not None  # hydra's, on each console line
     places = pattern_places(plan) if patterns or labelled else []
+    if patterns or labelled:
+        from mpilaunch.launcher.pattern_files import PatternFiles, expand_pattern  # a job with hydra's patterns only
     if patterns:
-        sink.patterns = PatternFiles(patterns, places)
+        sink.patterns = PatternFiles(patterns, places, sink.same)  # refused before the log tree is emptied
     if labelled:
         for rank, (host, proxy) in enumerate(places):
             label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
@@ -392,6 +394,8 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     except BaseException:
         sink.unlock()
         raise
+    if sink.patterns is not None:
+        sink.patterns.start()  # every file is the job's own: the old output goes
     if root:
         say(options, f"rank output goes to {root}/rank.N")
     return sink

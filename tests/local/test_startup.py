@@ -59,6 +59,7 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
         "mpilaunch.launcher.report_text",
         "mpilaunch.plan.ranktable",
         "mpilaunch.launcher.treelock",  # a run without a log tree
+        "mpilaunch.launcher.pattern_files",  # a run without hydra's -outfile-pattern
         "random",  # a retry's wait only
     ):
         assert trimmed in at_start or trimmed not in imported, trimmed
