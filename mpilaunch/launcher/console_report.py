@@ -40,6 +40,21 @@ def describe(state: RankState) -> str:
     return f"rank {state.rank.rank}" + (f" of spawned job {state.job}" if state.job != 1 else "")
 
 
+def closing_line(policy: Policy, hosts: Sequence[Host]) -> str:
+    """`4 ranks, 12.3 s; largest memory 45 MiB (rank 2 on node1)`."""
+    from mpilaunch.launcher.report_text import size
+
+    ranks = [s for s in policy.procs if s.job == 1]
+    text = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}, {policy.clock() - (policy.started_at or 0.0):.1f} s"
+    spawned = len(policy.procs) - len(ranks)
+    if spawned:
+        text += f" (and {spawned} spawned)"
+    largest = max((s for s in policy.procs if s.rss), key=lambda s: s.rss or 0, default=None)
+    if largest is not None:
+        text += f"; largest memory {size(largest.rss or 0)} ({describe(largest)} on {hosts[largest.rank.host].name})"
+    return text
+
+
 class ConsoleReporter:
     """summary=False leaves out the failure summary (allrun prints a table of hosts instead)."""
 
@@ -50,7 +65,11 @@ class ConsoleReporter:
         jobs: Mapping[int, JobPlan],
         output: OutputSink,
         summary: bool = True,
+        closing: bool = False,
     ) -> None:
+        """closing: one line at the end of the run (ranks, wall time, the largest memory), for a
+        person at a terminal."""
+        self.closing = closing
         self.hosts = hosts
         self.policy = policy
         self.jobs = jobs
@@ -140,3 +159,5 @@ class ConsoleReporter:
                 death=failure.death,
             )
             self.output.say(text)
+        if self.closing:
+            self.say(closing_line(policy, self.hosts))

@@ -12,6 +12,7 @@ the wire use process ids; ranks are numbers within a job.
 
 from __future__ import annotations
 
+import os
 import selectors
 import time
 
@@ -62,6 +63,7 @@ from mpilaunch.protocol.messages import (
     mixed_reason,
 )
 from mpilaunch.protocol.record import Record
+from mpilaunch.protocol.wire import STDERR
 from mpilaunch.transport.local import LocalTransport
 
 TYPE_CHECKING = False
@@ -159,7 +161,8 @@ class Controller:
             )
         )
         self.events.subscribe(self.stacks)  # WantStacks
-        self.events.subscribe(ConsoleReporter(plan.hosts, self.policy, self.jobs, output, summary))
+        closing = summary and not plan.options.quiet and _is_terminal(output.writer.fds[STDERR])
+        self.events.subscribe(ConsoleReporter(plan.hosts, self.policy, self.jobs, output, summary, closing))
         for index, link in (links or {}).items():  # agents started before the run (remote hosts)
             self.adopt(index, link)
         self.add_job(plan.job)
@@ -318,3 +321,10 @@ class Controller:
 
     def exit_status(self) -> int:
         return self.policy.exit_status()
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False

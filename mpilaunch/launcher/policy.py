@@ -63,6 +63,7 @@ class Policy:
         self.options = options
         self.publish = publish
         self.clock = clock
+        self.started_at: float | None = None  # when the run started (start)
         self.procs: list[RankState] = []
         self.phase = RUNNING
         self.aborted = False  # a kill went out to every agent
@@ -96,6 +97,7 @@ class Policy:
     # -- the table of processes -------------------------------------------------------------
     def start(self) -> None:
         """The run starts now: the --timeout clock runs from here."""
+        self.started_at = self.clock()
         if self.options.timeout:
             self.deadline = self.clock() + self.options.timeout
 

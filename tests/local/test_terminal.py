@@ -3,7 +3,9 @@ running (issue "Never silent, never wrong")."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -66,3 +68,21 @@ def test_a_second_ctrl_c_kills_at_once(launcher: Launcher, tmp_path: Path) -> No
         term.keys("C-c")
         term.wait_for(lambda screen: "SIGINT again: killing every rank" in screen)
         wait_gone(launcher.tag, timeout=10.0)  # not the 60 s grace
+
+
+def test_a_job_at_a_terminal_ends_with_one_line_of_what_it_used(launcher: Launcher, tmp_path: Path) -> None:
+    """Ranks, wall time and the largest memory, when stderr is a terminal; -q leaves it out, and
+    so does a stderr that is no terminal."""
+    grow = "import os; x = bytearray((int(os.environ['RANK']) + 1) * 40_000_000); print('done', flush=True)"
+    with Terminal(tmp_path, launcher.env) as term:
+        term.start(launcher.argv("-n", "2", sys.executable, "-c", grow), tmp_path)
+        assert term.exit_status() == 0
+        lines = [line for line in term.screen().splitlines() if line.startswith("mpilaunch: ")]
+    assert len(lines) == 1 and re.fullmatch(
+        r"mpilaunch: 2 ranks, \d+\.\d s; largest memory \d+(\.\d)? MiB \(rank 1 on localhost\)", lines[0]
+    ), lines
+    with Terminal(tmp_path, launcher.env) as term:
+        term.start(launcher.argv("-q", "-n", "2", "true"), tmp_path)
+        assert term.exit_status() == 0 and "mpilaunch" not in term.screen()
+    piped = launcher.run("-n", "2", "true")
+    assert piped.returncode == 0 and piped.stderr == b""
