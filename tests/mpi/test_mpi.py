@@ -265,7 +265,7 @@ def test_pmi_tcp_refuses_a_wrong_id(launcher: Launcher, tmp_path: Path) -> None:
     said = [line for line in proc.stderr.decode().splitlines() if "refused" in line]
     assert said[0] == (
         "mpilaunch: refused a PMI connection that did not present a valid PMI_ID (it presented a wrong or used "
-        "PMI_ID); more are summed up at the end"
+        "PMI_ID); any more are summed up at the end"
     )
     assert re.fullmatch(
         r"mpilaunch: refused 2 connections to the PMI port 127\.0\.0\.1:\d+ in all: 2 presented a wrong or used PMI_ID",

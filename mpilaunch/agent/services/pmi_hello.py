@@ -15,9 +15,9 @@ PMI2_REFUSED = (
 )
 WAIT = "wait"  # not a whole first line yet
 ID = "id"  # `cmd=initack pmiid=N`: an id to look up
-# Each way a connection is refused, as the summary counts it ("50 sent nothing within 5 s").
+# Each way a connection is refused, as the summary counts it ("50 sent nothing").
 KINDS = {
-    "silent": "sent nothing within {wait:g} s",
+    "silent": "sent nothing",
     "garbage": "sent no PMI hello",
     "wrong": "presented a wrong or used PMI_ID",
     "pmi2": "spoke PMI-2, which sends no PMI_ID",
@@ -41,14 +41,14 @@ def pmi2_first(buf: bytes | bytearray) -> bool:
 
 def verdict(buf: bytes | bytearray, ended: bool) -> tuple[str, int]:
     """What a connection's first bytes say: (WAIT, 0) while its first line is not whole (and it
-    has not ended or run out of time: `ended`), (ID, N) for `cmd=initack pmiid=N`, else (kind, 0)
-    with kind one of KINDS. PMI-2 clients (MPICH's, Slurm's libpmi2) open with
+    has not ended or run out of time: `ended`), (ID, N) for a whole line `cmd=initack pmiid=N`,
+    else (kind, 0) with kind one of KINDS. PMI-2 clients (MPICH's, Slurm's libpmi2) open with
     `cmd=init pmi_version=2` or a frame and never send PMI_ID."""
     if not buf:
         return ("silent", 0) if ended else (WAIT, 0)
     frame = pmi2_first(buf)
-    if not ended and b"\n" not in buf and len(buf) < HELLO_MAX and not frame:
-        return WAIT, 0
+    if b"\n" not in buf and not frame:
+        return (WAIT, 0) if not ended and len(buf) < HELLO_MAX else ("garbage", 0)
     words = hello_words(buf)
     claimed = words.get("pmiid", "")
     if words.get("cmd") == "initack" and claimed.isascii() and claimed.isdigit():
@@ -61,8 +61,7 @@ def verdict(buf: bytes | bytearray, ended: bool) -> tuple[str, int]:
 class Refusals:
     """The connections refused, by kind: the first one said at once, all of them summed up once."""
 
-    def __init__(self, wait: float) -> None:
-        self.wait = wait  # seconds a connection has to send its first line
+    def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
     def add(self, kind: str, uid: int | None = None) -> str | None:
@@ -73,18 +72,15 @@ class Refusals:
             return None
         if kind == "pmi2":
             return f"{REFUSED}: {PMI2_REFUSED}"
-        more = "more are summed up at the end"
+        more = "any more are summed up at the end"
         if kind == "foreign":
             return f"mpilaunch: refused a PMI connection from a process of another user (uid {uid}); {more}"
-        return f"{REFUSED} (it {self.reason(kind)}); {more}"
-
-    def reason(self, kind: str) -> str:
-        return KINDS[kind].format(wait=self.wait)
+        return f"{REFUSED} (it {KINDS[kind]}); {more}"
 
     def summary(self, where: str) -> str | None:
         """One line for every refusal, once more than one was made; None otherwise."""
         total = sum(self.counts.values())
         if total < 2:
             return None
-        parts = ", ".join(f"{self.counts[kind]} {self.reason(kind)}" for kind in KINDS if kind in self.counts)
+        parts = ", ".join(f"{self.counts[kind]} {KINDS[kind]}" for kind in KINDS if kind in self.counts)
         return f"mpilaunch: refused {total} connections to the PMI port {where} in all: {parts}"

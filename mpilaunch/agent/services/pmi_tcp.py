@@ -59,7 +59,7 @@ class PmiTcp(PmiFd):
         self.where = ""  # 127.0.0.1:PORT, for the summary
         self.ids: dict[int, tuple[JobServer, int]] = {}  # secret PMI_ID -> (server, process id)
         self.hellos: dict[int, Hello] = {}  # by descriptor, the longest waiting first
-        self.refusals = Refusals(HELLO_WAIT)
+        self.refusals = Refusals()
         self.uid = os.geteuid()  # the ranks' user: the only one served
         self.paused_until: float | None = None
 
@@ -142,9 +142,7 @@ class PmiTcp(PmiFd):
             kind, uid = self.check(hello.sock, claimed)
         if kind != ID:
             hello.sock.close()
-            said = self.refusals.add(kind, uid)
-            if said is not None:
-                self.host.send(Note(text=said))
+            self.refuse(kind, uid)
             return
         server, ident = self.ids.pop(claimed)
         server.connect(ident, hello.sock)
@@ -166,6 +164,11 @@ class PmiTcp(PmiFd):
         if uid is None:
             return "left", None
         return (ID, uid) if uid == self.uid else ("foreign", uid)
+
+    def refuse(self, kind: str, uid: int | None = None) -> None:
+        said = self.refusals.add(kind, uid)
+        if said is not None:
+            self.host.send(Note(text=said))
 
     def pause(self, until: float) -> None:
         assert self.listener is not None
@@ -193,13 +196,15 @@ class PmiTcp(PmiFd):
             self.host.loop.watch(self.listener, self.accept)
 
     def close(self) -> None:
-        """The agent is done: every refusal said in one line, if there were several."""
+        """The agent is done: every refusal said in one line, if there were several (connections
+        still waiting to speak among them)."""
+        for hello in self.hellos.values():
+            hello.sock.close()
+            self.refuse("garbage" if hello.buf else "silent")
+        self.hellos.clear()
         said = self.refusals.summary(self.where)
         if said is not None:
             self.host.send(Note(text=said))
-        for hello in self.hellos.values():
-            hello.sock.close()
-        self.hellos.clear()
         if self.listener is not None:
             self.host.loop.unwatch(self.listener)
             self.listener.close()
