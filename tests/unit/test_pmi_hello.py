@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import sys
 
 import pytest
 
 from mpilaunch.agent.services.pmi_hello import ID, REFUSED, WAIT, Refusals, verdict
-from mpilaunch.host.tcp_peer import owner_in, peer_uid, table_address
+from mpilaunch.host.tcp_peer import diag_owner, owner_in, peer_uid, table_address
 
 
 @pytest.mark.parametrize(
@@ -67,23 +68,39 @@ TABLE = """\
    1: 0100007F:C350 0100007F:A1B2 06 00000000:00000000 03:000007E7 00000000     0        0 0 3
    2: 0100007F:C350 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000  1000        0 4711 1
    3: 0100007F:A1B2 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 4712 1
+   4: 0100007F:C351 0100007F:A1B2 04 00000000:00000000 00:00000000 00000000     0        0 0 1
 """
 
 
-def test_owner_in_the_tcp_table_skips_time_wait() -> None:
+def test_owner_in_the_tcp_table_is_that_of_a_socket_a_process_holds() -> None:
     peer, ours = "0100007F:C350", "0100007F:A1B2"
-    assert owner_in(TABLE, peer, ours) == 1000
+    assert owner_in(TABLE, peer, ours) == 1000  # not the TIME_WAIT line above it
     assert owner_in(TABLE, ours, peer) == 0
-    assert owner_in(TABLE, "0100007F:C351", ours) is None
+    assert owner_in(TABLE, "0100007F:C351", ours) is None  # closed by its process: no inode
+    assert owner_in(TABLE, "0100007F:C352", ours) is None
 
 
-def test_peer_uid_of_a_real_loopback_connection() -> None:
+def test_the_kernel_s_answers_read() -> None:
+    header = struct.pack("=IHHII", 36, 2, 0, 1, 0)
+    assert diag_owner(header + struct.pack("=i", -2) + bytes(16)) is None  # ENOENT: no such socket
+    with pytest.raises(OSError):
+        diag_owner(header + struct.pack("=i", -22) + bytes(16))
+    with pytest.raises(OSError):
+        diag_owner(b"")
+
+
+def test_the_owner_of_a_real_loopback_connection_by_both_ways() -> None:
     assert table_address("127.0.0.1", 80) == ("0100007F:0050" if sys.byteorder == "little" else "7F000001:0050")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        with socket.create_connection(listener.getsockname()):
+        with socket.create_connection(listener.getsockname()) as client:
             accepted, _ = listener.accept()
             with accepted:
-                assert peer_uid(accepted.getsockname(), accepted.getpeername()) == os.geteuid()
-                assert peer_uid(accepted.getsockname(), ("127.0.0.1", 1)) is None  # nobody connected from there
+                ours, peer = accepted.getsockname(), accepted.getpeername()
+                assert peer_uid(ours, peer) == os.geteuid()
+                with open("/proc/net/tcp") as handle:
+                    assert owner_in(handle.read(), table_address(*peer), table_address(*ours)) == os.geteuid()
+                assert peer_uid(ours, ("127.0.0.1", 1)) is None  # nobody connected from there
+                client.close()
+                assert peer_uid(ours, peer) is None  # its process let it go

@@ -7,14 +7,14 @@ job. A connection that sends nothing within HELLO_WAIT, sends no PMI hello, pres
 used id, speaks PMI-2 (which sends no id) or comes from another user's process is closed and
 counted (pmi_hello.Refusals: the first one said, all of them summed up once), and the job goes
 on. The id keeps other users out, who cannot read a rank's environment: their connections are
-refused whatever id they present (the owner of a connection's other end is read from
-/proc/net/tcp: host/tcp_peer.py), so guessing gains them nothing, and a right id they presented
-stays its rank's. Processes of the job's own user could read any id in /proc/PID/environ;
-their wrong ids are only counted.
+refused whatever id they present (the kernel says who holds a connection's other end:
+host/tcp_peer.py), so guessing gains them nothing, and a right id they presented stays its
+rank's. Processes of the job's own user could read any id in /proc/PID/environ; their wrong
+ids are only counted.
 
 At most MAX_HELLOS connections wait to speak; at that many, the one that waited longest is
-closed to make room. Ranks speak as they connect, so silent connections hold the port's slots
-for HELLO_WAIT at most and never keep a rank out.
+closed to make room. Ranks speak as they connect, so connections that stay silent hold the
+port's places for HELLO_WAIT at most and do not keep a rank out.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class PmiTcp(PmiFd):
             return "left", None
         try:
             uid = peer_uid(sock.getsockname(), peer)
-        except OSError:  # no /proc/net/tcp here: the id alone decides, as with hydra
+        except OSError:  # the kernel cannot say here: the id alone decides, as with hydra
             return ID, None
         if uid is None:
             return "left", None
