@@ -3,6 +3,11 @@
 The job is found by its socket (launcher/stacks_socket.py: DIR/PID.sock, DIR the user's own);
 with several jobs running and no PID, they are listed and nothing is asked (status 2). The job
 says on its own stderr who asked; the stacks come back here.
+
+Many may ask at once (a script that asks every job, a user who presses again): a job whose
+queue of connections is full (EAGAIN), or whose launcher runs but does not listen yet
+(ECONNREFUSED), is asked again after a pause that grows, for CONNECT_PATIENCE seconds at most.
+No connection here waits on a job: a stopped or busy launcher is not a hung `mpilaunch stacks`.
 """
 
 from __future__ import annotations
@@ -11,12 +16,21 @@ import json
 import os
 import socket
 import sys
+import time
 
 from mpilaunch.errors import LaunchError
+from mpilaunch.host.procfs import started_at
 from mpilaunch.launcher.stacks_socket import SUFFIX, dir_problem, socket_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 USAGE = "usage: mpilaunch stacks [PID]  (every rank's stack of a running job of yours; PID: its launcher's)"
 ANSWER_WAIT = 120.0  # seconds: the job answers once every host did, or gave up on it
+CONNECT_PATIENCE = 10.0  # seconds of trying again while the job's queue is full or it does not listen yet
+FIRST_PAUSE = 0.01  # seconds before the second try; doubled each time, up to LAST_PAUSE
+LAST_PAUSE = 0.5
 
 
 def run_stacks(args: list[str]) -> int:
@@ -43,7 +57,7 @@ def run_stacks(args: list[str]) -> int:
         return 2
     else:
         (pid,) = jobs
-    sys.stdout.write(ask(jobs[pid]))
+    sys.stdout.write(ask(jobs[pid], pid))
     sys.stdout.flush()
     return 0
 
@@ -61,19 +75,42 @@ def running_jobs(folder: str) -> dict[int, str]:
             continue
         path = os.path.join(folder, name)
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.setblocking(False)  # a job whose queue is full is not waited for here
         try:
             probe.connect(path)
             jobs[int(stem)] = path
-        except (ConnectionRefusedError, FileNotFoundError):
-            try:
-                os.unlink(path)  # a launcher killed with kill -9 left it
-            except OSError:
-                pass
+        except BlockingIOError:
+            jobs[int(stem)] = path  # it listens; many are asking at once
+        except ConnectionRefusedError:
+            if job_running(int(stem), path):
+                jobs[int(stem)] = path  # it is starting: bound, not listening yet
+            else:
+                remove(path)  # a launcher killed with kill -9 left it
+        except FileNotFoundError:
+            pass
         except OSError:
             pass
         finally:
             probe.close()
     return jobs
+
+
+def job_running(pid: int, path: str) -> bool:
+    """The launcher that made the socket at path still runs: its pid is there and started before
+    the socket was made (after a `kill -9`, the pid may be another process's by now)."""
+    started = started_at(pid)
+    try:
+        made = os.lstat(path).st_mtime
+    except OSError:
+        return False
+    return started is not None and started <= made + 1.0  # the boot time /proc gives is whole seconds
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def command_of(pid: int) -> str:
@@ -89,11 +126,37 @@ def listing(jobs: dict[int, str]) -> str:
     return ", ".join(str(pid) for pid in sorted(jobs))
 
 
-def ask(path: str) -> str:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def connect(path: str, pid: int, pause: Callable[[float], None] = time.sleep) -> socket.socket:
+    """A connection to the job's socket, tried again while its queue is full (EAGAIN) or its
+    launcher runs but does not listen (ECONNREFUSED), CONNECT_PATIENCE seconds at most."""
+    give_up = time.monotonic() + CONNECT_PATIENCE
+    wait = FIRST_PAUSE
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.setblocking(False)  # a Unix socket's connect is whole at once, or EAGAIN
+        try:
+            conn.connect(path)
+            return conn
+        except (BlockingIOError, ConnectionRefusedError) as exc:
+            conn.close()
+            full = isinstance(exc, BlockingIOError)
+            if not full and not job_running(pid, path):
+                raise LaunchError(f"stacks: the job (launcher pid {pid}) ended before it answered") from None
+            if time.monotonic() + wait > give_up:
+                why = "its queue of connections stayed full" if full else "it did not listen"
+                said = f"stacks: the job at {path} took no connection in {CONNECT_PATIENCE:g} s ({why})"
+                raise LaunchError(said) from None
+        except OSError as exc:
+            conn.close()
+            raise LaunchError(f"stacks: cannot reach the job at {path}: {exc.strerror or exc}") from None
+        pause(wait)
+        wait = min(wait * 2, LAST_PAUSE)
+
+
+def ask(path: str, pid: int, pause: Callable[[float], None] = time.sleep) -> str:
+    conn = connect(path, pid, pause)
     conn.settimeout(ANSWER_WAIT)
     try:
-        conn.connect(path)
         conn.sendall(json.dumps({"op": "stacks", "pid": os.getpid()}).encode() + b"\n")
         chunks = []
         while True:

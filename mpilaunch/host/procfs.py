@@ -62,6 +62,18 @@ def start_time(pid: int) -> bytes | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def started_at(pid: int) -> float | None:
+    """When pid started, in seconds since the epoch (to a second: the boot time is whole
+    seconds); None when it is gone or /proc does not say."""
+    ticks = start_time(pid)
+    try:
+        with open("/proc/stat", "rb") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime "))
+        return boot + int(ticks) / os.sysconf("SC_CLK_TCK") if ticks is not None else None
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
 def has_ancestor(name: str, pid: int | None = None, limit: int = 64) -> bool:
     """Whether a process named `name` (its comm) is above pid (default: this process), e.g.
     slurmstepd above a batch script: this process then runs inside a Slurm job step."""

@@ -10,8 +10,11 @@ binds `DIR/PID.sock` when it starts and removes it when it ends; a launcher kill
 checks that whoever connects runs as the same user (SO_PEERCRED).
 
 A request is one line of JSON (`{"op": "stacks", "pid": N}`); the answer is the stacks as text,
-then the end of the connection. The loop never waits on a client: its socket is non-blocking
-and written as it takes the text. `_socket` only: the launcher does not import `socket`.
+then the end of the connection. Requests that come while a snapshot is taken join it
+(launcher/stacks.py), so many at once cost one snapshot; the queue holds BACKLOG connections
+and the client tries again while it is full (cli/stackscli.py). The loop never waits on a
+client: its socket is non-blocking and written as it takes the text. `_socket` only: the
+launcher does not import `socket`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 
 SUFFIX = ".sock"
 MAX_REQUEST = 4096
+BACKLOG = 128  # connections the kernel holds for the loop: many `mpilaunch stacks` may ask at once
 
 
 def socket_dir(env: Mapping[str, str] | None = None) -> str:
@@ -123,7 +127,7 @@ class StacksServer:
             except FileNotFoundError:
                 pass
             listener.bind(path)
-            listener.listen(8)
+            listener.listen(BACKLOG)
             listener.setblocking(False)
         except OSError as exc:
             listener.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import sysconfig
@@ -261,7 +262,16 @@ def test_pmi_tcp_refuses_a_wrong_id(launcher: Launcher, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode().splitlines()
     assert out.count("intruder got b''") == 2 and out.count("then MPI size 2") == 2
-    assert proc.stderr.decode().count("refused a PMI connection that did not present a valid PMI_ID") == 2
+    said = [line for line in proc.stderr.decode().splitlines() if "refused" in line]
+    assert said[0] == (
+        "mpilaunch: refused a PMI connection that did not present a valid PMI_ID (it presented a wrong or used "
+        "PMI_ID); any more are summed up at the end"
+    )
+    assert re.fullmatch(
+        r"mpilaunch: refused 2 connections to the PMI port 127\.0\.0\.1:\d+ in all: 2 presented a wrong or used PMI_ID",
+        said[1],
+    )
+    assert len(said) == 2, said
 
 
 def test_spawn_over_tcp(launcher: Launcher, tmp_path: Path) -> None:
@@ -296,28 +306,6 @@ def test_spawn_onto_a_host_that_cannot_be_reached_is_refused(launcher: Launcher,
     assert proc.returncode != 0
     assert "refused: far-away-host: " in err and "far-away-host" in err.split("refused: far-away-host: ", 1)[1]
     assert not tagged_pids(launcher.tag)
-
-
-def test_guessing_pmi_ids_closes_the_port(launcher: Launcher, tmp_path: Path) -> None:
-    script = write_script(
-        tmp_path,
-        "guess.py",
-        "import os, socket, time\n"
-        "if os.environ['PMI_RANK'] == '1':\n"
-        "    host, port = os.environ['PMI_PORT'].split(':')\n"
-        "    for guess in range(20):\n"
-        "        try:\n"
-        "            s = socket.create_connection((host, int(port)))\n"
-        "            s.sendall(b'cmd=initack pmiid=%d\\n' % (guess + 2))\n"
-        "            s.recv(10)\n"
-        "        except OSError:\n"
-        "            break\n"
-        "time.sleep(30)\n",
-    )
-    proc = launcher.run("--pmi-tcp", "-n", "2", PY, script, timeout=60)
-    err = proc.stderr.decode()
-    assert proc.returncode == 1, err
-    assert "PMI port closed after 16 connections with a wrong PMI_ID" in err
 
 
 HELLO_C = r"""

@@ -23,7 +23,7 @@ PMIX_HANDLES = (PmixFenceDone, PmixDmodexAsk, PmixDmodexDone, PmixNspace, PmixSp
 
 REGISTRY: dict[str, tuple[str, tuple[type, ...]]] = {
     "pmi": ("mpilaunch.agent.services.pmi_service:PmiFd", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
-    "pmi-tcp": ("mpilaunch.agent.services.pmi_service:PmiTcp", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
+    "pmi-tcp": ("mpilaunch.agent.services.pmi_tcp:PmiTcp", (PmiFenceDone, PmiNameReply, PmiSpawnReply)),
     "openmpi-guard": ("mpilaunch.agent.services.openmpi_guard:OpenMpiGuard", ()),
     "pmix": ("mpilaunch.agent.services.pmix:PmixService", PMIX_HANDLES),
 }
