@@ -47,6 +47,8 @@ from mpilaunch.protocol.messages import (
     RelayHosts,
     Signal,
     TakeStacks,
+    TakeUsage,
+    Usage,
     decode,
     encode,
 )
@@ -95,7 +97,8 @@ class Agent(ServiceHost, LinkOwner, Timer):
             Finish: self.finish,
             RelayHosts: self.start_relay,
             Drop: self.drop,
-            TakeStacks: self.want_stacks,
+            TakeStacks: lambda message: stack_taker(self).handle(message),
+            TakeUsage: lambda message: self.send(usage_of(message, self.ranks)),
             Ping: lambda message: None,  # any frame is a word from the launcher
             **self.services.dispatch_rows(),
         }
@@ -261,13 +264,6 @@ class Agent(ServiceHost, LinkOwner, Timer):
         if self.relay is not None:
             self.relay.drop(message.host)
 
-    def want_stacks(self, message: TakeStacks) -> None:
-        if self.stacks is None:  # made at the first request: a plain job never imports it
-            from mpilaunch.agent.stacks import StackTaker
-
-            self.stacks = StackTaker(self.loop, self.send, self.ranks, self.reaper.watch, self.host_env)
-        self.stacks.handle(message)
-
     pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None
 
     def warm_pmix(self) -> None:
@@ -364,6 +360,23 @@ class Agent(ServiceHost, LinkOwner, Timer):
             self.torch.close()
         self.send(Bye())
         return 0
+
+
+def stack_taker(agent: Agent) -> StackTaker:
+    """The agent's stack taker, made at the first request: a plain job never imports it."""
+    if agent.stacks is None:
+        from mpilaunch.agent.stacks import StackTaker
+
+        agent.stacks = StackTaker(agent.loop, agent.send, agent.ranks, agent.reaper.watch, agent.host_env)
+    return agent.stacks
+
+
+def usage_of(message: TakeUsage, ranks: Ranks) -> Usage:
+    """Every running rank's use (agent/usage.py, imported at the first request)."""
+    from mpilaunch.agent.usage import measure
+
+    live = [(ident, rp.pid) for ident, rp in sorted(ranks.by_ident.items()) if rp.status is None]
+    return Usage(snap=message.snap, ranks=measure(live), cpus=len(os.sched_getaffinity(0)))
 
 
 def _drain(fd: int) -> None:

@@ -214,6 +214,7 @@ class OutputSink:
         self.tails: dict[int, bytearray] = {}
         self.patterns: PatternFiles | None = None  # hydra's -outfile-pattern/-errfile-pattern (job 1)
         self.same = SameFiles()  # every file rank output goes to, by identity
+        self.written_at: dict[int, float] = {}  # process id -> when it last wrote (the loop's clock)
         self.off_console: set[tuple[int, int]] = set()  # (rank, stream) of job 1 kept in files only (torchrun's)
 
     def add_job(self, job: int, procs: list[int], first: int = 0, world: int = 0) -> str | None:
@@ -236,6 +237,7 @@ class OutputSink:
         return tree.root
 
     def write(self, proc: int, stream: int, data: bytes, now: float) -> None:
+        self.written_at[proc] = now  # `mpilaunch top`: time since each rank's last output
         job, rank = self.where[proc]
         tree = self.trees.get(job)
         if tree is not None:

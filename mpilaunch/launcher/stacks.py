@@ -86,11 +86,12 @@ class StackSnapshots:
         self.dispatch(event)
 
     # -- asking --------------------------------------------------------------------------------
-    def serve(self, sel: BaseSelector) -> None:
-        """The job's socket for `mpilaunch stacks` (launcher/stacks_socket.py)."""
+    def serve(self, sel: BaseSelector, top: Callable[[Client], None] | None = None) -> None:
+        """The job's socket for `mpilaunch stacks` and, with top, `mpilaunch top`
+        (launcher/stacks_socket.py)."""
         from mpilaunch.launcher.stacks_socket import StacksServer
 
-        self.server = StacksServer(sel, self.client_asked)
+        self.server = StacksServer(sel, {"stacks": self.client_asked, **({"top": top} if top else {})})
         problem = self.server.open()
         if problem and not self.plan.options.quiet:
             self.output.say(f"mpilaunch: `mpilaunch stacks` cannot reach this job: {problem}")
@@ -201,7 +202,12 @@ class StackSnapshots:
         notes = [note for _, note in sorted(snap.notes)]
         text = "\n".join([*notes, self.header(snap, len(found), len(groups)), *snapshot_lines(groups, missing)])
         for client in snap.clients:
-            client.reply(text + "\n")
+            if client.ranks:  # `mpilaunch top`'s selected ranks: their stacks alone
+                mine = {who: threads for who, threads in found.items() if who in client.ranks}
+                lost = [(who, why) for who, why in missing if who in client.ranks]
+                client.reply("\n".join(snapshot_lines(group(mine), lost)) + "\n")
+            else:
+                client.reply(text + "\n")
         if any(why != ASKED_BY_CLIENT for why in snap.whys):
             self.output.say(text)
         for why in snap.whys:

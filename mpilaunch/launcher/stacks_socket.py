@@ -9,8 +9,10 @@ binds `DIR/PID.sock` when it starts and removes it when it ends; a launcher kill
 `kill -9` leaves its socket, which `mpilaunch stacks` finds refused and removes. The job also
 checks that whoever connects runs as the same user (SO_PEERCRED).
 
-A request is one line of JSON (`{"op": "stacks", "pid": N}`); the answer is the stacks as text,
-then the end of the connection. Requests that come while a snapshot is taken join it
+A request is one line of JSON: `{"op": "stacks", "pid": N}` (with `"ranks": [[JOB, RANK], ...]`
+for those ranks' stacks alone), answered with the stacks as text, or `{"op": "top"}`, answered
+with what every rank uses (launcher/usage.py) as one JSON document; then the end of the
+connection. Requests that come while a snapshot is taken join it
 (launcher/stacks.py), so many at once cost one snapshot; the queue holds BACKLOG connections
 and the client tries again while it is full (cli/stackscli.py). The loop never waits on a
 client: its socket is non-blocking and written as it takes the text. `_socket` only: the
@@ -78,7 +80,9 @@ class Client:
         self.conn = conn
         self.sel = sel
         self.request = b""
+        self.op = ""
         self.pid = 0  # the asker's, as it said
+        self.ranks: set[tuple[int, int]] = set()  # (job, rank) it asks about; empty: every one
         self.out = b""
 
     def reply(self, text: str) -> None:
@@ -106,9 +110,9 @@ class Client:
 
 
 class StacksServer:
-    def __init__(self, sel: BaseSelector, asked: Callable[[Client], None]) -> None:
+    def __init__(self, sel: BaseSelector, asked: Mapping[str, Callable[[Client], None]]) -> None:
         self.sel = sel
-        self.asked = asked  # called with each client whose request is read
+        self.asked = asked  # op -> called with each client whose request is read
         self.path = ""
         self.listener: _socket.socket | None = None
         self.clients: list[Client] = []
@@ -169,16 +173,20 @@ class StacksServer:
 
         try:
             request = json.loads(client.request.split(b"\n", 1)[0])
-            ok = isinstance(request, dict) and request.get("op") == "stacks"
+            ok = isinstance(request, dict) and request.get("op") in self.asked
+            ranks = request.get("ranks", []) if ok else []
+            ok = ok and isinstance(ranks, list) and all(_is_rank(r) for r in ranks)
         except ValueError:
             ok = False
         if not ok:
             self.clients.remove(client)
             client.close()
             return
+        client.op = request["op"]
         client.pid = request.get("pid") if isinstance(request.get("pid"), int) else 0
+        client.ranks = {(job, rank) for job, rank in ranks}
         self.sel.unregister(client.conn)  # nothing more is read from it; the answer is written when ready
-        self.asked(client)
+        self.asked[client.op](client)
 
     def close(self) -> None:
         for client in self.clients:
@@ -195,3 +203,8 @@ class StacksServer:
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+def _is_rank(value: object) -> bool:
+    """[JOB, RANK], two whole numbers."""
+    return isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)

@@ -158,6 +158,16 @@ class RankStack(Record):
     why: str = ""  # when no stack was taken: why not
 
 
+class RankUsage(Record):
+    """What one running rank uses now, with every process below it (agent/usage.py)."""
+
+    proc: int
+    cpu: float  # CPU seconds so far, user + system, of the rank and its processes
+    rss: int  # bytes resident, summed over them
+    state: str  # the rank's own: R running, S sleeping, D disk wait, T stopped, Z zombie
+    processes: int = 1
+
+
 # -- controller to agent -------------------------------------------------------------------
 class Check(Record):
     """Remote agents, once, before any launch: take the launcher's search paths, check each
@@ -226,6 +236,12 @@ class TakeStacks(Record):
 
     snap: int
     limit: float = 5.0
+
+
+class TakeUsage(Record):
+    """Measure every running rank of this host (CPU seconds, memory) and answer Usage with snap."""
+
+    snap: int
 
 
 class PmiFenceDone(Record):
@@ -554,6 +570,14 @@ class Stacks(Record):
     lacks: str = ""
 
 
+class Usage(Record):
+    """The answer to TakeUsage: each running rank's use, and the host's CPUs."""
+
+    snap: int
+    ranks: tuple[RankUsage, ...]
+    cpus: int = 0
+
+
 class Bye(Record):
     """The agent is about to exit; end of file follows."""
 
@@ -574,6 +598,7 @@ DOWN_MESSAGES = (
     Kill,
     Finish,
     TakeStacks,
+    TakeUsage,
     PmiFenceDone,
     PmixFenceDone,
     PmixDmodexAsk,
@@ -611,11 +636,13 @@ UP_MESSAGES = (
     PmiName,
     PmiSpawn,
     Stacks,
+    Usage,
     Bye,
     Gone,
 )
 PARTS = (
     AppCheck, Probe, RankSpec, PmiJob, PmixJob, SshSpec, RelayHost, SpawnApp, PmixGroup, PmixDatum, Death, RankStack,
+    RankUsage,
 )  # fmt: skip
 
 

@@ -64,7 +64,7 @@ def test_each_op_is_the_records_name_and_names_are_unique() -> None:
     ops = [cls.op for cls in {*DOWN_MESSAGES, *UP_MESSAGES}]  # type: ignore[attr-defined]
     # 27, the PMIx fence both ways, PMIx's direct modex (4), spawn, collectives across jobs and names (9),
     # stacks (2)
-    assert len(ops) == len(set(ops)) == 44
+    assert len(ops) == len(set(ops)) == 46
 
 
 @pytest.mark.parametrize(
