@@ -52,12 +52,22 @@ def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRo
     return CheckRow(host.name, "this machine", cells, tuple(problems))
 
 
+def step_cells(stage: str) -> tuple[str, ...]:
+    """RESOLVE, CONNECT, HOST KEY, AUTH and PYTHON (the agent) of a host whose start failed at
+    stage: the steps before it `ok` (passed: the transport got beyond them), it `FAIL`, the
+    steps after it `-` (not run). A failure at no known step (ssh said nothing that names one)
+    shows `?` for each SSH step: none of them is known to have passed."""
+    if stage not in STAGES:
+        return ("?",) * (len(STAGES) - 1) + ("-",)
+    failed = STAGES.index(stage)
+    return tuple("ok" if i < failed else "FAIL" if i == failed else "-" for i in range(len(STAGES)))
+
+
 def _remote_row(host: Host, result: HostResult, port: int, program: str | None) -> CheckRow:
     address = result.address
     if result.error is not None:
-        failed = STAGES.index(result.error.stage)
-        cells = tuple("ok" if i < failed else "FAIL" if i == failed else "-" for i in range(len(STAGES)))
-        return CheckRow(host.name, address, (*cells, "-", "-"), (str(result.error),))  # PYTHON is the agent stage
+        cells = step_cells(result.error.stage)
+        return CheckRow(host.name, address, (*cells, "-", "-"), (str(result.error),))
     reply = result.reply
     hello = result.link.hello if result.link is not None else None
     python = hello.python if hello is not None else "?"
@@ -103,14 +113,20 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
     transport = transport_class(ssh_client(options.ssh_client))(ssh)  # type: ignore[call-arg]
     results = start_agents(transport, remote, lambda index: check)
-    rows = []
-    for index, host in enumerate(hosts):
-        if index in results:
-            rows.append(_remote_row(host, results[index], port, program))
-            if results[index].link is not None:
-                results[index].link.close()
-        else:
-            rows.append(_local_row(host, program, wdir, port))
+    try:
+        transport.addresses(remote, results)
+        rows = []
+        for index, host in enumerate(hosts):
+            if index in results:
+                rows.append(_remote_row(host, results[index], port, program))
+            else:
+                rows.append(_local_row(host, program, wdir, port))
+    finally:
+        links = [r.link for r in results.values() if r.link is not None]
+        for link in links:
+            link.close()
+        for link in links:  # what carried each agent (an ssh client) leaves before the table is out
+            link.wait()
     print(check_table(rows), flush=True)
     return 0 if all(r.ok for r in rows) else 1
 

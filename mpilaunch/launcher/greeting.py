@@ -110,11 +110,12 @@ class _Greeter:
         return [i for i, g in self.greetings.items() if i in self.links and not g.done]
 
     def fail(self, index: int, why: str) -> None:
-        """The host's greeting failed; the hosts it relays to fail with it."""
+        """The host's greeting failed, at the step its link names (an `ssh` client's words say how
+        far it got); the hosts it relays to fail with it."""
         if index not in self.links:
             return
-        self.results[index].error = TransportError("agent", why)
         link = self.links.pop(index)
+        self.results[index].error = TransportError(link.failed_step(), why)
         self.heads.pop(index, None)
         for other, below in list(self.links.items()):
             if below.relayed and below.parent == index:

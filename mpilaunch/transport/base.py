@@ -20,10 +20,11 @@ if TYPE_CHECKING:  # messages: imported by the agent after the early fork, not b
     from mpilaunch.protocol.messages import Checked, Hello
 
 STAGES = ("resolve", "connect", "host key", "auth", "agent")  # in the order a connection meets them
+UNKNOWN_STAGE = "unknown"  # it failed, but what carried it did not say at which step (`check` shows `?`)
 
 
 class TransportError(Exception):
-    """Why one host cannot be used; stage is what failed (STAGES)."""
+    """Why one host cannot be used; stage is what failed (STAGES, or UNKNOWN_STAGE)."""
 
     def __init__(self, stage: str, message: str) -> None:
         super().__init__(message)
@@ -83,6 +84,11 @@ class Link:
         """What to say when its stream ended before the greeting did, with no last words."""
         return "the agent closed its stream"
 
+    def failed_step(self) -> str:
+        """The step its greeting failed at (STAGES, or UNKNOWN_STAGE): "agent" where the
+        transport made the connection itself; an `ssh` client's link reads ssh's own words."""
+        return "agent"
+
     def on_hello(self, hello: Hello) -> None:
         """The agent greeted: where it was reached, where it sees this machine (a transport that
         knew them from its connection keeps its own)."""
@@ -135,6 +141,10 @@ class Transport:
     def retry(self, error: TransportError) -> bool:
         """Whether a host that failed so is worth starting again (a connection dropped early)."""
         return False
+
+    def addresses(self, hosts: Mapping[int, Host], results: Mapping[int, HostResult]) -> None:
+        """For `mpilaunch check`: set each result's address where start did not know it (an
+        `ssh` client's transport asks ssh); by default start set it."""
 
 
 # name -> "module:class"; imported on first use (paramiko only with the ssh transport)

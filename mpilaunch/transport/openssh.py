@@ -26,13 +26,10 @@ from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.plan.hosts import Host
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.transport.ssh_steps import failed_step, host_key_hint, resolved
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
 
 READ_SIZE = 1 << 18
-# What to do about ssh's terse refusals (BatchMode asks nothing).
-HINTS = {
-    "Host key verification failed.": "(its key is unknown: --ssh-accept-new records it; or it CHANGED: always refused)",
-}
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
 # ssh's words for a connection closed before the key exchange began (sshd's MaxStartups)
 DROPPED = ("kex_exchange_identification", "Connection reset by", "Connection closed by")
@@ -45,10 +42,13 @@ def _dropped(why: str) -> bool:
 class OpensshLink(Link):
     """A remote agent behind an `ssh` client process that this launcher started."""
 
-    def __init__(self, name: str, started: spawn.Started) -> None:
+    def __init__(self, name: str, started: spawn.Started, openssh: bool = True) -> None:
         super().__init__(name)
         self.pid = started.pid
+        self.openssh = openssh  # OpenSSH's ssh, not a command in its place: its words name a failed step
         self.status: int | None = None  # the client's exit status, once reaped
+        self.reached = False  # the remote command wrote: the connection was made and authenticated
+        self.ended = False  # its stdout ended
         self.stderr_text = bytearray()  # ssh's and the agent's own messages
         self._lock = threading.Lock()  # pings from a thread and frames from the loop never interleave
         self._stop = threading.Event()
@@ -89,7 +89,7 @@ class OpensshLink(Link):
 
     def give_up(self) -> None:
         self.close()
-        _kill_group(self.pid)
+        _kill_group(self.pid, self.status is not None)
         self.wait()
 
     def recv(self) -> bytes | None:
@@ -106,7 +106,9 @@ class OpensshLink(Link):
         except OSError:
             data = b""
         if not data:
+            self.ended = True
             self.read_stderr(show=greeted, final=True)
+        self.reached = self.reached or bool(data)
         return data
 
     def read_stderr(self, show: bool, final: bool = False) -> None:
@@ -131,7 +133,17 @@ class OpensshLink(Link):
         self.read_stderr(show=False)
         lines = [line for line in bytes(self.stderr_text).decode(errors="replace").splitlines() if line.strip()]
         last = lines[-1].strip() if lines else ""
-        return f"{last} {HINTS[last]}" if last in HINTS else last
+        if self.openssh and last == "Host key verification failed.":
+            return f"{last} {host_key_hint(bytes(self.stderr_text).decode(errors='replace'))}"
+        return last
+
+    def failed_step(self) -> str:
+        """The step ssh failed at, from its exit status and words (transport/ssh_steps.py). A
+        client whose stream ended is given a moment to exit; one still running is not waited for."""
+        self.read_stderr(show=False)
+        status = self.reap(REAP_GRACE if self.ended else 0)
+        said = bytes(self.stderr_text).decode(errors="replace")
+        return failed_step(status, said, self.reached, self.openssh)
 
     def readable(self) -> bool:
         return bool(self.unread) or bool(select.select([self._out], [], [], 0)[0])
@@ -156,7 +168,7 @@ class OpensshLink(Link):
     def wait(self) -> None:
         """Reap the ssh client; one that outstays the grace is killed, with its process group."""
         if self.status is None and self.reap(REAP_GRACE) is None:
-            _kill_group(self.pid)
+            _kill_group(self.pid, False)
             self.reap(None)
         for fd in (self._out, self._err):
             try:
@@ -184,10 +196,39 @@ class OpensshLink(Link):
         return self.status
 
 
-def _kill_group(pid: int) -> None:
+def _ssh_settings(options: list[str], hosts: Mapping[int, Host], at_once: int = 32) -> dict[int, dict]:
+    """What `ssh -G` says of each host with these options (a config ssh cannot read: no entry),
+    run a few at a time."""
+    import subprocess
+
+    from mpilaunch.transport.sshconfig import parse_dump
+
+    found = {}
+    order = sorted(hosts)
+    for first in range(0, len(order), at_once):
+        asked = {}
+        for index in order[first : first + at_once]:
+            host = hosts[index]
+            argv = ssh_argv(options, host.name, host.user, host.port, "")[:-1]  # no remote command
+            try:
+                devnull = subprocess.DEVNULL
+                asked[index] = subprocess.Popen(
+                    [argv[0], "-G", *argv[1:]], stdin=devnull, stdout=subprocess.PIPE, stderr=devnull
+                )
+            except OSError:
+                continue
+        for index, proc in asked.items():
+            out, _ = proc.communicate()
+            if proc.returncode == 0:
+                found[index] = parse_dump(out.decode(errors="replace"))
+    return found
+
+
+def _kill_group(pid: int, reaped: bool) -> None:
     """The client runs in a session of its own (so Ctrl-C reaches the launcher only); its group
-    holds it and anything it started (a ProxyCommand)."""
-    for kill in (os.killpg, os.kill):
+    holds it and anything it started (a ProxyCommand). Once the client is reaped its pid alone
+    is never signalled again: it may be another process's now."""
+    for kill in (os.killpg,) if reaped else (os.killpg, os.kill):
         try:
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -201,9 +242,29 @@ class OpensshTransport(Transport):
 
     def __init__(self, options: SshOptions) -> None:
         self.options = options
+        self._ssh_options: list[str] = []  # ssh's command line up to the host, once started (OpenSSH's only)
 
     def retry(self, error: TransportError) -> bool:
         return _dropped(str(error))
+
+    def addresses(self, hosts: Mapping[int, Host], results: Mapping[int, HostResult]) -> None:
+        """Each host's address as ssh reaches it, user@address:port: user and port from `ssh -G`
+        with the connection's own options, and the address its agent says it was reached at
+        (SSH_CONNECTION), else the HostName resolved here as ssh resolves it (not behind a
+        ProxyJump or ProxyCommand, whose hop resolves it: then the name). For `mpilaunch check`
+        only: a job does not pay for the `ssh -G` runs."""
+        if not self._ssh_options:
+            return  # not OpenSSH's ssh: only what its agents say
+        for index, settings in _ssh_settings(self._ssh_options, hosts).items():
+            result = results[index]
+            hello = result.link.hello if result.link is not None else None
+            hostname = settings.get("hostname", hosts[index].name)
+            port = settings.get("port", "22")
+            proxied = settings.get("proxycommand", "none") != "none" or "proxyjump" in settings
+            reached = hello.addr if hello is not None and hello.addr else ""
+            if not reached and not proxied:
+                reached = resolved(hostname, port, settings.get("addressfamily", "any"))
+            result.address = f"{settings.get('user', '?')}@{reached or hostname}:{port}"
 
     def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         if not hosts:
@@ -220,6 +281,7 @@ class OpensshTransport(Transport):
         base = ssh_options(spec, version)
         if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
             base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
+            self._ssh_options = base
         command = agent_command(options.python)
         payload = agent_payload()
         results = {index: HostResult(index) for index in sorted(hosts)}
@@ -241,7 +303,7 @@ class OpensshTransport(Transport):
                 except OSError as exc:
                     results[index].error = TransportError("connect", f"cannot run ssh: {exc.strerror or exc}")
                     continue
-                link = results[index].link = OpensshLink(host.name, started)
+                link = results[index].link = OpensshLink(host.name, started, openssh)
                 link.outbox += payload
                 spawned += 1
         except BaseException:

@@ -24,6 +24,7 @@ from mpilaunch.plan.hosts import Host, HostSyntaxError, check_host_name, check_u
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
+from mpilaunch.transport.ssh_steps import resolved
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
 from mpilaunch.transport.sshconfig import not_honoured
 
@@ -77,9 +78,6 @@ class SshTarget(Record):
     def key_name(self) -> str:
         """The name known_hosts records this host's key under."""
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
-
-    def where(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
 
 
 def load_config(path: str | None) -> Callable[[str], dict]:
@@ -459,6 +457,12 @@ class SshLink(Link):
                 pass
 
 
+def address_of(target: SshTarget, reached: str) -> str:
+    """user@address:port, as `mpilaunch check` shows it for either client: the address the
+    connection reached (or the HostName resolved here), else the HostName."""
+    return f"{target.user}@{reached or target.hostname}:{target.port}"
+
+
 def start_agent(target: SshTarget, options: SshOptions, config) -> SshLink:  # type: ignore[no-untyped-def]
     """Connect, start the agent and ship its code; the launcher greets it."""
     client, jumps = open_connection(target, options, config)
@@ -503,16 +507,19 @@ class ParamikoTransport(Transport):
         def one(index: int) -> HostResult:
             result = HostResult(index)
             host = hosts[index]
+            target = None
             try:
                 target = ssh_target(host.name, host.user, host.port, config)
                 for directive in not_honoured(config(host.name)):
                     ignored.setdefault(directive, []).append(host.name)
-                result.address = target.where()
                 result.link = start_agent(target, self.options, config)
+                result.address = address_of(target, result.link.peer)
             except TransportError as exc:
                 result.error = exc
             except Exception as exc:  # anything paramiko raises that is not classified above
                 result.error = TransportError("connect", f"{type(exc).__name__}: {exc}")
+            if target is not None and result.error is not None:
+                result.address = address_of(target, "" if target.proxy_jump else resolved(target.hostname, target.port))
             return result
 
         ignored: dict[str, list[str]] = {}  # directive -> the hosts whose settings have it
