@@ -522,7 +522,14 @@ RUN_OPTIONS: tuple[Opt, ...] = (
 # Spellings click handles itself (eager options); the fast scanner leaves them to it.
 HELP_FLAGS = ("--help", "-help", "-h")
 VERSION_FLAGS = ("--version", "-V", "-version", "-info", "--info")  # hydra's -info: its build details
-SUBCOMMANDS = ("check", "allrun", "shims", "report", "stacks")  # first words that are not a job: cli/main.SUBCOMMAND
+SUBCOMMANDS = (
+    "check",
+    "allrun",
+    "shims",
+    "report",
+    "stacks",
+    "top",
+)  # first words that are not a job: cli/main.SUBCOMMAND
 APP_PARAMS = ("np", "wdir", "argv", "app_env", "app_envlist")  # per app context; the rest are the job's
 
 

@@ -1,5 +1,5 @@
-"""`mpilaunch ...`: a run, or a subcommand (`check`, `allrun`, `shims`, `report`, `stacks`); bad input is one line
-and status 2, never a traceback. Started as `mpirun`, `mpiexec`, `ompi_info`, ... (see
+"""`mpilaunch ...`: a run, or a subcommand (`check`, `allrun`, `shims`, `report`, `stacks`, `top`); bad input is
+one line and status 2, never a traceback. Started as `mpirun`, `mpiexec`, `ompi_info`, ... (see
 `mpilaunch shims`), the command line is read as that program's."""
 
 from __future__ import annotations
@@ -66,6 +66,10 @@ def subcommand(word: str, args: list[str]) -> int:
         from mpilaunch.cli.stackscli import run_stacks
 
         return run_stacks(args)
+    if word == "top":
+        from mpilaunch.cli.topcli import run_top
+
+        return run_top(args)
     from mpilaunch.cli.check_allrun_cli import run_subcommand
 
     return run_subcommand(word, args)

@@ -39,27 +39,37 @@ def run_stacks(args: list[str]) -> int:
         return 0
     if len(args) > 1 or (args and not args[0].isdigit()):
         raise LaunchError(USAGE)
+    found = pick_job("stacks", int(args[0]) if args else None)
+    if isinstance(found, int):
+        return found
+    pid, path = found
+    sys.stdout.write(ask(path, pid))
+    sys.stdout.flush()
+    return 0
+
+
+def pick_job(word: str, pid: int | None) -> tuple[int, str] | int:
+    """(launcher pid, socket) of the running job of this user's that `mpilaunch WORD [PID]`
+    means; else the status to leave with, said on stderr: 1 when none runs, 2 when several do
+    and no pid chose one."""
     folder = socket_dir()
     problem = dir_problem(folder, create=False)
     jobs = running_jobs(folder) if not problem else {}
     if not jobs:
         why = f" ({problem})" if problem and os.path.lexists(folder) else ""
-        print(f"mpilaunch stacks: no mpilaunch job of yours is running{why}", file=sys.stderr)
+        print(f"mpilaunch {word}: no mpilaunch job of yours is running{why}", file=sys.stderr)
         return 1
-    if args:
-        pid = int(args[0])
+    if pid is not None:
         if pid not in jobs:
-            raise LaunchError(f"stacks: no running job of yours has launcher pid {pid}; running: {listing(jobs)}")
+            raise LaunchError(f"{word}: no running job of yours has launcher pid {pid}; running: {listing(jobs)}")
     elif len(jobs) > 1:
-        print(f"mpilaunch stacks: {len(jobs)} jobs of yours are running; name one by its pid:", file=sys.stderr)
+        print(f"mpilaunch {word}: {len(jobs)} jobs of yours are running; name one by its pid:", file=sys.stderr)
         for pid in sorted(jobs):
             print(f"  {pid}  {command_of(pid)}", file=sys.stderr)
         return 2
     else:
         (pid,) = jobs
-    sys.stdout.write(ask(jobs[pid], pid))
-    sys.stdout.flush()
-    return 0
+    return pid, jobs[pid]
 
 
 def running_jobs(folder: str) -> dict[int, str]:
@@ -153,11 +163,12 @@ def connect(path: str, pid: int, pause: Callable[[float], None] = time.sleep) ->
         wait = min(wait * 2, LAST_PAUSE)
 
 
-def ask(path: str, pid: int, pause: Callable[[float], None] = time.sleep) -> str:
+def ask(path: str, pid: int, pause: Callable[[float], None] = time.sleep, request: dict | None = None) -> str:
+    """The job's answer to request (every rank's stacks by default), whole."""
     conn = connect(path, pid, pause)
     conn.settimeout(ANSWER_WAIT)
     try:
-        conn.sendall(json.dumps({"op": "stacks", "pid": os.getpid()}).encode() + b"\n")
+        conn.sendall(json.dumps(request or {"op": "stacks", "pid": os.getpid()}).encode() + b"\n")
         chunks = []
         while True:
             data = conn.recv(1 << 16)

@@ -98,7 +98,8 @@ class StackSnapshots:
 
     def client_asked(self, client: Client) -> None:
         who = f" (pid {client.pid})" if client.pid else ""
-        self.output.say(f"mpilaunch: every rank's stack asked for by `mpilaunch stacks`{who}")
+        asker = "mpilaunch top" if client.ranks else "mpilaunch stacks"  # top asks for the ranks it shows
+        self.output.say(f"mpilaunch: every rank's stack asked for by `{asker}`{who}")
         self.want(ASKED_BY_CLIENT, client)
 
     def want(self, why: str, client: Client | None = None) -> None:

@@ -124,7 +124,7 @@ def test_a_full_queue_is_tried_again_until_the_job_takes_the_connection() -> Non
     """The job's own socket server, in this process, with its queue filled and its loop not yet
     turning: the asker pauses, tries again, and gets its answer once the loop takes the queue."""
     sel = selectors.DefaultSelector()
-    server = StacksServer(sel, lambda client: client.reply("stacks of this job\n"))
+    server = StacksServer(sel, {"stacks": lambda client: client.reply("stacks of this job\n")})
     assert server.open() == ""
     fillers = []
     try:
