@@ -21,7 +21,6 @@ from rich.table import Table
 from rich.text import Text
 
 from mpilaunch.cli import top_view
-from mpilaunch.cli.topcli import REFRESH, stacks_of
 from mpilaunch.errors import LaunchError
 
 TYPE_CHECKING = False
@@ -33,8 +32,18 @@ UP, DOWN = ("\x1b[A", "k"), ("\x1b[B", "j")
 
 
 class Screen:
-    def __init__(self, pid: int, path: str, stuck_after: float, look: Callable[[str, int], dict]) -> None:
+    def __init__(
+        self,
+        pid: int,
+        path: str,
+        stuck_after: float,
+        look: Callable[[str, int], dict],
+        stacks_of: Callable[[str, int, list[tuple[int, int]]], str],
+        refresh: float,
+    ) -> None:
+        """look(path, pid): the job's answer; stacks_of(path, pid, ranks): their stacks' text."""
         self.pid, self.path, self.stuck_after, self.look = pid, path, stuck_after, look
+        self.stacks_of, self.every = stacks_of, refresh
         self.console = Console()
         self.before: dict | None = None
         self.doc: dict | None = None
@@ -64,7 +73,7 @@ class Screen:
             if now >= due:
                 if not self.refresh():
                     return
-                due = now + REFRESH
+                due = now + self.every
                 live.update(self.render(), refresh=True)
             ready, _, _ = select.select([fd], [], [], max(0.0, due - time.monotonic()))
             if not ready:
@@ -101,7 +110,7 @@ class Screen:
             self.stacks = f"taking the stacks of {len(ranks)} rank{'s' if len(ranks) != 1 else ''}..."
             live.update(self.render(), refresh=True)
             try:
-                self.stacks = stacks_of(self.path, self.pid, ranks)
+                self.stacks = self.stacks_of(self.path, self.pid, ranks)
             except LaunchError as exc:
                 self.stacks = str(exc)
 

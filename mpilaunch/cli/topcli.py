@@ -44,7 +44,7 @@ def run_top(args: list[str]) -> int:
         return 0
     from mpilaunch.cli.top_screen import Screen  # rich: only for the live view
 
-    return Screen(pid, path, stuck_after, look).run()
+    return Screen(pid, path, stuck_after, look, stacks_of, REFRESH).run()
 
 
 def _read_args(args: list[str]) -> tuple[int | None, bool, float]:
