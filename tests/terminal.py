@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -75,7 +76,12 @@ class Terminal:
             status, _, sig = how.partition("/")
             if dead == "1" and status:
                 return int(status)
-            if (dead == "1" and sig) or time.monotonic() > deadline:  # tmux may say dead before the status
+            if dead == "1" and not sig and self.server_pid is not None:
+                # tmux 3.3 here now and then leaves its pane's program a zombie it has not waited
+                # for (its SIGCHLD lost): one more SIGCHLD to the server, by its recorded pid,
+                # makes it wait and take the status
+                os.kill(self.server_pid, signal.SIGCHLD)
+            if (dead == "1" and sig) or time.monotonic() > deadline:
                 raise AssertionError(f"the program in the terminal: dead {dead}, signal {sig}:\n{self.screen()}")
             time.sleep(0.05)
 
