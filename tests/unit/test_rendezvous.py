@@ -156,7 +156,12 @@ def test_each_attempt_meets_under_its_own_keys() -> None:
     try:
         meet(zero, [one], loop)
         assert zero.server is not None
-        assert sorted(zero.server.keys()) == ["mpilaunch/3/joined/0", "mpilaunch/3/joined/1", "mpilaunch/3/running"]
+        assert sorted(zero.server.keys()) == [
+            "mpilaunch/3/joined/0",
+            "mpilaunch/3/joined/1",
+            "mpilaunch/3/running",
+            "mpilaunch/3/serves",
+        ]
     finally:
         zero.close()
         one.close()
@@ -189,7 +194,10 @@ def test_no_node_zero_at_all_is_said() -> None:
     port = free_port()
     with pytest.raises(LaunchError) as caught:
         node(1, 2, port, timeout=0.3).join()
-    assert str(caught.value).startswith(f"node 1: cannot connect to the store at {HOST}:{port}")
+    assert (
+        str(caught.value) == f"cannot connect to the rendezvous store at {HOST}:{port} within 0.3 s: connection refused"
+    )
+    assert caught.value.status == 1  # torchrun's, for a rendezvous that failed
 
 
 def test_the_port_in_use_is_one_line() -> None:
@@ -259,7 +267,9 @@ def test_node_zero_going_away_is_told_to_node_one(
     zero, one, _loop0, loop1 = meeting
     zero.close()  # its launcher gone: the store with it
     loop1.turn_until(lambda: bool(loop1.heard))
-    assert loop1.heard == [f"node 0's launcher at {HOST}:{zero.port} went away"]
+    assert loop1.heard == [
+        f"the rendezvous store at {HOST}:{zero.port} went away with node 0's launcher (it closed the connection)"
+    ]
     assert loop1.quiet()  # told once: the closed connection is not looked at again (the loop would spin)
     assert one.finish(143) is True  # nobody to meet again: no other attempt
 
