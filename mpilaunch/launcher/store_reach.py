@@ -44,9 +44,12 @@ def resolve(host: str, port: int) -> None:
             raise LaunchError(f"cannot reach the rendezvous store at {endpoint(host, port)}: {why}", STATUS) from None
 
 
-def gone(host: str, port: int, exc: tcpstore.StoreError, while_: str = "while the nodes met") -> LaunchError:
-    """The store this launcher had joined went away (its launcher was killed, its host lost)."""
-    return LaunchError(f"the rendezvous store at {endpoint(host, port)} went away {while_} ({exc.why})", STATUS)
+def gone(host: str, port: int, exc: tcpstore.StoreError) -> LaunchError:
+    """The store this launcher had joined went away while the nodes met (its launcher was
+    killed, its host lost)."""
+    return LaunchError(
+        f"the rendezvous store at {endpoint(host, port)} went away while the nodes met ({exc.why})", STATUS
+    )
 
 
 def reach(
@@ -68,8 +71,9 @@ def reach(
         if take is not None and take():
             return None
         left = deadline - time.monotonic()
+        patience = 0 if take is not None else min(left, NOTICE_AFTER) if not said else left  # take: once
         try:
-            client = tcpstore.StoreClient(host, port, max(left, 0.1), min(left, NOTICE_AFTER) if not said else left)
+            client = tcpstore.StoreClient(host, port, max(left, 0.1), patience)
         except tcpstore.StoreUnreachable as exc:
             raise LaunchError(f"cannot reach the rendezvous store at {where}: {exc.why}", STATUS) from None
         except tcpstore.StoreError as exc:

@@ -483,8 +483,12 @@ def test_a_launcher_of_the_next_attempt_waits_for_the_store_of_the_one_before_to
     before.set("mpilaunch/0/serves", "1")
     one = node(1, 2, port, attempt=1)
     joining = Background(one.join)
-    before.run(lambda: before.connections >= 2 and not before.peers, 0.02)  # it looked, left, came again
-    assert not any(key.startswith("mpilaunch/1/") for key in before.keys())
+    deadline = time.monotonic() + HANG
+    looked = lambda: before.connections >= 2 and not before.peers  # noqa: E731  # it looked, left, came again
+    before.run(
+        lambda: looked() or any(k.startswith("mpilaunch/1/") for k in before.keys()) or time.monotonic() > deadline
+    )
+    assert not any(key.startswith("mpilaunch/1/") for key in before.keys()) and looked()
     before.close()
     zero = node(0, 2, port, attempt=1)
     loop = Loop()
