@@ -267,9 +267,8 @@ def test_node_zero_going_away_is_told_to_node_one(
     zero, one, _loop0, loop1 = meeting
     zero.close()  # its launcher gone: the store with it
     loop1.turn_until(lambda: bool(loop1.heard))
-    assert loop1.heard == [
-        f"the rendezvous store at {HOST}:{zero.port} went away with node 0's launcher (it closed the connection)"
-    ]
+    assert len(loop1.heard) == 1  # how the connection ended (closed, reset) is the kernel's to say
+    assert loop1.heard[0].startswith(f"the rendezvous store at {HOST}:{zero.port} went away with node 0's launcher (")
     assert loop1.quiet()  # told once: the closed connection is not looked at again (the loop would spin)
     assert one.finish(143) is True  # nobody to meet again: no other attempt
 
