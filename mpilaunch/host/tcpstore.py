@@ -18,6 +18,12 @@ exists, later if need be, and CANCEL_WAIT (the client's timeout) answers WAIT_CA
 keeps the value as decimal text. Behaviour follows the libuv server where the two differ
 (CHECK and WAIT see a non-empty queue as present; GET of a missing key answers empty), with one
 choice of ours: COMPARE_SET wakes waiters only when the key then exists.
+
+Bounds, so that no connection can grow the process that serves it or end its job: replies go
+out as they are built, and one connection has at most QUEUED_MAX (16 MiB) of them queued before
+the server stops reading it (torch's clients, which wait for each answer, never get there); a
+request not yet whole is at most BUFFERED_MAX; a connection that breaks the protocol is dropped
+and counted, and `refusals()` sums them in one phrase for the owner to say once.
 """
 
 from __future__ import annotations
