@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -56,7 +57,7 @@ def store_launcher(procs: list[subprocess.Popen], port: int) -> subprocess.Popen
     raise AssertionError("no launcher serves the store")
 
 
-def wait_for(done, what: str) -> None:  # type: ignore[no-untyped-def]
+def wait_for(done: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + HANG
     while not done():
         assert time.monotonic() < deadline, what
