@@ -116,3 +116,31 @@ class Leftovers:
         left = self.leftover_pids()
         kill_and_wait(left)
         return left
+
+
+def peak_rss_kib(pid: int) -> int:
+    """A process's peak resident set since its start (VmHWM), in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on this port (/proc/net/tcp and tcp6,
+    whose addresses are 32-bit words each in the host's order)."""
+    import socket
+
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            with open(table) as rows:
+                lines = rows.read().splitlines()[1:]
+        except OSError:  # no IPv6 here
+            continue
+        for line in lines:
+            fields = line.split()
+            address, _, hex_port = fields[1].partition(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                ordered = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(socket.inet_ntop(family, ordered))
+    return found

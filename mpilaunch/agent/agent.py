@@ -214,7 +214,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)
         base = {k: v for k, v in self.host_env.items() if k not in drop_names and not k.startswith(drop_prefixes)}
         if message.store_port:
-            self.torch.serve_store(message.store_port)
+            self.torch.serve_store(message.store_port, message.store_host)
         services = self.services.start_job(message)
         level = message.bind_to
         groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []

@@ -35,14 +35,16 @@ class TorchSupport:
             self.folder = make_folder(SERVER_FOLDER.format(pid=os.getpid()) + "errors-")
         return os.path.join(self.folder, f"{job}.{rank}.json")
 
-    def serve_store(self, port: int) -> None:
-        """A TCPStore on this port, served by this agent's loop, for the ranks of this launch."""
+    def serve_store(self, port: int, host: str = "") -> None:
+        """A TCPStore on this port, served by this agent's loop, for the ranks of this launch,
+        which reach it at `host`: only there when that is a loopback address (every rank is on
+        this host), else on every address."""
         if self.store is not None:
             return
-        from mpilaunch.host.tcpstore import StoreServer
+        from mpilaunch.host.tcpstore import StoreServer, listen_host
 
         try:
-            self.store = StoreServer(self.loop.sel, "", port)
+            self.store = StoreServer(self.loop.sel, listen_host(host), port)
         except OSError as exc:
             said = f"mpilaunch: agent on {self.host}: cannot serve the ranks' store on port {port}: {exc}"
             self.send(Note(text=said))
@@ -52,5 +54,10 @@ class TorchSupport:
             remove_folder(self.folder)
             self.folder = None
         if self.store is not None:
+            refused = self.store.refusals()
+            if refused:  # connections that were no torch client, summed once: they ended nothing
+                self.send(
+                    Note(text=f"mpilaunch: agent on {self.host}: the ranks' store on port {self.store.port} {refused}")
+                )
             self.store.close()
             self.store = None

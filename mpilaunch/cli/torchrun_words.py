@@ -225,23 +225,37 @@ def rdzv_conf(value: object) -> dict[str, object]:
 
 
 def _endpoint(words: Mapping[str, object], backend: str) -> tuple[str, int]:
-    """Where the nodes' launchers meet: --rdzv-endpoint HOST[:PORT], else --master-addr:--master-port."""
+    """Where the nodes' launchers meet: --rdzv-endpoint HOST[:PORT], else --master-addr:--master-port;
+    read as torch's parse_rendezvous_endpoint reads it, refused where torch refuses it."""
     text = str(words["rdzv_endpoint"] or "").strip()
     if text:
         bracketed = text.startswith("[") and text.endswith("]")  # [IPv6] without a port, as torchrun reads it
-        host, _, port = text.rpartition(":") if ":" in text and not bracketed else (text, "", "")
+        host, colon, port = text.rpartition(":") if ":" in text and not bracketed else (text, "", "")
         if len(host) > 1 and host[0] == "[" and host[-1] == "]":
             host = host[1:-1]
-        port_number = int(port) if port.isdigit() else C10D_PORT if backend == "c10d" else STATIC_PORT
-        if not host or not 0 < port_number < 65536:
+        good_port = not colon or (port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536)
+        if not (good_port and host_word(host)):
             raise LaunchError(f"--rdzv-endpoint {text!r}: expected HOST[:PORT]")
-        return host, port_number
+        return host, int(port) if colon else C10D_PORT if backend == "c10d" else STATIC_PORT
     if not words["master_addr"]:
         raise LaunchError(
             "--nnodes N: say where the nodes meet, with --master-addr (and --master-port) or --rdzv-endpoint"
         )
     port = STATIC_PORT if words["master_port"] is None else _whole("--master-port", words["master_port"], 1, 65535)
-    return str(words["master_addr"]), port
+    return _master_addr(words["master_addr"]), port
+
+
+def host_word(host: str) -> bool:
+    """A host as torch takes one ([\\w.:-]+): labels, an IPv4 or an IPv6 address; no byte that
+    is not UTF-8 (a surrogate here), no blank."""
+    return bool(host) and all(c.isalnum() or c in "_.:-" for c in host)
+
+
+def _master_addr(value: object) -> str:
+    text = str(value).strip()
+    if not host_word(text):
+        raise LaunchError(f"--master-addr {text!r}: expected a host name or an address")
+    return text
 
 
 def _graces(
@@ -273,7 +287,7 @@ def _one_node_master(words: Mapping[str, object], backend: str) -> dict[str, obj
     if backend != "static" or words["rdzv_endpoint"] or words["master_port"] is None:
         return {}
     port = _whole("--master-port", words["master_port"], 1, 65535)
-    return {"master_addr": str(words["master_addr"] or ""), "master_port": port}
+    return {"master_addr": _master_addr(words["master_addr"]) if words["master_addr"] else "", "master_port": port}
 
 
 def _whole(option: str, value: object, low: int, high: int) -> int:

@@ -18,10 +18,17 @@ exists, later if need be, and CANCEL_WAIT (the client's timeout) answers WAIT_CA
 keeps the value as decimal text. Behaviour follows the libuv server where the two differ
 (CHECK and WAIT see a non-empty queue as present; GET of a missing key answers empty), with one
 choice of ours: COMPARE_SET wakes waiters only when the key then exists.
+
+Bounds, so that no connection can grow the process that serves it or end its job: replies go
+out as they are built, and one connection has at most QUEUED_MAX (16 MiB) of them queued before
+the server stops reading it (torch's clients, which wait for each answer, never get there); a
+request not yet whole is at most BUFFERED_MAX; a connection that breaks the protocol is dropped
+and counted, and `refusals()` sums them in one phrase for the owner to say once.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import socket
@@ -44,9 +51,21 @@ MAGIC = 0x3C85F7CE
 KEY_MAX = 8 * 1024
 VALUE_MAX = 8 * 1024 * 1024
 COUNT_MAX = 128 * 1024
-BUFFERED_MAX = 64 * 1024 * 1024  # a request not yet whole, or replies left unread: past this, dropped
+BUFFERED_MAX = 64 * 1024 * 1024  # a request not yet whole: past this, the connection is dropped
+# What one connection may have queued of replies it has not read. Replies go out as they are
+# built; a client that sends requests without reading the answers (pipelining GETs of 8 MiB
+# values, say) fills its socket, then this queue: once it holds more than QUEUED_MAX bytes, the
+# server reads nothing more from that connection until the client has read it down to
+# RESUME_AT. One reply is always queued whole, and a large value is queued as a reference to
+# the stored bytes, not a copy. torch's clients wait for each answer, so they never meet it.
+QUEUED_MAX = 16 * 1024 * 1024
+RESUME_AT = QUEUED_MAX // 2
+SEND_AT = 256 * 1024  # replies queued past this go out before the next request is served
+COPY_MAX = 64 * 1024  # a reply part up to this is copied into the queue's tail; a larger one is referenced
+IOV_BATCH = 64  # reply parts handed to one sendmsg
 READ_SIZE = 256 * 1024
 ACCEPTS_PER_TURN = 256
+CONNECT_TRY = 5.0  # seconds one connect may take
 
 U32 = struct.Struct("=I")
 I64 = struct.Struct("=q")
@@ -55,11 +74,42 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class StoreError(Exception):
-    """The store cannot be reached, closed the connection, or answered what no server would."""
+    """The store cannot be reached, closed the connection, or answered what no server would.
+    `why` says what happened in a few words, without the store's address."""
+
+    def __init__(self, message: str, why: str = "") -> None:
+        super().__init__(message)
+        self.why = why or message
 
 
 class StoreTimeout(StoreError):
     pass
+
+
+class StoreUnreachable(StoreError):
+    """No connection can be made, however long one tries: no such host, no route to it."""
+
+
+# What connecting may meet that waiting does not cure (EAI_AGAIN, a refusal, a time-out may be).
+NO_SUCH_HOST = {getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL") if hasattr(socket, name)}
+NO_ROUTE = {getattr(errno, name) for name in ("ENETUNREACH", "EHOSTUNREACH") if hasattr(errno, name)}
+
+
+def connect_error(exc: OSError | UnicodeError) -> tuple[str, bool]:
+    """What a failed connect met, in a few words, and whether it is for good."""
+    if isinstance(exc, UnicodeError):
+        return "the host name cannot be encoded", True
+    if isinstance(exc, socket.gaierror):
+        final = exc.errno in NO_SUCH_HOST
+        return (f"no such host ({exc.strerror})" if final else str(exc.strerror)), final
+    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError
+        return "no answer to connecting", False
+    return os_words(exc), exc.errno in NO_ROUTE
+
+
+def os_words(exc: OSError) -> str:
+    """An OSError in a few words: "connection refused", not "[Errno 111] Connection refused"."""
+    return exc.strerror.lower() if exc.strerror else str(exc) or type(exc).__name__
 
 
 class ProtocolError(Exception):
@@ -145,10 +195,12 @@ def blob(data: bytes) -> bytes:
 
 class Peer:
     """One client connection: its buffers, what it waits for, and the keys it wrote (so the
-    owner can tell whose connection closed)."""
+    owner can tell whose connection closed). Its replies wait in `out` until the socket takes
+    them: small ones copied together, large values by reference (QUEUED_MAX bounds the lot)."""
 
     __slots__ = (
-        "address", "error", "handler", "ident", "inbuf", "out", "pending", "sock", "validated", "writing", "wrote",
+        "address", "error", "events", "handler", "ident", "inbuf", "out", "paused", "pending", "queued", "sock",
+        "validated", "wrote",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, ident: int, address: object) -> None:
@@ -156,8 +208,10 @@ class Peer:
         self.ident = ident
         self.address = address
         self.inbuf = bytearray()
-        self.out = bytearray()
-        self.writing = False  # watched for EVENT_WRITE too: replies wait for room in the socket
+        self.out: deque[bytes | bytearray | memoryview] = deque()
+        self.queued = 0  # bytes in out
+        self.paused = False  # more than QUEUED_MAX queued: its requests are not read until it reads
+        self.events = selectors.EVENT_READ  # what the selector watches it for
         self.validated = False
         self.pending: set[str] = set()  # keys a WAIT or BARRIER still waits for
         self.wrote: set[str] = set()
@@ -166,6 +220,40 @@ class Peer:
 
     def __repr__(self) -> str:
         return f"Peer({self.ident}, {self.address})"
+
+    def queue(self, *parts: bytes) -> None:
+        """Queue a reply, made of these parts, to be sent after those before it."""
+        out = self.out
+        for part in parts:
+            if len(part) > COPY_MAX:
+                out.append(part)
+            elif out and isinstance(out[-1], bytearray) and len(out[-1]) < SEND_AT:
+                out[-1] += part
+            else:
+                out.append(bytearray(part))
+            self.queued += len(part)
+
+    def send(self) -> None:
+        """Send what the socket takes now, without waiting (OSError: the connection broke)."""
+        out = self.out
+        while out:
+            batch = [out[i] for i in range(min(len(out), IOV_BATCH))]
+            try:
+                sent = self.sock.sendmsg(batch)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.queued -= sent
+            whole = sum(len(part) for part in batch) == sent
+            while sent:
+                first = out[0]
+                if len(first) <= sent:
+                    sent -= len(first)
+                    out.popleft()
+                else:
+                    out[0] = memoryview(first)[sent:]
+                    sent = 0
+            if not whole:
+                return
 
 
 class StoreData:
@@ -285,6 +373,118 @@ class StoreData:
         return len(gone)
 
 
+class Requests:
+    """What each command does to the store and answers: one handler per command byte, taking
+    the connection and a cursor on its fields; answers go to `reply(peer, *parts)`, a stored
+    value as itself (the reply queue references it)."""
+
+    def __init__(self, data: StoreData, reply: Callable[..., None]) -> None:
+        self.data = data
+        self.reply = reply
+        self.table: dict[int, Callable[[Peer, Cursor], None]] = {
+            SET: self.set,
+            COMPARE_SET: self.compare_set,
+            GET: self.get,
+            ADD: self.add,
+            CHECK: self.check,
+            WAIT: self.wait,
+            GETNUMKEYS: self.num_keys,
+            DELETE_KEY: self.delete,
+            APPEND: self.append,
+            MULTI_GET: self.multi_get,
+            MULTI_SET: self.multi_set,
+            CANCEL_WAIT: self.cancel_wait,
+            PING: self.ping,
+            QUEUE_PUSH: self.queue_push,
+            QUEUE_POP: self.queue_pop,
+            QUEUE_LEN: self.queue_len,
+            LIST_KEYS: self.list_keys,
+            BARRIER: self.barrier,
+        }
+
+    def set(self, peer: Peer, cursor: Cursor) -> None:
+        key, value = cursor.key(), cursor.value()
+        peer.wrote.add(key)
+        self.data.set(key, value)
+
+    def compare_set(self, peer: Peer, cursor: Cursor) -> None:
+        key, expected, desired = cursor.key(), cursor.value(), cursor.value()
+        peer.wrote.add(key)
+        value = self.data.compare_set(key, expected, desired)
+        self.reply(peer, U64.pack(len(value)), value)
+
+    def get(self, peer: Peer, cursor: Cursor) -> None:
+        value = self.data.values.get(cursor.key(), b"")
+        self.reply(peer, U64.pack(len(value)), value)
+
+    def add(self, peer: Peer, cursor: Cursor) -> None:
+        key, delta = cursor.key(), cursor.i64()
+        peer.wrote.add(key)
+        self.reply(peer, I64.pack(self.data.add(key, delta)))
+
+    def check(self, peer: Peer, cursor: Cursor) -> None:
+        ready = all(self.data.present(key) for key in cursor.keys())
+        self.reply(peer, bytes((READY if ready else NOT_READY,)))
+
+    def wait(self, peer: Peer, cursor: Cursor) -> None:
+        if self.data.wait(peer, cursor.keys()):
+            self.reply(peer, bytes((STOP_WAITING,)))
+
+    def num_keys(self, peer: Peer, cursor: Cursor) -> None:
+        self.reply(peer, I64.pack(len(self.data.values)))
+
+    def delete(self, peer: Peer, cursor: Cursor) -> None:
+        self.reply(peer, I64.pack(1 if self.data.delete(cursor.key()) else 0))
+
+    def append(self, peer: Peer, cursor: Cursor) -> None:
+        key, value = cursor.key(), cursor.value()
+        peer.wrote.add(key)
+        self.data.append(key, value)
+
+    def multi_get(self, peer: Peer, cursor: Cursor) -> None:
+        values = self.data.values
+        parts = []
+        for key in cursor.keys():
+            value = values.get(key, b"")
+            parts += (U64.pack(len(value)), value)
+        self.reply(peer, *parts)
+
+    def multi_set(self, peer: Peer, cursor: Cursor) -> None:
+        pairs = [(cursor.key(), cursor.value()) for _ in range(cursor.count())]
+        for key, value in pairs:
+            peer.wrote.add(key)
+            self.data.set(key, value)
+
+    def cancel_wait(self, peer: Peer, cursor: Cursor) -> None:
+        self.data.cancel(peer)
+        self.reply(peer, bytes((WAIT_CANCELED,)))
+
+    def ping(self, peer: Peer, cursor: Cursor) -> None:
+        self.reply(peer, U32.pack(cursor.u32()))
+
+    def queue_push(self, peer: Peer, cursor: Cursor) -> None:
+        key, value = cursor.key(), cursor.value()
+        self.data.queue_push(key, value)
+
+    def queue_pop(self, peer: Peer, cursor: Cursor) -> None:
+        length, value = self.data.queue_pop(cursor.key())
+        self.reply(peer, I64.pack(length), *(() if value is None else (U64.pack(len(value)), value)))
+
+    def queue_len(self, peer: Peer, cursor: Cursor) -> None:
+        queue = self.data.queues.get(cursor.key())
+        self.reply(peer, I64.pack(len(queue) if queue else 0))
+
+    def list_keys(self, peer: Peer, cursor: Cursor) -> None:
+        keys = list(self.data.values)
+        self.reply(peer, I64.pack(len(keys)) + b"".join(blob(key_bytes(key)) for key in keys))
+
+    def barrier(self, peer: Peer, cursor: Cursor) -> None:
+        key, world_size = cursor.key(), cursor.i64()
+        peer.wrote.add(key)
+        if self.data.barrier(peer, key, world_size):
+            self.reply(peer, bytes((STOP_WAITING,)))
+
+
 class StoreServer:
     """A TCPStore server on `selector`, whose keys' data are callables taking the descriptor
     (agent/loop.Loop calls `key.data(key.fd)`; any loop that does the same can host it). With
@@ -315,27 +515,10 @@ class StoreServer:
         self._next_ident = 0
         self.connections = 0  # accepted since the start
         self.requests = 0  # served since the start
+        self.refused = 0  # connections dropped for breaking the protocol
+        self.refusal = ""  # why the first of them was
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
-        self.handlers: dict[int, Callable[[Peer, Cursor], None]] = {
-            SET: self._set,
-            COMPARE_SET: self._compare_set,
-            GET: self._get,
-            ADD: self._add,
-            CHECK: self._check,
-            WAIT: self._wait,
-            GETNUMKEYS: self._num_keys,
-            DELETE_KEY: self._delete,
-            APPEND: self._append,
-            MULTI_GET: self._multi_get,
-            MULTI_SET: self._multi_set,
-            CANCEL_WAIT: self._cancel_wait,
-            PING: self._ping,
-            QUEUE_PUSH: self._queue_push,
-            QUEUE_POP: self._queue_pop,
-            QUEUE_LEN: self._queue_len,
-            LIST_KEYS: self._list_keys,
-            BARRIER: self._barrier,
-        }
+        self.handlers = Requests(self.data, self._reply).table
 
     # -- the owner's side -------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
@@ -362,6 +545,14 @@ class StoreServer:
         needs it: its gloo ranks would read their predecessors' addresses and fail to connect
         (torch's own server, kept across attempts, fails the second job so). Waiters wait on."""
         return self.data.clear(prefix)
+
+    def refusals(self) -> str:
+        """The connections dropped for breaking the protocol, summed in one phrase ("" if none):
+        a port scanner or a stray client is said once, and never ends anything."""
+        if not self.refused:
+            return ""
+        many = "s" if self.refused > 1 else ""
+        return f"dropped {self.refused} connection{many} that broke TCPStore's protocol (the first: {self.refusal})"
 
     def run(self, until: Callable[[], bool] = lambda: False, poll: float = 0.5) -> None:
         """Serve on the server's own selector until `until()` is true (looked at every `poll`
@@ -402,9 +593,19 @@ class StoreServer:
 
     def _ready(self, peer: Peer) -> None:
         """The connection is readable or writable (the loop does not say which): send what
-        waits, then read what came."""
+        waits, serve what was held back while it did not read, then read what came."""
         if peer.out and not self._send(peer):
             return
+        if peer.paused:
+            if peer.queued > RESUME_AT:
+                return
+            peer.paused = False
+            self._take(peer)
+            if peer.sock.fileno() < 0:
+                return
+            self._watch(peer)
+            if peer.paused:
+                return
         try:
             data = peer.sock.recv(READ_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -416,14 +617,22 @@ class StoreServer:
             self._hang_up(peer, "")
             return
         peer.inbuf += data
+        self._take(peer)
+
+    def _take(self, peer: Peer) -> None:
+        """Serve the peer's buffered requests; a connection that breaks the protocol is dropped
+        and counted, nothing more."""
         try:
             self._serve(peer)
         except ProtocolError as exc:
+            self.refused += 1
+            self.refusal = self.refusal or str(exc)
             self._hang_up(peer, str(exc))
         self._flush_dirty()
 
     def _serve(self, peer: Peer) -> None:
-        """Answer every whole request in the peer's buffer, in order."""
+        """Answer the whole requests in the peer's buffer, in order, sending as it goes; stop
+        (paused) once more than QUEUED_MAX waits unread."""
         buf = peer.inbuf
         done = 0
         while done < len(buf):
@@ -443,12 +652,19 @@ class StoreServer:
                 break
             done = cursor.pos
             self.requests += 1
+            if peer.queued >= SEND_AT:
+                if not self._send(peer):
+                    return
+                if peer.queued > QUEUED_MAX:
+                    peer.paused = True
+                    self._watch(peer)
+                    break
         del buf[:done]
-        if len(buf) > BUFFERED_MAX:
+        if not peer.paused and len(buf) > BUFFERED_MAX:
             raise ProtocolError(f"{len(buf)} bytes without a whole request")
 
-    def _reply(self, peer: Peer, data: bytes) -> None:
-        peer.out += data
+    def _reply(self, peer: Peer, *parts: bytes) -> None:
+        peer.queue(*parts)
         self._dirty[peer] = None
 
     def _released(self, peer: Peer) -> None:
@@ -462,23 +678,24 @@ class StoreServer:
                 self._send(peer)
 
     def _send(self, peer: Peer) -> bool:
-        """Send what the peer has queued; False when it was dropped."""
+        """Send what the peer has queued and the socket takes; False when it was dropped."""
         try:
-            sent = peer.sock.send(peer.out)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
+            peer.send()
         except OSError as exc:
             self._hang_up(peer, f"write failed: {exc}")
             return False
-        del peer.out[:sent]
-        if len(peer.out) > BUFFERED_MAX:
-            self._hang_up(peer, f"{len(peer.out)} bytes of replies left unread")
-            return False
-        if peer.writing != bool(peer.out):
-            peer.writing = bool(peer.out)
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.writing else 0)
-            self.sel.modify(peer.sock, events, peer.handler)
+        self._watch(peer)
         return True
+
+    def _watch(self, peer: Peer) -> None:
+        """Watch the peer for reading unless it is paused, and for room while replies wait (a
+        paused peer with none left too: its requests are served again then)."""
+        events = (0 if peer.paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if peer.out or peer.paused else 0
+        )
+        if events != peer.events:
+            peer.events = events
+            self.sel.modify(peer.sock, events, peer.handler)
 
     def _hang_up(self, peer: Peer, error: str) -> None:
         peer.error = error
@@ -500,82 +717,27 @@ class StoreServer:
         except (KeyError, ValueError):
             pass
 
-    # -- requests ---------------------------------------------------------------------------
-    def _set(self, peer: Peer, cursor: Cursor) -> None:
-        key, value = cursor.key(), cursor.value()
-        peer.wrote.add(key)
-        self.data.set(key, value)
 
-    def _compare_set(self, peer: Peer, cursor: Cursor) -> None:
-        key, expected, desired = cursor.key(), cursor.value(), cursor.value()
-        peer.wrote.add(key)
-        self._reply(peer, blob(self.data.compare_set(key, expected, desired)))
+def listen_host(host: str) -> str:
+    """Where a store that every client reaches at `host` listens: there, when it is a loopback
+    address or localhost (no other machine reaches the store anyway, and no other machine's
+    connections reach it then); else "", every address. Another name of this machine may be
+    loopback here and a real address elsewhere: it gets every address."""
+    import ipaddress
 
-    def _get(self, peer: Peer, cursor: Cursor) -> None:
-        self._reply(peer, blob(self.data.values.get(cursor.key(), b"")))
-
-    def _add(self, peer: Peer, cursor: Cursor) -> None:
-        key, delta = cursor.key(), cursor.i64()
-        peer.wrote.add(key)
-        self._reply(peer, I64.pack(self.data.add(key, delta)))
-
-    def _check(self, peer: Peer, cursor: Cursor) -> None:
-        ready = all(self.data.present(key) for key in cursor.keys())
-        self._reply(peer, bytes((READY if ready else NOT_READY,)))
-
-    def _wait(self, peer: Peer, cursor: Cursor) -> None:
-        if self.data.wait(peer, cursor.keys()):
-            self._released(peer)
-
-    def _num_keys(self, peer: Peer, cursor: Cursor) -> None:
-        self._reply(peer, I64.pack(len(self.data.values)))
-
-    def _delete(self, peer: Peer, cursor: Cursor) -> None:
-        self._reply(peer, I64.pack(1 if self.data.delete(cursor.key()) else 0))
-
-    def _append(self, peer: Peer, cursor: Cursor) -> None:
-        key, value = cursor.key(), cursor.value()
-        peer.wrote.add(key)
-        self.data.append(key, value)
-
-    def _multi_get(self, peer: Peer, cursor: Cursor) -> None:
-        values = self.data.values
-        self._reply(peer, b"".join(blob(values.get(key, b"")) for key in cursor.keys()))
-
-    def _multi_set(self, peer: Peer, cursor: Cursor) -> None:
-        pairs = [(cursor.key(), cursor.value()) for _ in range(cursor.count())]
-        for key, value in pairs:
-            peer.wrote.add(key)
-            self.data.set(key, value)
-
-    def _cancel_wait(self, peer: Peer, cursor: Cursor) -> None:
-        self.data.cancel(peer)
-        self._reply(peer, bytes((WAIT_CANCELED,)))
-
-    def _ping(self, peer: Peer, cursor: Cursor) -> None:
-        self._reply(peer, U32.pack(cursor.u32()))
-
-    def _queue_push(self, peer: Peer, cursor: Cursor) -> None:
-        key, value = cursor.key(), cursor.value()
-        self.data.queue_push(key, value)
-
-    def _queue_pop(self, peer: Peer, cursor: Cursor) -> None:
-        length, value = self.data.queue_pop(cursor.key())
-        self._reply(peer, I64.pack(length) + (blob(value) if value is not None else b""))
-
-    def _queue_len(self, peer: Peer, cursor: Cursor) -> None:
-        queue = self.data.queues.get(cursor.key())
-        self._reply(peer, I64.pack(len(queue) if queue else 0))
-
-    def _list_keys(self, peer: Peer, cursor: Cursor) -> None:
-        keys = list(self.data.values)
-        self._reply(peer, I64.pack(len(keys)) + b"".join(blob(key_bytes(key)) for key in keys))
-
-    def _barrier(self, peer: Peer, cursor: Cursor) -> None:
-        key, world_size = cursor.key(), cursor.i64()
-        peer.wrote.add(key)
-        if self.data.barrier(peer, key, world_size):
-            self._released(peer)
+    try:
+        if ipaddress.ip_address(host.partition("%")[0]).is_loopback:
+            return host
+    except ValueError:
+        pass
+    if host.lower() != "localhost":
+        return ""
+    try:
+        found = [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+    except (OSError, UnicodeError):
+        return ""
+    loopback = [address for address in found if ipaddress.ip_address(address.partition("%")[0]).is_loopback]
+    return "127.0.0.1" if "127.0.0.1" in loopback else loopback[0] if loopback else ""
 
 
 def listening_socket(host: str = "", port: int = 0) -> socket.socket:
@@ -610,20 +772,27 @@ def listening_socket(host: str = "", port: int = 0) -> socket.socket:
 
 class StoreClient:
     """A blocking client of any TCPStore server (this one or torch's). Keys go as given: torch's
-    own clients put "/" before theirs. `timeout` bounds connecting (the server may not be up
-    yet: it is tried again until then) and each answer awaited."""
+    own clients put "/" before theirs. `timeout` bounds each answer awaited, and connecting
+    unless `patience` says otherwise (the server may not be up yet: a refused connection is
+    tried again until then; 0, once). A host that does not resolve or cannot be routed to
+    raises StoreUnreachable at once."""
 
-    def __init__(self, host: str, port: int, timeout: float = 300.0) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 300.0, patience: float | None = None) -> None:
         self.host, self.port, self.timeout = host, port, timeout
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if patience is None else patience)
         delay = 0.01
         while True:
-            try:
-                self.sock = socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic()))
+            try:  # each try may take CONNECT_TRY seconds, even past a shorter patience
+                left = max(deadline - time.monotonic(), min(timeout, CONNECT_TRY))
+                self.sock = socket.create_connection((host, port), timeout=left)
                 break
-            except OSError as exc:
+            except (OSError, UnicodeError) as exc:
+                why, final = connect_error(exc)
+                said = f"cannot connect to the store at {host}:{port}: {why}"
+                if final:
+                    raise StoreUnreachable(said, why) from exc
                 if time.monotonic() + delay > deadline:
-                    raise StoreError(f"cannot connect to the store at {host}:{port}: {exc}") from exc
+                    raise StoreError(said, why) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -631,7 +800,7 @@ class StoreClient:
         nonce = os.getpid() & 0xFFFFFFFF
         self._send(bytes((VALIDATE,)) + U32.pack(MAGIC) + bytes((PING,)) + U32.pack(nonce))
         if U32.unpack(self._read(4, self.timeout))[0] != nonce:
-            raise StoreError(f"{host}:{port} answered PING with another number: not a TCPStore")
+            raise StoreError(f"{host}:{port} answered PING with another number: not a TCPStore", "not a TCPStore")
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -707,7 +876,10 @@ class StoreClient:
             self.sock.settimeout(self.timeout)
             self.sock.sendall(data)
         except OSError as exc:
-            raise StoreError(f"the store at {self.host}:{self.port} is gone: {exc}") from exc
+            raise self._gone(os_words(exc)) from exc
+
+    def _gone(self, why: str) -> StoreError:
+        return StoreError(f"the store at {self.host}:{self.port} is gone: {why}", why)
 
     def _read(self, size: int, timeout: float | None = None) -> bytes:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -718,12 +890,14 @@ class StoreClient:
                 data = self.sock.recv(max(READ_SIZE, size - len(self.inbuf)))
             except (socket.timeout, BlockingIOError):
                 if left <= 0:
-                    raise StoreTimeout(f"no answer from the store at {self.host}:{self.port}") from None
+                    raise StoreTimeout(f"no answer from the store at {self.host}:{self.port}", "no answer") from None
                 continue
             except OSError as exc:
-                raise StoreError(f"the store at {self.host}:{self.port} is gone: {exc}") from exc
+                raise self._gone(os_words(exc)) from exc
             if not data:
-                raise StoreError(f"the store at {self.host}:{self.port} closed the connection")
+                raise StoreError(
+                    f"the store at {self.host}:{self.port} closed the connection", "it closed the connection"
+                )
             self.inbuf += data
         answer = bytes(self.inbuf[:size])
         del self.inbuf[:size]

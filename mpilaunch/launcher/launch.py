@@ -254,7 +254,7 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
         if torch is not None and torch.endpoint is not None and not options.dry_run:  # one launcher per node
             from mpilaunch.launcher.rendezvous import NodeRendezvous
 
-            meeting = NodeRendezvous(torch, attempt)
+            meeting = NodeRendezvous(torch, attempt, say=lambda note: say(options, note))
             meeting.join()  # every node's launcher is there before any rank starts
             if torch.node_rank is None:  # c10d's meeting numbered the nodes
                 torch = torch._replace(node_rank=meeting.node, nnodes=meeting.nodes)

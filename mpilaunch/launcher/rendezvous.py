@@ -17,6 +17,13 @@ end of the connection to the store. At the end each node writes `mpilaunch/done/
 launcher keeps it up until every other node's launcher has hung up, having read whether any node
 said it was the last attempt (`mpilaunch/final`, which it writes before its own done: a failed
 node waits for that before it reads it).
+
+Never silent: a store that cannot be reached, or that goes away once a launcher joined it, ends
+that launcher's meeting in one line naming the endpoint, with torchrun's status 1
+(launcher/store_reach.py); a node's watching connection is opened while the store still serves
+the meeting, so its going away later reads as the end of that connection. The store listens on
+the endpoint's own address when that is a loopback one (every node is this machine), else on
+every address.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import json
 import os
 import selectors
 import socket
+import sys
 import time
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import tcpstore
+from mpilaunch.launcher import store_reach
+from mpilaunch.launcher.store_reach import STATUS, endpoint
 from mpilaunch.plan.spec import TorchRun
 
 TYPE_CHECKING = False
@@ -43,7 +53,9 @@ PREFIX = "mpilaunch/"
 class NodeRendezvous:
     """This node's side of the meeting: one launcher serves the store, the others are its clients."""
 
-    def __init__(self, torch: TorchRun, attempt: int = 0, timeout: float | None = None) -> None:
+    def __init__(
+        self, torch: TorchRun, attempt: int = 0, timeout: float | None = None, say: Callable[[str], None] | None = None
+    ) -> None:
         assert torch.nnodes is not None and torch.endpoint is not None
         self.node, self.nodes = torch.node_rank, torch.nnodes  # node None: the meeting numbers it
         self.fewest = torch.min_nodes or torch.nnodes
@@ -62,6 +74,7 @@ class NodeRendezvous:
         self.sel: selectors.BaseSelector | None = None  # the controller's, watched from
         self.over = False
         self.elsewhere = ""  # after finish: why the job failed on another node while this one's ended well
+        self.say = say or _stderr  # a note for the user, one line
 
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"
@@ -71,46 +84,61 @@ class NodeRendezvous:
         return "this node" if self.node is None else f"node {self.node}"
 
     # -- meeting -----------------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        return endpoint(self.host, self.port)
+
     def join(self) -> None:
         """Say this node is here; return once every node is (LaunchError after the timeout)."""
+        store_reach.resolve(self.host, self.port)
         if self.node is None:
             return self._meet()
         keys = [self.key(f"joined/{k}") for k in range(self.nodes)]
         if self.node == 0:
             try:
-                self.server = tcpstore.StoreServer(None, "", self.port, on_close=self._closed)
+                server = self._open_store()
             except OSError as exc:
-                raise LaunchError(f"node 0 cannot serve the rendezvous on port {self.port}: {exc.strerror}") from None
-            self.server.set(keys[0], socket.gethostname())
+                raise LaunchError(
+                    f"node 0 cannot serve the rendezvous on port {self.port}: {exc.strerror}", STATUS
+                ) from None
+            server.set(keys[0], socket.gethostname())
             deadline = time.monotonic() + self.timeout
-            self.server.run(lambda: all(self.server.get(k) is not None for k in keys) or time.monotonic() > deadline)
-            missing = [k for k, key in enumerate(keys) if self.server.get(key) is None]
+            server.run(lambda: all(server.get(k) is not None for k in keys) or time.monotonic() > deadline)
+            missing = [k for k, key in enumerate(keys) if server.get(key) is None]
         else:
             missing = self._join_as_client(keys)
         if missing:
             self.close()
             raise LaunchError(
                 f"node {self.node}: nodes {', '.join(map(str, missing))} of {self.nodes} did not join at "
-                f"{self.host}:{self.port} within {self.timeout:g} s"
+                f"{self.where} within {self.timeout:g} s",
+                STATUS,
             )
+
+    def _open_store(self) -> tcpstore.StoreServer:
+        """Serve the meeting's store (OSError: the port is taken), saying which attempt's it is
+        before anyone is served."""
+        server = tcpstore.StoreServer(None, tcpstore.listen_host(self.host), self.port, on_close=self._closed)
+        server.set(store_reach.serves(self.attempt), "1")
+        self.server = server
+        return server
 
     def _meet(self) -> None:
         """c10d's meeting, which numbers the nodes: served here if the endpoint is this machine
-        and its port is free, else met there (again, should that store go away meanwhile)."""
+        and its port is free (now, or once the store of the attempt before went), else met there."""
         deadline = time.monotonic() + self.timeout
         serve = ends_here(self.host) if self.is_host is None else self.is_host
-        order = None
-        while order is None:
-            if serve and self._take_store():
-                order = self._close(deadline)
-            else:
-                order = self._arrive(deadline)
-        slots, host = order
+        client = None
+        if not (serve and self._take_store()):
+            take = self._take_store if serve else None
+            client = store_reach.reach(self.host, self.port, self.attempt, deadline, self.say, take, self.timeout)
+        slots, host = self._close(deadline) if client is None else self._arrive(client, deadline)
         if self.slot not in slots:
             self.close()
             raise LaunchError(
-                f"the nodes' meeting at {self.host}:{self.port} closed with {len(slots)} nodes before this one "
-                "joined (a node that comes late is not taken in)"
+                f"the nodes' meeting at {self.where} closed with {len(slots)} nodes before this one "
+                "joined (a node that comes late is not taken in)",
+                STATUS,
             )
         self.slots, self.nodes = slots, len(slots)
         self.node, self.host_rank = slots.index(self.slot), slots.index(host)
@@ -118,11 +146,11 @@ class NodeRendezvous:
     def _take_store(self) -> bool:
         """Serve the meeting's store; False if another launcher of this machine already does."""
         try:
-            self.server = tcpstore.StoreServer(None, "", self.port, on_close=self._closed)
+            self._open_store()
             return True
         except OSError as exc:
             if self.is_host:
-                raise LaunchError(f"cannot serve the rendezvous on port {self.port}: {exc.strerror}") from None
+                raise LaunchError(f"cannot serve the rendezvous on port {self.port}: {exc.strerror}", STATUS) from None
             return False
 
     def _close(self, deadline: float) -> tuple[list[int], int]:
@@ -147,8 +175,8 @@ class NodeRendezvous:
         if len(joined) < self.fewest:
             self.close()
             raise LaunchError(
-                f"{len(joined)} of at least {self.fewest} nodes joined at {self.host}:{self.port} within "
-                f"{self.timeout:g} s"
+                f"{len(joined)} of at least {self.fewest} nodes joined at {self.where} within {self.timeout:g} s",
+                STATUS,
             )
         slots = sorted(joined, key=lambda slot: (joined[slot][0], int(joined[slot][1]), slot))
         server.set(self.key("nodes"), json.dumps({"slots": slots, "host": self.slot}))
@@ -161,50 +189,44 @@ class NodeRendezvous:
         values = {slot: self.server.get(self.key(f"joined/{slot}")) for slot in range(arrived)}
         return {slot: value.decode().split() for slot, value in values.items() if value is not None}
 
-    def _arrive(self, deadline: float) -> tuple[list[int], int] | None:
-        """A client's side: arrive, and read the nodes' order once the meeting closed; None if
-        the store went away meanwhile (the store of the attempt before)."""
+    def _arrive(self, client: tcpstore.StoreClient, deadline: float) -> tuple[list[int], int]:
+        """A client's side: arrive, and read the nodes' order once the meeting closed."""
+        self.client = client
         try:
-            self.client = tcpstore.StoreClient(self.host, self.port, max(deadline - time.monotonic(), 0.1))
-            self.slot = self.client.add(self.key("arrivals"), 1) - 1
-            self.client.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
-            said = json.loads(self.client.get(self.key("nodes"), max(deadline - time.monotonic(), 0.1)))
+            self.watcher = tcpstore.StoreClient(self.host, self.port, self.timeout, patience=0)
+            self.slot = client.add(self.key("arrivals"), 1) - 1
+            client.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
+            said = json.loads(client.get(self.key("nodes"), max(deadline - time.monotonic(), 0.1)))
             return [int(slot) for slot in said["slots"]], int(said["host"])
         except tcpstore.StoreTimeout:
             self.close()
             raise LaunchError(
-                f"the nodes' meeting at {self.host}:{self.port} did not close within {self.timeout:g} s (fewer "
-                f"than {self.fewest} nodes joined)"
+                f"the nodes' meeting at {self.where} did not close within {self.timeout:g} s (fewer "
+                f"than {self.fewest} nodes joined)",
+                STATUS,
             ) from None
         except tcpstore.StoreError as exc:
-            self.close()
-            if time.monotonic() >= deadline:
-                raise LaunchError(f"this node: {exc}") from None
-            time.sleep(0.05)
-            return None
+            raise self._gone(exc) from None
 
     def _join_as_client(self, keys: list[str]) -> list[int]:
-        """The nodes missing at the timeout. Node 0's store of the attempt before may still be
-        up, waiting for the others to finish it: a store that goes away is met again."""
+        """The nodes missing at the timeout."""
         deadline = time.monotonic() + self.timeout
-        while True:
+        self.client = store_reach.reach(self.host, self.port, self.attempt, deadline, self.say, timeout=self.timeout)
+        try:
+            self.watcher = tcpstore.StoreClient(self.host, self.port, self.timeout, patience=0)
+            self.client.set(keys[self.node], socket.gethostname())  # type: ignore[index]
             try:
-                self.client = tcpstore.StoreClient(self.host, self.port, max(deadline - time.monotonic(), 0.1))
-                self.client.set(keys[self.node], socket.gethostname())
                 self.client.wait(keys, max(deadline - time.monotonic(), 0.1))
                 return []
             except tcpstore.StoreTimeout:
-                try:
-                    return [k for k, key in enumerate(keys) if self.client is None or not self.client.check([key])]
-                except tcpstore.StoreError:
-                    return [k for k in range(self.nodes) if k != self.node]
-            except tcpstore.StoreError as exc:
-                if self.client is not None:
-                    self.client.close()
-                    self.client = None
-                if time.monotonic() >= deadline:
-                    raise LaunchError(f"node {self.node}: {exc}") from None
-                time.sleep(0.05)
+                return [k for k, key in enumerate(keys) if not self.client.check([key])]
+        except tcpstore.StoreError as exc:
+            raise self._gone(exc) from None
+
+    def _gone(self, exc: tcpstore.StoreError) -> LaunchError:
+        """The store this launcher joined went away during the meeting: so is the meeting."""
+        self.close()
+        return store_reach.gone(self.host, self.port, exc)
 
     # -- while the ranks run ------------------------------------------------------------------
     def watch_from(self, sel: selectors.BaseSelector, lost: Callable[[str], None]) -> None:
@@ -215,8 +237,12 @@ class NodeRendezvous:
             self.server.set(self.key("running"), "1")
             sel.register(self.server.sel, selectors.EVENT_READ, lambda fd: self._serve())
             return
-        watcher = self.watcher = tcpstore.StoreClient(self.host, self.port, self.timeout)
-        watcher.wait_begin([self.key("failed")])
+        watcher = self.watcher
+        assert watcher is not None  # opened as this node joined, while the store served the meeting
+        try:
+            watcher.wait_begin([self.key("failed")])
+        except tcpstore.StoreError:
+            pass  # the store is gone already: the connection reads as ended, and _woken says so
         sel.register(watcher.fileno(), selectors.EVENT_READ, lambda fd: self._woken())
 
     def _serve(self) -> None:
@@ -234,8 +260,8 @@ class NodeRendezvous:
         try:
             self.watcher.wait_end(self.timeout)
             why = self.client.get(self.key("failed")).decode(errors="replace")
-        except tcpstore.StoreError:
-            why = f"node {self.host_rank}'s launcher at {self.host}:{self.port} went away"
+        except tcpstore.StoreError as exc:
+            why = f"the rendezvous store at {self.where} went away with node {self.host_rank}'s launcher ({exc.why})"
         self._lose(why)
 
     def _closed(self, peer: tcpstore.Peer) -> None:
@@ -301,13 +327,19 @@ class NodeRendezvous:
                 told = self.client.get(failed) if self.client.check([failed]) else None
             if not status and told is not None:
                 self.elsewhere = told.decode(errors="replace")
-        except (tcpstore.StoreError, OSError):
+        except (tcpstore.StoreError, OSError) as exc:
             said_last = True  # the store's launcher is gone: no attempt can meet again
+            if self.server is None and not status:  # this node's ranks ended well; the job did not
+                self.elsewhere = f"the rendezvous store at {self.where} went away before every node's job ended"
+                if isinstance(exc, tcpstore.StoreError):
+                    self.elsewhere += f" ({exc.why})"
         finally:
             self.close()
         return said_last
 
     def close(self) -> None:
+        if self.server is not None and self.server.refusals():
+            self.say(f"the rendezvous store at {self.where} {self.server.refusals()}")
         for thing in (self.watcher, self.client, self.server):
             if thing is not None:
                 try:
@@ -333,3 +365,7 @@ def ends_here(host: str) -> bool:
     except (OSError, UnicodeError):
         return False
     return bool(theirs & ours)
+
+
+def _stderr(note: str) -> None:
+    sys.stderr.write(f"mpilaunch: {note}\n")

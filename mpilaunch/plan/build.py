@@ -328,6 +328,7 @@ def launch_messages(
         agent_store = options.torch is not None and options.torch.node_rank is None and job.job == 1
         launches[index] = Launch(
             store_port=plan.master[1] if agent_store and index == job.ranks[0].host else 0,
+            store_host=plan.master[0] if agent_store and index == job.ranks[0].host else "",
             job=job.job,
             ranks=ranks,
             env=job.env,

@@ -206,6 +206,9 @@ class Launch(Record):
     bind_to: str = "none"
     cpus_per_rank: int = 1  # Open MPI's PE: each rank bound to this many of bind_to's groups
     store_port: int = 0  # host a TCPStore here on this port before the ranks start (torchrun's agent store)
+    store_host: str = (
+        ""  # the address its ranks reach it at (MASTER_ADDR): a loopback one is the only one it listens on
+    )
     report_bindings: bool = False
     drop_prefixes: tuple[str, ...] = ()  # variables of an enclosing launcher that must not reach the ranks
     drop_names: tuple[str, ...] = ()

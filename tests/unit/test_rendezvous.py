@@ -156,7 +156,12 @@ def test_each_attempt_meets_under_its_own_keys() -> None:
     try:
         meet(zero, [one], loop)
         assert zero.server is not None
-        assert sorted(zero.server.keys()) == ["mpilaunch/3/joined/0", "mpilaunch/3/joined/1", "mpilaunch/3/running"]
+        assert sorted(zero.server.keys()) == [
+            "mpilaunch/3/joined/0",
+            "mpilaunch/3/joined/1",
+            "mpilaunch/3/running",
+            "mpilaunch/3/serves",
+        ]
     finally:
         zero.close()
         one.close()
@@ -189,7 +194,10 @@ def test_no_node_zero_at_all_is_said() -> None:
     port = free_port()
     with pytest.raises(LaunchError) as caught:
         node(1, 2, port, timeout=0.3).join()
-    assert str(caught.value).startswith(f"node 1: cannot connect to the store at {HOST}:{port}")
+    assert (
+        str(caught.value) == f"cannot connect to the rendezvous store at {HOST}:{port} within 0.3 s: connection refused"
+    )
+    assert caught.value.status == 1  # torchrun's, for a rendezvous that failed
 
 
 def test_the_port_in_use_is_one_line() -> None:
@@ -259,9 +267,19 @@ def test_node_zero_going_away_is_told_to_node_one(
     zero, one, _loop0, loop1 = meeting
     zero.close()  # its launcher gone: the store with it
     loop1.turn_until(lambda: bool(loop1.heard))
-    assert loop1.heard == [f"node 0's launcher at {HOST}:{zero.port} went away"]
+    assert len(loop1.heard) == 1  # how the connection ended (closed, reset) is the kernel's to say
+    assert loop1.heard[0].startswith(f"the rendezvous store at {HOST}:{zero.port} went away with node 0's launcher (")
     assert loop1.quiet()  # told once: the closed connection is not looked at again (the loop would spin)
     assert one.finish(143) is True  # nobody to meet again: no other attempt
+
+
+def test_the_store_gone_before_a_node_whose_ranks_ended_well_heard_the_end_fails_its_job(
+    meeting: tuple[NodeRendezvous, NodeRendezvous, Loop, Loop],
+) -> None:
+    zero, one, _loop0, _loop1 = meeting
+    zero.close()
+    assert one.finish(0) is True
+    assert one.elsewhere.startswith(f"the rendezvous store at {HOST}:{zero.port} went away before every node's job")
 
 
 def test_node_ones_client_closing_without_done_is_its_launcher_gone(
@@ -434,3 +452,80 @@ def test_fewer_than_min_nodes_is_said_by_every_launcher() -> None:
         said.append(str(caught.value))
     assert f"2 of at least 3 nodes joined at {HOST}:{port} within 0.5 s" in said
     assert any(s.startswith(f"the nodes' meeting at {HOST}:{port} did not close within 0.5 s") for s in said), said
+
+
+def test_the_store_killed_while_the_nodes_meet_ends_a_joined_launchers_meeting_at_once() -> None:
+    """Node 0 serves, node 1 joined, node 2 is still on its way: node 0's launcher is killed.
+    Node 1 says so at once, with torchrun's status, rather than wait for a store to come back."""
+    port = free_port()
+    child = start_node(0, 3, port)
+    one = node(1, 3, port, timeout=10.0)
+    try:
+        joining = Background(one.join)
+        with tcpstore.StoreClient(HOST, port, HANG) as look:
+            look.wait(["mpilaunch/0/joined/1"])
+        kill(child)
+        with pytest.raises(LaunchError) as caught:
+            joining.value()
+        assert str(caught.value).startswith(f"the rendezvous store at {HOST}:{port} went away while the nodes met (")
+        assert caught.value.status == 1
+    finally:
+        kill(child)
+        one.close()
+
+
+def test_a_launcher_of_the_next_attempt_waits_for_the_store_of_the_one_before_to_go() -> None:
+    """Attempt 0's store stays up until every node hung up: node 1, already at attempt 1, must
+    not join there (the store would go under it), but meet at attempt 1's once that is up."""
+    port = free_port()
+    before = tcpstore.StoreServer(host=HOST, port=port)
+    before.set("mpilaunch/0/serves", "1")
+    one = node(1, 2, port, attempt=1)
+    joining = Background(one.join)
+    deadline = time.monotonic() + HANG
+    looked = lambda: before.connections >= 2 and not before.peers  # noqa: E731  # it looked, left, came again
+    before.run(
+        lambda: looked() or any(k.startswith("mpilaunch/1/") for k in before.keys()) or time.monotonic() > deadline
+    )
+    assert not any(key.startswith("mpilaunch/1/") for key in before.keys()) and looked()
+    before.close()
+    zero = node(0, 2, port, attempt=1)
+    loop = Loop()
+    try:
+        meet(zero, [], loop)
+        loop.turn_until(joining.done)
+        joining.value()
+        assert zero.server is not None and zero.server.get("mpilaunch/1/joined/1") is not None
+    finally:
+        zero.close()
+        one.close()
+        loop.sel.close()
+
+
+def test_a_store_that_refuses_is_waited_for_said_once_and_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpilaunch.launcher import store_reach
+
+    monkeypatch.setattr(store_reach, "NOTICE_AFTER", 0.2)
+    port = free_port()
+    said: list[str] = []
+    with pytest.raises(LaunchError) as caught:
+        store_reach.reach(HOST, port, 0, time.monotonic() + 1.0, said.append, timeout=1.0)
+    assert said == [
+        f"waiting for the rendezvous store at {HOST}:{port} (connection refused): its launcher may start later; "
+        "1 s at most"
+    ]
+    assert (
+        str(caught.value) == f"cannot connect to the rendezvous store at {HOST}:{port} within 1 s: connection refused"
+    )
+    assert caught.value.status == 1
+
+
+def test_an_endpoint_that_does_not_resolve_is_said_at_once_by_every_launcher() -> None:
+    for rank in (0, 1):
+        torch = TorchRun(nproc_per_node=1, nnodes=2, node_rank=rank, endpoint=("nosuchhost.invalid", 29400))
+        with pytest.raises(LaunchError) as caught:
+            NodeRendezvous(torch, 0, 10.0).join()
+        assert str(caught.value).startswith(
+            "cannot reach the rendezvous store at nosuchhost.invalid:29400: no such host"
+        )
+        assert caught.value.status == 1

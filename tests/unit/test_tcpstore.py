@@ -247,6 +247,86 @@ def test_adding_to_a_value_that_is_no_number_drops_that_client_only(rig: Rig) ->
     assert rig.ask(other.get, "padded") == b"13"
 
 
+def test_replies_a_client_does_not_read_are_held_back_and_all_arrive_once_it_reads(rig: Rig) -> None:
+    """64 GETs of an 8 MiB value pipelined (512 MiB asked) by a client that reads nothing yet:
+    the server sends as it goes, stops serving that connection once more than QUEUED_MAX waits
+    (its other requests stay unread), and keeps each value by reference, not a copy; once the
+    client reads, every reply arrives, in order, and the requests held back are served."""
+    sock = rig.raw()
+    value = bytes(range(256)) * (tcpstore.VALUE_MAX // 256)
+    gets = 64
+    requests = validate() + bytes((tcpstore.SET,)) + field(b"big") + field(value)
+    requests += (bytes((tcpstore.GET,)) + field(b"big")) * gets + bytes((tcpstore.PING,)) + struct.pack("=I", 5)
+    sending = rig.start(sock.sendall, requests)
+    rig.turn_until(lambda: sending.done() and rig.server.peers and next(iter(rig.server.peers.values())).paused)
+    peer = next(iter(rig.server.peers.values()))
+    held = sum(len(part) for part in peer.out)
+    assert held <= tcpstore.QUEUED_MAX + len(value) + 8
+    assert sum(1 for part in peer.out if part is rig.server.get("big")) >= 1  # referenced, not copied
+    assert rig.server.requests < 2 + gets  # the rest waits, unread
+
+    def read_all() -> bytes:
+        want = gets * (8 + len(value)) + 4
+        got = bytearray()
+        while len(got) < want:
+            chunk = sock.recv(4 * 1024 * 1024)
+            assert chunk, f"the server closed the connection after {len(got)} bytes"
+            got += chunk
+        return bytes(got)
+
+    got = rig.ask(read_all)
+    answer = field(value)
+    assert all(got[i * len(answer) : (i + 1) * len(answer)] == answer for i in range(gets))
+    assert got[gets * len(answer) :] == struct.pack("=I", 5)
+    assert len(rig.server.peers) == 1 and rig.server.refused == 0
+    sock.close()
+
+
+def test_connections_that_break_the_protocol_are_dropped_counted_and_summed_in_one_phrase(rig: Rig) -> None:
+    assert rig.server.refusals() == ""
+    client = rig.client()
+    openings = [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", validate() + bytes((99,)), validate() + bytes((tcpstore.ADD,))]
+    for count, opening in enumerate(openings, 2):
+        sock = rig.raw()
+        sock.sendall(opening)
+        if count == 4:  # half a request, then gone: a client that went away, no refusal
+            rig.turn_until(lambda: rig.server.requests == 2 + 1 + 1)  # the client's two, two VALIDATEs
+            sock.close()
+        rig.turn_until(lambda n=count: rig.server.connections == n and len(rig.server.peers) == 1)
+        sock.close()
+    assert rig.server.refused == 2
+    assert rig.server.refusals() == (
+        "dropped 2 connections that broke TCPStore's protocol (the first: the first request was not VALIDATE "
+        "with torch's number)"
+    )
+    assert rig.ask(client.add, "still", 1) == 1  # the others are served on
+
+
+@pytest.mark.parametrize(
+    "host, listens",
+    [("127.0.0.1", "127.0.0.1"), ("127.0.0.2", "127.0.0.2"), ("localhost", "127.0.0.1"), ("10.1.2.3", ""), ("", "")],
+)
+def test_a_store_whose_clients_reach_it_on_loopback_listens_there_only(host: str, listens: str) -> None:
+    assert tcpstore.listen_host(host) == listens
+    if listens:
+        server = StoreServer(host=listens)
+        assert server.listener.getsockname()[0] == listens
+        server.close()
+
+
+def test_this_machines_own_name_is_no_loopback_to_listen_on() -> None:
+    """It may be loopback here (/etc/hosts) and a real address on the other nodes."""
+    assert tcpstore.listen_host(socket.gethostname()) == ""
+
+
+def test_a_host_that_does_not_resolve_is_said_at_once_not_tried_until_the_timeout() -> None:
+    started = time.monotonic()
+    with pytest.raises(tcpstore.StoreUnreachable) as caught:
+        StoreClient("nosuchhost.invalid", 29400, timeout=HANG)
+    assert caught.value.why.startswith("no such host")
+    assert time.monotonic() - started < HANG / 2
+
+
 def served(server: StoreServer, future: Future) -> object:
     """Turn the server's loop until the call in another thread is done: its result."""
     deadline = time.monotonic() + HANG

@@ -191,6 +191,27 @@ def test_rdzv_endpoint_port_out_of_range_is_refused() -> None:
         assert refused(*words) == f"--rdzv-endpoint {endpoint!r}: expected HOST[:PORT]", endpoint
 
 
+@pytest.mark.parametrize(
+    "endpoint",
+    ["localhost:-1", "localhost:", "localhost:abc", "localhost:123456", "ho\udcffst:29400", "a b:29400", "h/x"],
+    ids=["negative", "empty", "word", "six-digits", "not-utf8", "blank", "slash"],
+)
+def test_a_malformed_endpoint_is_refused_before_anything_starts(endpoint: str) -> None:
+    """As torch's parse_rendezvous_endpoint refuses it (a port of 1 to 5 digits, a host of
+    [\\w.:-]); a port that is not a number is no default port, and a byte that is not UTF-8 (a
+    surrogate here, as the command line's bytes are read) is no host to look up."""
+    words = ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "t.py")
+    assert refused(*words) == f"--rdzv-endpoint {endpoint!r}: expected HOST[:PORT]"
+
+
+@pytest.mark.parametrize("where", [("--nnodes", "2", "--node-rank", "1"), ("--nnodes", "1", "--master-port", "29500")])
+def test_a_master_address_that_is_no_host_is_refused(where: tuple[str, ...]) -> None:
+    assert (
+        refused(*where, "--master-addr", "ho\udcffst", "t.py")
+        == "--master-addr 'ho\\udcffst': expected a host name or an address"
+    )
+
+
 def test_c10d_without_node_rank_is_numbered_at_the_meeting() -> None:
     """As torchrun's c10d agents: without --node-rank the launchers number the nodes as they meet."""
     run = torch_of("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400", "t.py", name="torchrun")
