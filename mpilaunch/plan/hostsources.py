@@ -188,7 +188,8 @@ def parse_pe_hostfile(text: str, path: str, var: str = "PE_HOSTFILE") -> list[Ho
         except HostSyntaxError as exc:
             raise LaunchError(f"{where}: {exc}") from None
         if not _is_count(words[1]):
-            raise LaunchError(f"{where}: slot count must be a whole number from 1 to {MAX_COUNT}, not {shown(words[1])}")
+            problem = f"slot count must be a whole number from 1 to {MAX_COUNT}, not {shown(words[1])}"
+            raise LaunchError(f"{where}: {problem}")
         entries.append(Host(words[0], int(words[1])))
     if not entries:
         raise LaunchError(f"{var}: {path}: no hosts in the file")

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 
-
 def srun_command(nodes: Sequence[str] | int, agent: str, srun: str = "srun") -> list[str]:
     """The job step that starts one agent on each node (names, or a count: every node of the
     allocation): one task per node, every CPU of the node's allocation given to it and no
