@@ -91,6 +91,16 @@ def _wait_for_files(folder: Path, count: int, timeout: float = 90.0) -> list[int
     return pids
 
 
+def _in_a_task(pid: int) -> bool:
+    """Whether the process runs under a qrsh -inherit task (qrsh_starter is above it)."""
+    parent = parent_pid(pid)
+    while parent > 1:
+        if process_name(parent) == "qrsh_starter":
+            return True
+        parent = parent_pid(parent)
+    return False
+
+
 def _gone(pids: list[int], timeout: float = 20.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
@@ -186,9 +196,10 @@ def test_open_mpi_ranks_wire_up_as_under_mpiruns_sge_launch(sge: SgeBed, tmp_pat
 def test_a_failed_rank_ends_the_job_with_its_code(sge: SgeBed, tmp_path: Path, forced: bool) -> None:
     marks = tmp_path / "pids"
     marks.mkdir()
-    line = f"{FORCED['hydra'] if forced else ''}exec {MPILAUNCH} -n 2 {_show(tmp_path)} {marks} 3\n"
-    job, out = _submit(sge, tmp_path, line, 2)
+    line = f"{FORCED['hydra'] if forced else ''}exec {MPILAUNCH} {_show(tmp_path)} {marks} 3\n"
+    job, out = _submit(sge, tmp_path, line, 3)
     assert "Rank:      1" in out and "Exit code: 3" in out, out
+    assert f"1 3 1 3 {job} {forced} False" in _rows(out), out  # the failed rank, one of NSLOTS
     records = sge.wait_job(job)
     assert records[-1]["pe_taskid"] == "NONE" and records[-1]["exit_status"] == "3", records
     assert [r["exit_status"] for r in _tasks(records)] == (["0"] if forced else []), records
@@ -197,11 +208,11 @@ def test_a_failed_rank_ends_the_job_with_its_code(sge: SgeBed, tmp_path: Path, f
 def test_a_job_through_qrsh(sge: SgeBed, tmp_path: Path) -> None:
     """An interactive parallel job (`qrsh -pe`): the same, its output back through qrsh."""
     (tmp_path / "show.py").write_text(SHOW)
-    argv = ["qrsh", "-now", "no", "-V", "-pe", "mpi", "2", "-cwd", PY, "-m", "mpilaunch", PY, str(tmp_path / "show.py")]
+    argv = ["qrsh", "-now", "no", "-V", "-pe", "mpi", "3", "-cwd", PY, "-m", "mpilaunch", PY, str(tmp_path / "show.py")]
     proc = sge.run(argv, env=_env(sge), timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = sorted(line.split()[:4] for line in proc.stdout.splitlines())
-    assert rows == [["0", "2", "0", "2"], ["1", "2", "1", "2"]], proc.stdout
+    assert rows == [[str(r), "3", str(r), "3"] for r in range(3)], proc.stdout
 
 
 def test_a_host_qrsh_refuses_is_one_line_with_qrshs_words(sge: SgeBed, tmp_path: Path) -> None:
@@ -220,9 +231,10 @@ def test_qdel_leaves_nothing(sge: SgeBed, tmp_path: Path, forced: bool) -> None:
     agent's guardian, in a session of its own too, ends them."""
     marks = tmp_path / "pids"
     marks.mkdir()
-    line = f"{FORCED['hydra'] if forced else ''}{MPILAUNCH} -n 2 {_show(tmp_path)} {marks} sleep\n"
-    job, _ = _submit(sge, tmp_path, line, 2, sync=False)
-    pids = _wait_for_files(marks, 2)
+    line = f"{FORCED['hydra'] if forced else ''}{MPILAUNCH} {_show(tmp_path)} {marks} sleep\n"
+    job, _ = _submit(sge, tmp_path, line, 3, sync=False)
+    pids = _wait_for_files(marks, 3)
+    assert [_in_a_task(pid) for pid in pids] == [forced] * 3
     assert sge.run(["qdel", job]).returncode == 0
     assert not _gone(pids)
     records = sge.wait_job(job)
@@ -242,9 +254,10 @@ def test_kill_9_of_the_launcher_leaves_nothing(sge: SgeBed, tmp_path: Path, forc
     marks = tmp_path / "pids"
     marks.mkdir()
     force = FORCED["hydra"] if forced else ""
-    line = f"echo $$ > launcher.pid\n{force}exec {MPILAUNCH} -n 2 {_show(tmp_path)} {marks} sleep\n"
-    job, _ = _submit(sge, tmp_path, line, 2, sync=False)
-    pids = _wait_for_files(marks, 2)
+    line = f"echo $$ > launcher.pid\n{force}exec {MPILAUNCH} {_show(tmp_path)} {marks} sleep\n"
+    job, _ = _submit(sge, tmp_path, line, 3, sync=False)
+    pids = _wait_for_files(marks, 3)
+    assert [_in_a_task(pid) for pid in pids] == [forced] * 3
     os.kill(_launcher_of(marks), signal.SIGKILL)
     assert not _gone(pids)
     sge.wait_job(job)
@@ -256,9 +269,9 @@ def test_a_lost_task_ends_the_job_and_says_so(sge: SgeBed, tmp_path: Path) -> No
     loses the host, says why, ends the job with a failure, and nothing is left."""
     marks = tmp_path / "pids"
     marks.mkdir()
-    line = f"echo $$ > launcher.pid\n{FORCED['hydra']}exec {MPILAUNCH} -n 2 {_show(tmp_path)} {marks} sleep\n"
-    job, _ = _submit(sge, tmp_path, line, 2, sync=False)
-    pids = _wait_for_files(marks, 2)
+    line = f"echo $$ > launcher.pid\n{FORCED['hydra']}exec {MPILAUNCH} {_show(tmp_path)} {marks} sleep\n"
+    job, _ = _submit(sge, tmp_path, line, 3, sync=False)
+    pids = _wait_for_files(marks, 3)
     launcher = _launcher_of(marks)
     qrsh = [p for p in sge.leftover_pids() if parent_pid(p) == launcher and process_name(p) == "qrsh"]
     assert len(qrsh) == 1, qrsh
