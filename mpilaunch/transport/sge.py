@@ -139,6 +139,10 @@ class SgeTransport(Transport):
             secret = os.urandom(16).hex()
             task_env = {**env, SECRET_VAR: secret}
             for index in sorted(hosts):
+                if hosts[index].user or hosts[index].port:
+                    why = "qrsh takes no user or port: Grid Engine starts the task as the job's user"
+                    results[index].error = TransportError("connect", why)
+                    continue
                 command = connect_back_line(address, port, python, repr(str(index)))
                 argv = qrsh_command(qrsh, hosts[index].name, command)
                 try:

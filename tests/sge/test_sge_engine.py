@@ -216,12 +216,20 @@ def test_a_job_through_qrsh(sge: SgeBed, tmp_path: Path) -> None:
 
 
 def test_a_host_qrsh_refuses_is_one_line_with_qrshs_words(sge: SgeBed, tmp_path: Path) -> None:
-    """A host the job was not granted: qrsh's own refusal names it, status 2, nothing started."""
-    line = f"{MPILAUNCH} --launcher sge -H {sge.node}:1,nosuchnode:1 -n 2 true\necho status $?\n"
-    _, out = _submit(sge, tmp_path, line, 2)
-    ours = [line for line in out.splitlines() if line.startswith("mpilaunch: ")]
-    assert len(ours) == 1 and ours[0].startswith("mpilaunch: nosuchnode: qrsh exited with status "), out
-    assert out.splitlines()[-1] == "status 2", out
+    """A host the job was not granted: qrsh's own refusal names it; a user or port given for a
+    host: qrsh takes none. One line, status 2, nothing started."""
+    body = (
+        f"{MPILAUNCH} --launcher sge -H {sge.node}:1,nosuchnode:1 -n 2 true; echo status $?\n"
+        f"{MPILAUNCH} --launcher sge -H {sge.node}:1,someone@nosuchnode:1 -n 2 true; echo status $?\n"
+    )
+    _, out = _submit(sge, tmp_path, body, 2)
+    assert [line for line in out.splitlines() if not line.startswith("mpilaunch: nosuchnode: qrsh exited")] == [
+        "status 2",
+        "mpilaunch: nosuchnode: qrsh takes no user or port: Grid Engine starts the task as the job's user",
+        "status 2",
+    ], out
+    refused = [line for line in out.splitlines() if line.startswith("mpilaunch: nosuchnode: qrsh exited with status ")]
+    assert len(refused) == 1 and refused[0].endswith("(before its agent connected back)"), out
 
 
 @pytest.mark.parametrize("forced", [False, True], ids=["forked", "qrsh"])
