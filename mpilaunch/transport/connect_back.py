@@ -22,6 +22,8 @@ from collections.abc import Callable, Collection, Mapping
 from mpilaunch.transport.base import Link
 from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, ping_from_thread
 
+LOST_SETTLE = 0.5  # seconds a lost link waits for its carrier to end, to say why it was lost
+
 
 class Carrier:
     """The engine's process that started agents (srun for all, a qrsh per host): reaped once,
@@ -96,6 +98,11 @@ class BackLink(Link):
         return self.carrier.poll()
 
     def lost_because(self) -> str:
+        """The carrier's end, when that is why: it ends a moment before its agent's link does (a
+        killed qrsh makes Grid Engine kill its task), and may not be reaped yet."""
+        deadline = time.monotonic() + LOST_SETTLE
+        while self.carrier.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         exited = self.carrier.exited()
         return f"{self.carrier.ended} ({exited})" if exited else ""
 
