@@ -32,6 +32,7 @@ class Carrier:
 
     program = ""
     ended = ""
+    grace = 3.0  # seconds it gets to leave once every agent's link is closed, before SIGTERM
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -76,7 +77,6 @@ class BackLink(Link):
             carrier.open_links += 1
 
     patience = CONNECT_TIMEOUT * 2
-    reap_grace = 3.0  # seconds the carrier gets to leave once every agent's link is closed
 
     def write_fileno(self) -> int:
         return self._in
@@ -151,7 +151,7 @@ class BackLink(Link):
         with self.carrier.lock:
             last = self.carrier.open_links == 0
         if last:
-            self.carrier.end(self.reap_grace)
+            self.carrier.end(self.carrier.grace)
 
 
 def accept_agents(

@@ -38,6 +38,9 @@ class Qrsh(Carrier):
 
     program = "qrsh"
     ended = "its Grid Engine task ended"
+    # qrsh lingers about a second after its task ended; SIGTERM then ends it with status 0, the
+    # task's accounting whole (Open MPI's mpirun does not wait for it either)
+    grace = 0.2
 
     def __init__(self, pid: int, output: int) -> None:
         super().__init__(pid)

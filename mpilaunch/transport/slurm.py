@@ -121,4 +121,4 @@ def send_away(early: StartedStep, within: float = 10.0) -> None:
         _accept(listener, {}, early.secret, step, early.nodes, within)
     finally:
         listener.close()
-        step.end(BackLink.reap_grace)
+        step.end(step.grace)
