@@ -8,10 +8,9 @@ parsed again by a shell on the host, as over ssh: it is stage 1 as one quoted li
 no stdio of its own for us (`-nostdin`), so each agent connects back over TCP
 (connect_back.py) with the per-run secret from the task's environment (`-V` exports the
 launcher's) and its host's index. What qrsh says (its errors, an agent that died before it
-connected) goes to a nameless file, read for the host's error line. Agents that escape
-`qdel` cannot be helped here: Grid Engine kills a task's process group, and an agent's ranks
-run in sessions of their own; the agent's guardian, in a session of its own too, ends them
-when the agent is killed (agent/reaper.py).
+connected) goes to a nameless file, read for the host's error line. `qdel` SIGKILLs a task's
+process group and session, which the agent's ranks have left (each runs in a session of its
+own): the agent's guardian, in a session of its own too, ends them (agent/reaper.py).
 """
 
 from __future__ import annotations
