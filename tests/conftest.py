@@ -19,8 +19,8 @@ from tests.procs import parent_pid, process_name, stat_fields  # tests import th
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG_VAR = "MPILAUNCH_TEST_TAG"
-# An allocation around the test run (Slurm, PBS, LSF, a platform) would pick the hosts of every job.
-HOST_SOURCES = ("MLP_MPI_", "SLURM_", "PBS_", "LSB_", "OMPI_MCA_orte_default_hostfile")
+# An allocation around the test run (Slurm, Grid Engine, PBS, LSF, a platform) would pick the hosts of every job.
+HOST_SOURCES = ("MLP_MPI_", "SLURM_", "PE_HOSTFILE", "PBS_", "LSB_", "OMPI_MCA_orte_default_hostfile")
 
 
 def tagged_pids(tag: str) -> list[int]:
@@ -109,7 +109,15 @@ class Launcher:
         return subprocess.Popen(self.argv(*args), env={**self.env, **(env or {})}, **kw)
 
 
-FOLDER_MARKS = {"unit": "unit", "local": "local", "ssh": "sshbed", "mpi": "mpi", "slurm": "slurm", "tools": "tools"}
+FOLDER_MARKS = {
+    "unit": "unit",
+    "local": "local",
+    "ssh": "sshbed",
+    "mpi": "mpi",
+    "slurm": "slurm",
+    "sge": "sge",
+    "tools": "tools",
+}
 BED_FIXTURES = {"bed", "clean_hosts", "clean_bed"}
 
 

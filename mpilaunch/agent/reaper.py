@@ -100,7 +100,9 @@ RECORD = 32  # bytes of one record: "%10d %20s\n", or blank
 
 class Guardian:
     """A watcher that kills the ranks' process groups if this agent dies without doing so
-    (kill -9): ranks run in sessions of their own, so nothing else would reach them. Without
+    (kill -9): ranks run in sessions of their own, so nothing else would reach them. It runs
+    in a session of its own too: Grid Engine's `qdel` kills a task's process group (the agent's)
+    with SIGKILL, and the guardian must outlive it to end what escaped. Without
     preexec_fn there is no PR_SET_PDEATHSIG for the ranks. It is a shell (GUARD_SCRIPT), not a
     forked Python that stays one: that keeps a copy of every page the agent writes after the
     fork, several MB, to read a pipe. What it is to kill is a table the agent keeps in a file
@@ -124,6 +126,7 @@ class Guardian:
         self.pid = os.fork()
         if self.pid == 0:
             try:
+                os.setsid()  # out of the agent's group and session: a batch system's kill of those leaves it
                 signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
                 for sig in RESTORED_SIGNALS:  # Python ignores them; the shell should not
                     signal.signal(sig, signal.SIG_DFL)

@@ -49,7 +49,7 @@ HYDRA_IGNORED_FLAGS = {
     "profile": "no profiling here",
 }
 # hydra's launchers that mpilaunch has no engine of its own for: read as auto, with a note
-OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "sge", "ll", "cobalt", "persist", "manual")
+OTHER_HYDRA_LAUNCHERS = ("pbs", "lsf", "ll", "cobalt", "persist", "manual")
 
 
 class Opt:
@@ -352,11 +352,12 @@ RUN_OPTIONS: tuple[Opt, ...] = (
         "launcher",
         ("--launcher", "-launcher", "-bootstrap", "--bootstrap"),
         check=CHOICE,
-        choices=("auto", "ssh", "rsh", "slurm", "local", "fork", *OTHER_HYDRA_LAUNCHERS),
+        choices=("auto", "ssh", "rsh", "slurm", "sge", "local", "fork", *OTHER_HYDRA_LAUNCHERS),
         default="auto",
         help="How agents start: ssh (this machine's hosts locally, the others over SSH; rsh: the same), slurm (one "
-        "srun step of agents), local (alias fork: every host's agent on this machine, as hydra's fork launcher), "
-        "or auto: slurm inside a Slurm allocation whose hosts the job uses, else ssh. hydra's other launchers "
+        "srun step of agents), sge (a `qrsh -inherit` task per other host of a Grid Engine job), local (alias fork: "
+        "every host's agent on this machine, as hydra's fork launcher), or auto: slurm inside a Slurm allocation, "
+        "sge inside a Grid Engine parallel job, whose hosts the job uses, else ssh. hydra's other launchers "
         "are read as auto, said once.",
     ),
     Opt(

@@ -285,7 +285,7 @@ BINDINGS = {  # hydra's old -binding words (and Open MPI's objects) -> --bind-to
     "hwthreads": "hwthread",
     "numa": "numa",
 }
-IGNORED_RMK = ("ll", "sge", "cobalt")  # hydra's resource managers whose host lists mpilaunch does not read
+IGNORED_RMK = ("ll", "cobalt")  # hydra's resource managers whose host lists mpilaunch does not read
 
 
 def hydra_options(values: dict[str, object], given: set[str]) -> tuple[dict[str, object], list[str]]:

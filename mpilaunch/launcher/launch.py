@@ -16,7 +16,7 @@ from mpilaunch.launcher.here import ThisMachine
 from mpilaunch.launcher.output import Console, OutputSink
 from mpilaunch.launcher.signal_table import LEAVES_WITH
 from mpilaunch.plan import devices
-from mpilaunch.plan.build import JobPlan, LaunchPlan, build_plan, host_checks, remote_hosts, user_port
+from mpilaunch.plan.build import ENGINES, JobPlan, LaunchPlan, build_plan, host_checks, remote_hosts, user_port
 from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open_mpi
 from mpilaunch.plan.rank_env import inherited, prefixed_paths
 from mpilaunch.plan.spec import JobSpec, Options
@@ -56,8 +56,8 @@ def remote_transport(options: Options, hosts: int) -> Transport:
     ssh = SshOptions(
         config=options.ssh_config, accept_new=options.ssh_accept_new, command=options.rsh_agent, extra=options.rsh_args
     )
-    if options.launcher == "slurm":
-        return transport_class("slurm")(ssh)  # type: ignore[call-arg]
+    if options.launcher in ENGINES:
+        return transport_class(options.launcher)(ssh)  # type: ignore[call-arg]
     client = ssh_client(options.ssh_client)
     if options.rsh_agent or options.rsh_args:  # a command line of the user's: only a command can take it
         if options.ssh_client == "paramiko":

@@ -119,18 +119,44 @@ LOCAL_SOURCE = "localhost (no hosts given)"
 LOCAL_LAUNCHERS = ("local", "fork")  # --launcher values that start every host's agent on this machine
 
 
+ENGINES = ("slurm", "sge")  # --launcher values whose transport is the batch system's own (srun, qrsh)
+FALSE_WORDS = ("0", "no", "false", "off", "disabled")
+
+
 def over_ssh(options: Options, host: Host) -> bool:
     """Started by a transport (SSH, or Slurm's srun for every host, this one too, so that all
-    ranks run in the job step): a host that is not this machine, unless --launcher local
-    starts every host's agent here (hydra's fork launcher: several agents on one machine)."""
+    ranks run in the job step; Grid Engine's qrsh for the other hosts): a host that is not this
+    machine, unless --launcher local starts every host's agent here (hydra's fork launcher:
+    several agents on one machine)."""
     if options.launcher == "slurm":  # in a step already (a batch script): this node's agent is forked here
         return not (options.in_slurm_step and not hostlib.needs_ssh(host))
+    if options.launcher == "sge":  # this machine's agent is forked, as mpirun's and hydra's are, unless asked
+        return options.engine_starts_here or hostlib.needs_ssh(host)
     return options.launcher not in LOCAL_LAUNCHERS and hostlib.needs_ssh(host)
 
 
 def in_slurm_allocation(env: Mapping[str, str], source: str) -> bool:
     """--launcher auto picks Slurm inside an allocation whose hosts the job uses."""
     return bool(env.get("SLURM_JOB_ID")) and source.startswith("Slurm allocation")
+
+
+def in_sge_job(env: Mapping[str, str], source: str) -> bool:
+    """--launcher auto picks Grid Engine inside a parallel job whose hosts (PE_HOSTFILE) the job uses."""
+    return bool(env.get("JOB_ID") and env.get("SGE_ROOT")) and source.startswith("Grid Engine")
+
+
+def engine_starts_here(options: Options, env: Mapping[str, str]) -> bool:
+    """This machine's agent started by the engine too (qrsh), in the words peers' users know:
+    hydra's HYDRA_LAUNCHER_AUTOFORK=0, Open MPI's ras_base_launch_orted_on_hn (-mca or its
+    OMPI_MCA_ variable). The -mca setting wins over the variable; the last one given wins."""
+    if env.get("HYDRA_LAUNCHER_AUTOFORK", "").strip().lower() in FALSE_WORDS:
+        return True
+    value = env.get("OMPI_MCA_ras_base_launch_orted_on_hn", "")
+    for key, val in options.mca:
+        if key == "ras_base_launch_orted_on_hn":
+            value = val
+    value = value.strip().lower()
+    return bool(value) and value not in FALSE_WORDS
 
 
 def with_slots(hosts: list[Host], source: str, options: Options) -> list[Host]:
@@ -537,6 +563,10 @@ def build_plan(
             hosts, source = resolve_hosts(options, env)
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
+        elif options.launcher == "auto" and in_sge_job(env, source):
+            options = options._replace(launcher="sge")
+        if options.launcher == "sge" and engine_starts_here(options, env):
+            options = options._replace(engine_starts_here=True)
         hosts = with_slots(hosts, source, options)
     if options.nolocal:
         hosts = [host for host in hosts if hostlib.needs_ssh(host)]
@@ -550,6 +580,11 @@ def build_plan(
 
         nps[0] = mlp_np(env)
         source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
+    elif source.startswith("Grid Engine") and nps == [None]:  # the job's slots are its ranks, as under mpirun
+        from mpilaunch.plan.hostsources import sge_nslots
+
+        nps[0] = sge_nslots(env)
+        source += f", -n {nps[0]} from NSLOTS" if nps[0] else ""
     if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None:
         nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1

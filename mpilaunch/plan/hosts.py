@@ -15,6 +15,7 @@ ENVIRONMENT_SOURCES = (
     "MLP_MPI_HOSTS",
     "SLURM_JOB_NODELIST",
     "SLURM_NODELIST",
+    "PE_HOSTFILE",
     "PBS_NODEFILE",
     "LSB_MCPU_HOSTS",
     "OMPI_MCA_orte_default_hostfile",

@@ -172,6 +172,40 @@ def parse_lsf_hosts(value: str, var: str = "LSB_MCPU_HOSTS") -> list[Host]:
     return hostlib.merge_hosts(entries)
 
 
+def parse_pe_hostfile(text: str, path: str, var: str = "PE_HOSTFILE") -> list[Host]:
+    """Grid Engine's PE_HOSTFILE: a line per host and queue, `host slots queue@host range`;
+    a host's slots are the sum of its lines, and the first line is the job's master host."""
+    entries = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        where = f"{var}: {path}:{lineno}"
+        if len(words) < 2:
+            raise LaunchError(f"{where}: expected `host slots queue range`, not {shown(line)}")
+        try:
+            hostlib.check_host_name(words[0])
+        except HostSyntaxError as exc:
+            raise LaunchError(f"{where}: {exc}") from None
+        if not _is_count(words[1]):
+            problem = f"slot count must be a whole number from 1 to {MAX_COUNT}, not {shown(words[1])}"
+            raise LaunchError(f"{where}: {problem}")
+        entries.append(Host(words[0], int(words[1])))
+    if not entries:
+        raise LaunchError(f"{var}: {path}: no hosts in the file")
+    return hostlib.merge_hosts(entries)
+
+
+def sge_nslots(env: Mapping[str, str]) -> int | None:
+    """NSLOTS, the slots Grid Engine granted the job: its ranks when -n is not given, as mpirun."""
+    raw = env.get("NSLOTS", "").strip()
+    if not raw:
+        return None
+    if not _is_count(raw):
+        raise _bad("NSLOTS", raw, "expected the job's number of slots (a whole number, at least 1)")
+    return int(raw)
+
+
 def parse_pbs_nodefile(text: str, path: str, var: str = "PBS_NODEFILE") -> list[Host]:
     """PBS/Torque's node file: one line per slot, a host repeated once per slot it has."""
     counts: dict[str, int] = {}
@@ -224,6 +258,9 @@ def from_environment(env: Mapping[str, str]) -> tuple[list[Host], str] | None:
     if env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"):
         node_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
         return slurm_hosts(env), f"Slurm allocation ({node_var})"
+    if env.get("PE_HOSTFILE"):
+        path = env["PE_HOSTFILE"]
+        return parse_pe_hostfile(_read_text(path, "PE_HOSTFILE"), path), f"Grid Engine job's PE_HOSTFILE {path}"
     if env.get("PBS_NODEFILE"):
         path = env["PBS_NODEFILE"]
         return parse_pbs_nodefile(_read_text(path, "PBS_NODEFILE"), path), f"PBS_NODEFILE {path}"

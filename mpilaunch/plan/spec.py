@@ -133,8 +133,9 @@ class Options(Record):
     torch: TorchRun | None = None  # torchrun's words were used (or mpilaunch was started as torchrun)
     max_restarts: int = 0  # the whole job started again after a failure, up to this many times
     restart_delay: float = 3.0  # seconds between a failed attempt's end and the next
-    launcher: str = "auto"  # auto, ssh, slurm, or local/fork (every host's agent on this machine)
+    launcher: str = "auto"  # auto, ssh, slurm, sge, or local/fork (every host's agent on this machine)
     in_slurm_step: bool = False  # with slurm: the launcher runs in a job step (sbatch), its node's agent is forked
+    engine_starts_here: bool = False  # with sge: this machine's agent starts through qrsh too (not forked)
 
     @property
     def abort_on_failure(self) -> bool:

@@ -112,7 +112,7 @@ class Link:
         self.wait()
 
     def lost_because(self) -> str:
-        """Why the link ended, when the transport knows (a Slurm step that ended); else ""."""
+        """Why the link ended, when the transport knows (a Slurm step, a Grid Engine task that ended); else ""."""
         return ""
 
 
@@ -154,6 +154,7 @@ REGISTRY = {
     "openssh": "mpilaunch.transport.openssh:OpensshTransport",
     "tree": "mpilaunch.transport.tree:TreeTransport",
     "slurm": "mpilaunch.transport.slurm:SlurmTransport",
+    "sge": "mpilaunch.transport.sge:SgeTransport",
 }
 
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 import _socket
 import os
 import sys
-import time
 
-from mpilaunch.transport.stage1 import STAGE1, python_line
+from mpilaunch.transport.stage1 import SECRET_VAR, connect_back_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-
-SECRET_VAR = "MPILAUNCH_AGENT_SECRET"  # in the step's environment; the agent takes it out of its own
 
 
 def srun_command(nodes: Sequence[str] | int, agent: str, srun: str = "srun") -> list[str]:
@@ -56,27 +53,9 @@ def srun_command(nodes: Sequence[str] | int, agent: str, srun: str = "srun") -> 
 
 
 def agent_shell(address: str, port: int, python: str) -> str:
-    """What each task runs: Python connects back, says who it is, and makes the connection its
-    stdin and stdout; then it is the agent's loader, as over SSH. `_socket`, not `socket`
-    (its import is most of such a Python's start), and the name as bytes (no idna codec): the
-    agent's start is what a job waits on. IPv4, as the launcher listens. TCP_NODELAY: see
-    slurm.SlurmTransport."""
-    prelude = (
-        "import os, _socket as so, sys\n"
-        "s = so.socket(so.AF_INET, so.SOCK_STREAM)\n"
-        "try:\n"
-        f"    s.connect(({address.encode()!r}, {port}))\n"
-        "except OSError as e:\n"
-        '    w = os.environ.get("SLURMD_NODENAME", "")\n'
-        f'    sys.stderr.write("mpilaunch: agent on %s: cannot connect back to {address}:{port}: %s\\n" % (w, e))\n'
-        "    raise SystemExit(1)\n"
-        "s.setsockopt(so.IPPROTO_TCP, so.TCP_NODELAY, 1)\n"
-        f'who = os.environ.pop("{SECRET_VAR}", "") + " " + os.environ.get("SLURMD_NODENAME", "")\n'
-        's.sendall((who + "\\n").encode())\n'
-        "os.dup2(s.fileno(), 0)\n"
-        "os.dup2(s.fileno(), 1)\n"
-    )
-    return python_line(python, prelude + STAGE1)
+    """What each task runs: an agent that connects back and says it is the node Slurm started
+    it on (stage1.connect_back_line)."""
+    return connect_back_line(address, port, python, 'os.environ.get("SLURMD_NODENAME", "")')
 
 
 def spawn_srun(argv: list[str], env: Mapping[str, str]) -> int:
@@ -158,32 +137,3 @@ def claim_started_step() -> StartedStep | None:
     global _early
     early, _early = _early, None
     return early
-
-
-def end_srun(pid: int, grace: float) -> int:
-    """Wait up to grace for srun to leave; then SIGTERM (srun ends the step), then SIGKILL. Its
-    exit status (-1 when it was not our child). Polled every 2 ms: the end of every job waits
-    for srun to leave."""
-    import signal
-
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if sig is not None:
-            try:
-                os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + grace
-        while True:
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return -1
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)
-    try:
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    except ChildProcessError:
-        return -1

@@ -330,7 +330,7 @@ def test_hydra_words_with_their_meaning_or_a_note(launcher: Launcher) -> None:
     assert fork.returncode == 0 and sorted(fork.stdout.split()) == [b"0", b"1"], fork.stderr
     for words, note in (
         (["-demux", "poll"], "mpilaunch: -demux poll: mpilaunch has one I/O loop of its own: ignored"),
-        (["-rmk", "sge"], "mpilaunch: -rmk sge: mpilaunch does not read that resource manager's hosts: ignored"),
+        (["-rmk", "ll"], "mpilaunch: -rmk ll: mpilaunch does not read that resource manager's hosts: ignored"),
         (
             ["-bootstrap", "pbs"],
             "mpilaunch: -bootstrap pbs: mpilaunch starts agents over ssh (or srun in Slurm): read as auto",
@@ -342,7 +342,7 @@ def test_hydra_words_with_their_meaning_or_a_note(launcher: Launcher) -> None:
     ):
         proc = launcher.run(*words, "-n", "1", "true")
         assert proc.returncode == 0 and one_line(proc.stderr) == note, proc.stderr
-    for words in (["-rmk", "user"], ["-rmk", "slurm"]):
+    for words in (["-rmk", "user"], ["-rmk", "slurm"], ["-rmk", "sge"]):
         assert launcher.run(*words, "-n", "1", "true").stderr == b""
 
 

@@ -158,12 +158,27 @@ def _session_members(session: int) -> list[str]:
 
 
 def test_nothing_of_the_local_agent_is_left_when_the_launcher_returns(launcher: Launcher, tmp_path: Path) -> None:
-    """The agent runs in a session of its own, with a forked guardian. It reaps the guardian
-    before it leaves, so when the launcher returns nothing of that session is left, not even a
-    zombie for init to collect."""
-    script = write_script(tmp_path, "session.py", "import os\nprint(os.getsid(os.getppid()), flush=True)\n")
+    """The agent runs in a session of its own, with a forked guardian in another (a batch
+    system's kill of the agent's group must not reach it). It reaps the guardian before it
+    leaves, so when the launcher returns nothing of either session is left, not even a zombie
+    for init to collect."""
+    body = (
+        "import os\n"
+        "agent = os.getppid()\n"
+        "def guardian(pid):\n"
+        "    try:\n"
+        "        with open(f'/proc/{pid}/stat') as f, open(f'/proc/{pid}/cmdline', 'rb') as g:\n"
+        "            ppid = int(f.read().rsplit(')', 1)[1].split()[1])\n"
+        "            return ppid == agent and b'mpilaunch-guardian' in g.read()\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "found = [int(p) for p in os.listdir('/proc') if p.isdigit() and guardian(p)]\n"
+        "print(os.getsid(agent), *(os.getsid(p) for p in found), flush=True)\n"
+    )
+    script = write_script(tmp_path, "session.py", body)
     for _ in range(8):
         proc = launcher.run("-n", "1", sys.executable, script)
         assert proc.returncode == 0, proc.stderr
-        session = int(proc.stdout)
-        assert _session_members(session) == []
+        session, guardian = (int(word) for word in proc.stdout.split())
+        assert guardian != session
+        assert _session_members(session) == [] and _session_members(guardian) == []

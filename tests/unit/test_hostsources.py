@@ -1,4 +1,4 @@
-"""Hosts from the environment (MLP_MPI_*, Slurm, PBS, LSF, Open MPI's default hostfile): parsers,
+"""Hosts from the environment (MLP_MPI_*, Slurm, Grid Engine, PBS, LSF, Open MPI's default hostfile): parsers,
 their order, MLP_MPI_NP, and what --display-map says; bad values are one line naming the variable."""
 
 from __future__ import annotations
@@ -249,11 +249,14 @@ def test_sources_in_order(tmp_path: Path) -> None:
     nodefile.write_text("p1\np1\n")
     ompi = tmp_path / "ompi_hosts"
     ompi.write_text("o1 slots=3\n")
+    pe = tmp_path / "pe_hostfile"
+    pe.write_text("g1 2 all.q@g1 UNDEFINED\n")
     env = {
         "MLP_MPI_HOSTFILE": str(hostfile),
         "MLP_MPI_HOSTS": "worker0:2,worker1:2",
         "SLURM_JOB_NODELIST": "s[1-2]",
         "SLURM_TASKS_PER_NODE": "1(x2)",
+        "PE_HOSTFILE": str(pe),
         "PBS_NODEFILE": str(nodefile),
         "LSB_MCPU_HOSTS": "l1 2",
         "OMPI_MCA_orte_default_hostfile": str(ompi),
@@ -262,6 +265,7 @@ def test_sources_in_order(tmp_path: Path) -> None:
         ([Host("172.22.128.95", 2), Host("172.22.128.94", 2)], f"MLP_MPI_HOSTFILE {hostfile}"),
         ([Host("worker0", 2), Host("worker1", 2)], "MLP_MPI_HOSTS"),
         ([Host("s1", 1), Host("s2", 1)], "Slurm allocation (SLURM_JOB_NODELIST)"),
+        ([Host("g1", 2)], f"Grid Engine job's PE_HOSTFILE {pe}"),
         ([Host("p1", 2)], f"PBS_NODEFILE {nodefile}"),
         ([Host("l1", 2)], "LSB_MCPU_HOSTS"),
         ([Host("o1", 3)], f"OMPI_MCA_orte_default_hostfile {ompi}"),
@@ -287,7 +291,7 @@ def test_command_line_hosts_win_over_the_environment(tmp_path: Path) -> None:
 
 def test_file_sources_name_the_variable(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing")
-    for var in ("MLP_MPI_HOSTFILE", "PBS_NODEFILE", "OMPI_MCA_orte_default_hostfile"):
+    for var in ("MLP_MPI_HOSTFILE", "PE_HOSTFILE", "PBS_NODEFILE", "OMPI_MCA_orte_default_hostfile"):
         with pytest.raises(LaunchError) as info:
             from_environment({var: missing})
         assert str(info.value).startswith(f"{var}: {missing}: cannot read")

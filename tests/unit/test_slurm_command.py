@@ -73,14 +73,14 @@ def test_an_agent_sent_away_ends_with_status_0() -> None:
     import subprocess
     import sys
 
-    from mpilaunch.transport.slurm import _send_away
+    from mpilaunch.transport.connect_back import send_away
     from mpilaunch.transport.stage1 import STAGE1
 
     ours, theirs = socket.socketpair()
     with theirs:
         agent = subprocess.Popen([sys.executable, "-S", "-c", STAGE1], stdin=theirs, stdout=theirs)
     assert ours.recv(64) == b"\0mpilaunch-agent\0"
-    _send_away(ours)
+    send_away(ours)
     assert agent.wait(timeout=30) == 0
 
 
