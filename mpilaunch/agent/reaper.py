@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from mpilaunch.agent.loop import Timer
-from mpilaunch.host.procfs import start_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,10 +105,11 @@ class Guardian:
     of its own with no name (memfd), read only if the agent dies; each record is one write of
     its own, so a death at any point leaves whole records."""
 
-    def __init__(self, cgroup: JobCgroup | None = None) -> None:
+    def __init__(self, host_os: HostOS, cgroup: JobCgroup | None = None) -> None:
         from mpilaunch.host.shm import server_base
-        from mpilaunch.host.spawn import RESTORED_SIGNALS, SHELL, above
+        from mpilaunch.host.spawn import above
 
+        self.os = host_os  # starts and waits for the shell: the seam tests replace
         self.table = above(_nameless_file(), 5)  # neither 3 nor 4, the numbers it gets in the guardian
         self.slots: dict[int, int] = {}  # pid -> its record's place in the table
         self.free: list[int] = []  # places of records taken back
@@ -119,19 +118,7 @@ class Guardian:
         read_fd = above(read_fd, 5)
         args = ["sh", "-c", GUARD_SCRIPT, "mpilaunch-guardian", str(os.getpid()), server_base()]
         args.append(cgroup.path if cgroup is not None else "")
-        # fork and exec, not posix_spawn: that waits for the exec, which on a busy machine keeps
-        # the agent (and the job's start) waiting for a core for the shell.
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
-                for sig in RESTORED_SIGNALS:  # Python ignores them; the shell should not
-                    signal.signal(sig, signal.SIG_DFL)
-                os.dup2(read_fd, 3)
-                os.dup2(self.table, 4)
-                os.execv(SHELL, args)
-            finally:
-                os._exit(127)
+        self.pid = host_os.start_guardian(args, read_fd, self.table)
         os.close(read_fd)
 
     def watch(self, pid: int, started: bytes | None = None) -> None:
@@ -168,10 +155,7 @@ class Guardian:
         except OSError:
             pass
         os.close(self.table)
-        try:
-            os.waitpid(self.pid, 0)  # it exits as soon as it reads the line (or sees the pipe close)
-        except ChildProcessError:  # reaped already
-            pass
+        self.os.wait(self.pid)  # it exits as soon as it reads the line (or sees the pipe close)
 
 
 def _nameless_file() -> int:
@@ -326,7 +310,7 @@ class Reaper(Timer):
             relaying = self.relay is not None and self.relay.running()
             if (not self.ranks.any_live() and not relaying and not self.below_ranks()) or self.os.clock() >= deadline:
                 return
-            time.sleep(0.005)
+            self.os.sleep(0.005)
 
     def release(self) -> None:
         """The end: the guardian leaves, the cgroup (empty by now) goes."""
@@ -363,7 +347,7 @@ class Reaper(Timer):
             return
         below = {pid for pid in self.below_ranks() if not self.ranks.is_live(pid)}  # ranks: told at spawn
         for pid in below - self.told:
-            self.guardian.watch(pid, start_time(pid) or b"-")
+            self.guardian.watch(pid, self.os.start_time(pid) or b"-")
         for pid in self.told - below:
             self.guardian.forget(pid)
         self.told = below
