@@ -59,8 +59,8 @@ def target_of(host_os: HostOS, pid: int) -> int:
     """The process whose stack says what the rank does: the rank itself, or, for a shell that
     runs one program and waits for it (`sh -c 'python train.py'`), that program."""
     for _ in range(4):
-        below = host_os.children(pid)
-        if host_os.program_of(pid) not in SHELLS or len(below) != 1:
+        below = host_os.children(pid) if host_os.program_of(pid) in SHELLS else []
+        if len(below) != 1:
             return pid
         pid = below[0]
     return pid
