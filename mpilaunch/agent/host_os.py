@@ -14,8 +14,7 @@ import os
 import signal
 import time
 
-from mpilaunch.host import spawn
-from mpilaunch.host.procfs import children_of, start_time
+from mpilaunch.host import procfs, spawn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,10 +52,6 @@ class HostOS:
             if saved is not None:
                 os.sched_setaffinity(0, saved)
 
-    def start_tool(self, path: str, argv: list[str], env: dict[str, str]) -> tuple[int, int]:
-        """A helper program (a stack tool) in a session of its own: its pid and its output's pipe."""
-        return spawn.start_tool(path, argv, env)
-
     def start_guardian(self, argv: list[str], pipe: int, table: int) -> int:
         """The guardian's shell (reaper.Guardian), the agent's pipe on its descriptor 3 and the
         table on 4. Forked and exec'd, not posix_spawn'd: that waits for the exec, which on a busy
@@ -80,17 +75,28 @@ class HostOS:
 
         return ssh_version(env, program)
 
+    # The system's own calls, as they are: a fake answers and records them.
+    start_tool = staticmethod(spawn.start_tool)  # a stack tool in a session of its own: its pid, its output's pipe
+    start_time = staticmethod(procfs.start_time)  # when pid started: another time later is another process
+    getpgid = staticmethod(os.getpgid)
+    getpgrp = staticmethod(os.getpgrp)
+    clock = staticmethod(time.monotonic)
+    wall = staticmethod(time.time)
+    sleep = staticmethod(time.sleep)
+
     def killpg(self, group: int, sig: int) -> None:
-        os.killpg(group, sig)
+        """Signal a process group, if it is there: one that is gone, or no longer ours, hears nothing."""
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def kill(self, pid: int, sig: int) -> None:
-        os.kill(pid, sig)
-
-    def getpgid(self, pid: int) -> int:
-        return os.getpgid(pid)
-
-    def getpgrp(self) -> int:
-        return os.getpgrp()
+        """Signal a process, if it is there."""
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     zombie: tuple[int, str | None] = (0, None)  # the last child a signal ended, and its /proc/PID/cgroup
 
@@ -119,11 +125,7 @@ class HostOS:
 
     def children(self, pid: int | None = None) -> list[int]:
         """The children of pid (this process's by default)."""
-        return children_of(os.getpid() if pid is None else pid)
-
-    def start_time(self, pid: int) -> bytes | None:
-        """When pid started (procfs.start_time): another time later means another process."""
-        return start_time(pid)
+        return procfs.children_of(os.getpid() if pid is None else pid)
 
     def program_of(self, pid: int) -> str:
         """The name of pid's program file (/proc/PID/exe), "" if it cannot be read."""
@@ -150,15 +152,6 @@ class HostOS:
                     found[name] = candidate
                     break
         return found
-
-    def clock(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def wall(self) -> float:
-        return time.time()
 
     # -- what agent/death.py reads ---------------------------------------------------------------
     def read_text(self, path: str) -> str | None:

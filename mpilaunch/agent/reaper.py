@@ -260,19 +260,16 @@ class Reaper(Timer):
         for pid in self.adopted():
             try:
                 group = self.os.getpgid(pid)  # an unreaped child of ours: its pid is still its own
-                if group != own:
-                    self.os.killpg(group, sig)
-                self.os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
-                pass
+                continue
+            if group != own:
+                self.os.killpg(group, sig)
+            self.os.kill(pid, sig)
 
     def signal_below(self, sig: int) -> None:
         """Signal every process below the ranks one by one (those that left every group we know)."""
         for pid in self.below_ranks():
-            try:
-                self.os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            self.os.kill(pid, sig)
 
     def terminate_all(self, grace: float) -> None:
         """SIGTERM every rank's group, every orphan and every process below them; SIGKILL what is

@@ -128,14 +128,11 @@ class Relay:
                 self.by_pid[child.pid] = child
                 for index in child.subtree:
                     self.route[index] = child
-                for fd, handler in ((child.stdout, self.read_out), (child.stderr, self.read_err)):
-                    assert fd is not None
-                    os.set_blocking(fd, False)
-                    self.by_fd[fd] = child
-                    self.loop.watch(fd, handler)
-                assert child.stdin is not None
-                os.set_blocking(child.stdin, False)
-                self.by_fd[child.stdin] = child
+                for fd, handler in ((child.stdout, self.read_out), (child.stderr, self.read_err), (child.stdin, None)):
+                    os.set_blocking(fd, False)  # type: ignore[arg-type]
+                    self.by_fd[fd] = child  # type: ignore[index]
+                    if handler is not None:  # its stdin is watched while it has frames to take
+                        self.loop.watch(fd, handler)
                 self.write(child, self.payload)  # its check, and its own RelayHosts, come from the launcher
         finally:
             gate.release(len(started))
@@ -178,20 +175,14 @@ class Relay:
         except BlockingIOError:
             return
         except OSError:  # ssh is gone: its stdout's end says so
-            child.outbox.clear()
             self.close_stdin(child)
             return
         self.loop.unwatch(fd)
 
     def close_stdin(self, child: Child) -> None:
         """End of the child's link: its agent stops its ranks and exits."""
-        fd, child.stdin = child.stdin, None
-        if fd is None:
-            return
-        self.loop.unwatch(fd)
-        self.by_fd.pop(fd, None)
         child.outbox.clear()
-        os.close(fd)
+        self._unwatch(child, "stdin")
 
     # -- up ---------------------------------------------------------------------------------
     def writable(self, fd: int) -> None:
@@ -267,7 +258,7 @@ class Relay:
                 why = child.last_words or "the connection closed before the agent started"
             self._gone(child.index, why)
         if child.status is None:  # ssh may linger; it is ours to end
-            self._signal(child, signal.SIGTERM)
+            self.os.killpg(child.pid, signal.SIGTERM)
 
     def _gone(self, index: int, why: str) -> None:
         self.send_up(encode(Gone(host=index, why=why)))
@@ -311,10 +302,4 @@ class Relay:
     def kill(self) -> None:
         for child in self.children.values():
             if child.status is None:
-                self._signal(child, signal.SIGKILL)
-
-    def _signal(self, child: Child, sig: int) -> None:
-        try:
-            self.os.killpg(child.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+                self.os.killpg(child.pid, signal.SIGKILL)

@@ -188,10 +188,7 @@ class StackTaker(Timer):
         os.close(reading.fd)
         del self.reading[reading.fd]
         if why:  # it outstayed the limit
-            try:
-                self.os.killpg(reading.tool_pid, signal.SIGKILL)
-            except OSError:
-                pass
+            self.os.killpg(reading.tool_pid, signal.SIGKILL)
         text = b"".join(reading.chunks).decode("utf-8", "replace")
         self.done.append(RankStack(proc=reading.ident, text=text, tool=reading.tool, why=why))
         self.more()
@@ -200,10 +197,7 @@ class StackTaker(Timer):
         """Stop or resume the request's ranks that still run (a reaped rank's pid is not ours)."""
         for pid in self.stopped:
             if self.ranks.is_live(pid):
-                try:
-                    self.os.killpg(pid, sig)
-                except OSError:
-                    pass
+                self.os.killpg(pid, sig)
 
     def next_deadline(self) -> float | None:
         return min((r.deadline for r in self.reading.values()), default=None)
