@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
 
@@ -43,6 +44,23 @@ def agent():  # type: ignore[no-untyped-def]
     made.close()
 
 
+@pytest.fixture
+def make_tree(agent: Agent):  # type: ignore[no-untyped-def]
+    """Makes the relay once the test has set the fake up; its ends of the children's pipes are closed after."""
+    made: list[Tree] = []
+
+    def make() -> Tree:
+        made.append(Tree(agent))
+        return made[-1]
+
+    yield make
+    for relay in (tree.relay for tree in made):
+        relay.close_all()
+        for child in relay.children.values():
+            relay._unwatch(child, "stdout")
+            relay._unwatch(child, "stderr")
+
+
 class Tree:
     """A relay over the fake, its frames up kept."""
 
@@ -68,8 +86,10 @@ class Tree:
         self.agent.turns(1)
 
 
-def test_a_relay_starts_an_ssh_client_per_child_and_gives_each_the_agents_code(agent: Agent) -> None:
-    tree = Tree(agent)
+def test_a_relay_starts_an_ssh_client_per_child_and_gives_each_the_agents_code(
+    agent: Agent, make_tree: Callable[[], Tree]
+) -> None:
+    tree = make_tree()
     assert tree.pids == [5000, 5001]
     argvs = [argv for argv, _ in agent.os.started]
     assert argvs[0][-3:] == ("--", "node1", "AGENT")
@@ -78,37 +98,41 @@ def test_a_relay_starts_an_ssh_client_per_child_and_gives_each_the_agents_code(a
     assert [os.read(agent.os.stdins[pid], 100) for pid in tree.pids] == [PAYLOAD, PAYLOAD]
 
 
-def test_an_old_ssh_client_is_not_given_the_key_exchange_option(agent: Agent) -> None:
+def test_an_old_ssh_client_is_not_given_the_key_exchange_option(agent: Agent, make_tree: Callable[[], Tree]) -> None:
     agent.os.ssh = (7, 4)
-    Tree(agent)
+    make_tree()
     assert all(KEX not in argv for argv, _ in agent.os.started)
 
 
-def test_a_child_that_cannot_be_started_is_gone_at_once(agent: Agent) -> None:
+def test_a_child_that_cannot_be_started_is_gone_at_once(agent: Agent, make_tree: Callable[[], Tree]) -> None:
     agent.os.refuse = FileNotFoundError(2, "No such file or directory")
-    tree = Tree(agent)
+    tree = make_tree()
     assert tree.pids == [5000]
     assert tree.said()[0] == (None, Gone(host=1, why="cannot run ssh: No such file or directory"))
 
 
-def test_a_childs_frames_go_up_routed_and_its_subtrees_as_they_are(agent: Agent) -> None:
-    tree = Tree(agent)
+def test_a_childs_frames_go_up_routed_and_its_subtrees_as_they_are(agent: Agent, make_tree: Callable[[], Tree]) -> None:
+    tree = make_tree()
     hello = Hello(host="node1", cpus=2, pid=1, python="3.12")
     below = Hello(host="node2", cpus=2, pid=2, python="3.12")
     tree.child_says(5000, b"motd\n" + wire.MARKER + encode(hello) + wire.routed(2, encode(below)))
     assert tree.said() == [(1, hello), (2, below)]
 
 
-def test_a_child_speaking_for_a_host_it_does_not_relay_to_is_cut_off(agent: Agent) -> None:
-    tree = Tree(agent)
+def test_a_child_speaking_for_a_host_it_does_not_relay_to_is_cut_off(
+    agent: Agent, make_tree: Callable[[], Tree]
+) -> None:
+    tree = make_tree()
     tree.child_says(5001, wire.MARKER + wire.routed(2, encode(Hello(host="node2", cpus=2, pid=2, python="3.12"))))
     why = "it sent a frame in the name of a host it does not relay to"
     assert tree.said() == [(None, Gone(host=3, why=why))]
     assert ("killpg", 5001, signal.SIGTERM) in agent.os.signals
 
 
-def test_ssh_that_never_started_the_agent_is_gone_with_its_last_words_and_ended(agent: Agent) -> None:
-    tree = Tree(agent)
+def test_ssh_that_never_started_the_agent_is_gone_with_its_last_words_and_ended(
+    agent: Agent, make_tree: Callable[[], Tree]
+) -> None:
+    tree = make_tree()
     tree.child_says(5000, b"node1: Permission denied (publickey).\n", stream=1)
     os.close(agent.os.ends[5000].pop(0))  # its stdout ends
     agent.turns(1)
@@ -116,15 +140,15 @@ def test_ssh_that_never_started_the_agent_is_gone_with_its_last_words_and_ended(
     assert agent.os.signals == [("killpg", 5000, signal.SIGTERM)]
 
 
-def test_a_greeted_childs_stderr_goes_up_as_notes_with_its_name(agent: Agent) -> None:
-    tree = Tree(agent)
+def test_a_greeted_childs_stderr_goes_up_as_notes_with_its_name(agent: Agent, make_tree: Callable[[], Tree]) -> None:
+    tree = make_tree()
     tree.child_says(5000, wire.MARKER)
     tree.child_says(5000, b"warning: disk\npartial", stream=1)
     assert tree.said() == [(None, Note(text="mpilaunch: agent on node1: warning: disk"))]
 
 
-def test_a_kill_of_everything_ends_the_ssh_clients_not_reaped_yet(agent: Agent) -> None:
-    tree = Tree(agent)
+def test_a_kill_of_everything_ends_the_ssh_clients_not_reaped_yet(agent: Agent, make_tree: Callable[[], Tree]) -> None:
+    tree = make_tree()
     agent.os.end(5001, 255 << 8)
     agent.reaper.reap()
     assert tree.relay.by_pid[5001].status == 255 << 8 and tree.relay.running()
