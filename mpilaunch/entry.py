@@ -66,9 +66,8 @@ def main(quick_exit: bool = True) -> None:
         line = read(sys.argv[1:], invoked_as(sys.argv[0]))
         start = early_start(line)
         if start == LOCAL_AGENT:
-            from mpilaunch.transport.local import LocalTransport, raise_fd_limit
+            from mpilaunch.transport.local import LocalTransport
 
-            raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
             here = LocalTransport()
             here.prestart(lambda: _pmix_guess(line))
         elif start:  # under salloc, every agent in one srun step: Slurm makes it while we plan

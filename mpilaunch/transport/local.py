@@ -93,9 +93,11 @@ class LocalTransport(Transport):
         return link if link is not None else _fork_agent()
 
     def prestart(self, pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> None:
-        """Fork the next agent now. pmix_guess, called in the agent, says whether to start a
-        PMIx server already (cli/pmix_guess.py)."""
+        """Fork the next agent now, with the descriptor limit raised first (its ranks inherit
+        it). pmix_guess, called in the agent, says whether to start a PMIx server already
+        (cli/pmix_guess.py)."""
         if self.early is None:
+            raise_fd_limit()
             # Both sides need these: imported once, here, the agent gets them with the fork.
             import selectors  # noqa: F401
             import signal  # noqa: F401
