@@ -58,18 +58,18 @@ def main(quick_exit: bool = True) -> None:
                 _signal.signal(sig, _stopped_by)  # ignored stays so (nohup)
     reopen_closed_std_streams()
     console_keeps_bytes()
-    early = step = False
+    here = None  # this machine's agents, the first forked at once
+    step = False
     try:
         from mpilaunch.cli.cmdline import read
 
         line = read(sys.argv[1:], invoked_as(sys.argv[0]))
         start = early_start(line)
         if start == LOCAL_AGENT:
-            from mpilaunch.transport import local
+            from mpilaunch.transport.local import LocalTransport
 
-            early = True
-            local.raise_fd_limit()  # before the fork: the ranks inherit the agent's limit
-            local.prestart_local_agent(lambda: _pmix_guess(line))
+            here = LocalTransport()
+            here.prestart(lambda: _pmix_guess(line))
         elif start:  # under salloc, every agent in one srun step: Slurm makes it while we plan
             from mpilaunch.transport import slurm_step
 
@@ -77,7 +77,7 @@ def main(quick_exit: bool = True) -> None:
             slurm_step.prestart(start)
         from mpilaunch.cli.main import main as run
 
-        run(line)
+        run(line, here)
         status = 0
     except SystemExit as done:
         status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
@@ -86,8 +86,8 @@ def main(quick_exit: bool = True) -> None:
     except KeyboardInterrupt:  # Ctrl-C before the run's own signal handling started (or after it ended)
         status = 130
     finally:
-        if early:
-            local.discard_early_agent()
+        if here is not None:
+            here.discard()
         if step:
             from mpilaunch.transport.slurm import discard_early_step
 

@@ -2,10 +2,11 @@
 
 Stdlib only, like everything in agent/, host/ and protocol/: for remote hosts these are
 shipped over the link and run by a bare Python 3. It exits, killing its ranks, when its link
-to the controller closes. The parts: the loop (loop.py), the ranks (ranks.py), reaping and
-killing (reaper.py), rank-facing services such as PMI (services/), tree-spawn relaying
-(relay.py), the link and its heartbeat (link.py). This class owns the link and answers the
-controller's messages, one handler per message type.
+to the controller closes. The parts: the loop (loop.py), the link, its frames and its heartbeat
+(link.py), the Check and each Launch (launches.py), the ranks (ranks.py), reaping and killing
+(reaper.py), rank-facing services such as PMI (services/), tree-spawn relaying (relay.py). This
+class makes them, answers the controller's messages (one handler per message type) and runs
+the loop until the job is over.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import os
 import select
 import signal
 import sys
-import time
 
-from mpilaunch.agent.link import Heartbeat, LinkOwner, PipeLink
+from mpilaunch.agent.launches import Launches
+from mpilaunch.agent.link import Heartbeat, PipeLink, Uplink
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.ranks import Ranks
 from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
@@ -25,16 +26,11 @@ from mpilaunch.agent.services.base import ServiceHost, Services
 from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.agent.torch_support import TorchSupport
-from mpilaunch.host import files, hostinfo, spawn
-from mpilaunch.host.binding import cpu_groups, cpus_for, domains
-from mpilaunch.host.binding import report as binding_report
-from mpilaunch.host.programs import merge_host_environment, probe_port, program_family, program_problem
+from mpilaunch.host import files, spawn
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
-    DOWN,
     Bye,
     Check,
-    Checked,
     Drop,
     Finish,
     Hello,
@@ -49,8 +45,6 @@ from mpilaunch.protocol.messages import (
     TakeStacks,
     TakeUsage,
     Usage,
-    decode,
-    encode,
 )
 from mpilaunch.protocol.record import Record
 
@@ -58,40 +52,35 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from mpilaunch.agent.relay import Relay
     from mpilaunch.agent.stacks import StackTaker
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
-ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes a rank's exception there, unless the job names it
 
 
-class Agent(ServiceHost, LinkOwner, Timer):
+class Agent(ServiceHost, Timer):
     def __init__(self, link: _socket.socket | PipeLink, payload: bytes | None = None) -> None:
-        self.link = link
         self.payload = payload  # the loader and modules this agent came with (remote agents)
-        self.host_env: dict[str, str] = dict(os.environ)  # a remote host's is merged with the launcher's paths
         self.host = _socket.gethostname()
         self.loop = Loop()
-        self.decoder = wire.Decoder()
-        self.link_open = True
-        self.held: list[bytes] | None = None  # frames kept for one write (hold_frames)
+        self.uplink = Uplink(link, self.loop, self.link_lost)
         self.finishing = False
         self.stop_requested = 0  # the stop signal received (SIGTERM, SIGHUP), handled in tick
-        self.relay: Relay | None = None  # tree spawn: the hosts this agent started
         self.stacks: StackTaker | None = None  # made at the first TakeStacks
         self.torch = TorchSupport(self.loop, self.send, self.host)  # error files; torchrun's agent store
-        self.ranks = Ranks(self.loop, self.send, self.send_frame, lambda pid: self.reaper.watch_rank(pid))
+        self.ranks = Ranks(self.loop, self.send, self.uplink.send_frame, lambda pid: self.reaper.watch_rank(pid))
         self.reaper = Reaper(self.ranks)
         self.shm = ShmWatch(self.ranks)
         self.reaper.before_kill = self.shm.look  # while the ranks still map their segments
         self.services = Services(self, REGISTRY)
         self.ranks.services = self.services
-        self.heartbeat = Heartbeat(self)
-        self.handlers = {
-            Launch: self.launch,
+        self.launches = Launches(self.ranks, self.services, self.torch, self.send, self.host)
+        self.heartbeat = Heartbeat(self.uplink)
+        self.uplink.stdin = self.ranks.queue_stdin
+        self.uplink.handlers = self.handlers = {
+            Launch: self.launches.launch,
             Check: self.check,
-            Put: self.put,
+            Put: lambda message: self.send(PutDone(error=files.write_file(message.path, message.data))),
             Signal: self.signal,
             Kill: self.kill,
             Finish: self.finish,
@@ -103,135 +92,27 @@ class Agent(ServiceHost, LinkOwner, Timer):
             **self.services.dispatch_rows(),
         }
 
-    # -- the link -------------------------------------------------------------------------
+    @property
+    def host_env(self) -> dict[str, str]:
+        """The host's environment ranks start from (a remote one has the launcher's paths)."""
+        return self.launches.host_env
+
     def send(self, message: Record) -> None:
-        self.send_frame(encode(message))
-
-    def send_frame(self, frame: bytes) -> None:
-        if not self.link_open:
-            return
-        if self.held is not None:
-            self.held.append(frame)
-            return
-        try:
-            self.link.sendall(frame)
-        except OSError:
-            self.link_lost()
-
-    def hold_frames(self) -> None:
-        """Frames are kept until release_frames: what one turn of the loop has to say (a launch's
-        report per rank, the exits reaped together) goes to the launcher in one write."""
-        self.held = []
-
-    def release_frames(self) -> None:
-        held, self.held = self.held, None
-        if held:
-            self.send_frame(b"".join(held))
+        self.uplink.send(message)
 
     def link_lost(self) -> None:
         """The controller is gone: nobody will read output or decide policy any more."""
-        if self.link_open and self.held:  # what this turn said before (a stop signal's note)
-            held, self.held = self.held, []
-            try:
-                self.link.sendall(b"".join(held))
-            except OSError:
-                pass
-        if self.link_open:
-            self.link_open = False
-            self.loop.unwatch(self.link)
-            self.reaper.link_lost = True
-            self.reaper.terminate_all(ORPHAN_GRACE)
-            self.finishing = True
-            if self.relay is not None:
-                self.relay.close_all()  # their agents stop as this one does
-
-    def read_link(self, fd: int) -> None:
-        try:
-            data = self.link.recv(1 << 16)
-        except OSError:
-            data = b""
-        if not data:
-            self.link_lost()
-            return
-        self.heartbeat.heard = time.monotonic()
-        try:
-            for kind, value in self.decoder.feed(data):
-                self.on_frame(kind, value)
-        except wire.FrameError as exc:  # bytes that are no frame, or a message we cannot take
-            print(f"mpilaunch agent: bad request from the launcher ({exc}); stopping", file=sys.stderr)
-            self.link_lost()
-
-    def on_frame(self, kind: int, value: object) -> None:
-        if kind == wire.STDIN:
-            ident, _, data = value  # type: ignore[misc]
-            self.ranks.queue_stdin(ident, data)
-        elif kind == wire.ROUTED:  # tree spawn: for the hosts below, or (ALL) for them and us
-            host, frame = value  # type: ignore[misc]
-            if host == wire.ALL:
-                if self.relay is not None:
-                    self.relay.broadcast(frame)
-                self.on_frame(*wire.decode_frame(frame))
-            elif self.relay is not None:
-                self.relay.down(host, frame)
-        elif kind == wire.CONTROL:
-            message = decode(value, DOWN)  # type: ignore[arg-type]
-            self.handlers[type(message)](message)
-        else:
-            raise wire.FrameError(f"a frame of kind {kind} from the launcher")
+        self.reaper.link_lost = True
+        self.reaper.terminate_all(ORPHAN_GRACE)
+        self.finishing = True
+        if self.uplink.relay is not None:
+            self.uplink.relay.close_all()  # their agents stop as this one does
 
     # -- the controller's messages ----------------------------------------------------------
     def check(self, message: Check) -> None:
-        """Before anything starts: take the launcher's paths, and say whether each program and
-        directory exists here, whether a MASTER_PORT is free (or pick one), and what the job
-        asks about this host (CPUs, GPUs, device IPs: hostinfo.probe)."""
-        self.host_env = merge_host_environment(dict(os.environ), message.carried)
         if message.heartbeat:
             self.heartbeat.start(message.heartbeat)
-        problems = []
-        families: dict[str, str] | None = {} if message.families else None
-        for app in message.apps:
-            path = app.path or self.host_env.get("PATH", os.defpath)
-            problem = program_problem(app.program, app.wdir, path, message.mpi)
-            if problem and problem not in problems:
-                problems.append(problem)
-            found = program_family(app.program, app.wdir, path) if families is not None and not problem else None
-            if found is not None:
-                families[app.program] = " ".join(found)  # type: ignore[index]
-        port, port_free = message.port, None
-        if port >= 0:
-            port, port_free = probe_port(port)
-        info = None
-        if message.probe is not None:
-            path = self.host_env.get("PATH", os.defpath)
-            info = hostinfo.probe(message.probe.gpus, message.probe.hccn, path)
-        self.send(Checked(problems=problems, port=port, port_free=port_free, info=info, families=families))
-
-    def put(self, message: Put) -> None:
-        """A file the ranks read (the rank table), before they start."""
-        self.send(PutDone(error=files.write_file(message.path, message.data)))
-
-    def launch(self, message: Launch) -> None:
-        drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)
-        base = {k: v for k, v in self.host_env.items() if k not in drop_names and not k.startswith(drop_prefixes)}
-        if message.store_port:
-            self.torch.serve_store(message.store_port, message.store_host)
-        services = self.services.start_job(message)
-        level = message.bind_to
-        groups = domains(len(message.ranks)) if level == "auto" else cpu_groups(level) if level != "none" else []
-        gate = spawn.Gate()  # the ranks of this launch start together, once all are spawned
-        started = 0
-        found: dict[tuple[str, str | None], str] = {}  # their programs, looked up once per PATH
-        try:
-            for spec in message.ranks:
-                cpus = cpus_for(level, spec.local_rank, groups, message.cpus_per_rank)
-                if message.report_bindings:  # in Open MPI's words
-                    self.send(Note(text=f"[{self.host}:{os.getpid()}] MCW rank {spec.rank} {binding_report(cpus)}"))
-                env = {**base, **message.env, **spec.env}
-                if ERROR_FILE not in spec.env and ERROR_FILE not in message.env:
-                    env[ERROR_FILE] = self.torch.error_file(message.job, spec.rank)
-                started += self.ranks.spawn(message.job, spec, env, message.merge, cpus, gate, services, found)
-        finally:
-            gate.release(started)
+        self.send(self.launches.check(message))
 
     def signal(self, message: Signal) -> None:
         if message.sig not in SIGNALS:
@@ -240,7 +121,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
 
     def kill(self, message: Kill) -> None:
         if message.grace <= 0:
-            self.reaper.kill_all(relayed_too=not self.link_open)
+            self.reaper.kill_all(relayed_too=not self.uplink.open)
         else:
             self.reaper.terminate_all(message.grace)
 
@@ -252,17 +133,17 @@ class Agent(ServiceHost, LinkOwner, Timer):
         """Tree spawn: start the agents of the hosts below this one, with our own code."""
         if self.payload is None:
             raise wire.FrameError("this agent was not started over SSH and cannot relay")
-        if self.relay is None:
+        if self.uplink.relay is None:
             from mpilaunch.agent.relay import Relay  # tree spawn only: a plain job never imports it
 
-            self.relay = Relay(self.payload, self.send_frame, self.loop)
-            self.reaper.relay = self.relay
-        for pid in self.relay.start(message, dict(os.environ)):
+            relay = Relay(self.payload, self.uplink.send_frame, self.loop, self.ranks.os)
+            self.uplink.relay = self.reaper.relay = relay
+        for pid in self.uplink.relay.start(message, dict(os.environ)):
             self.reaper.watch(pid)  # a kill -9 of this agent cuts its children's links too
 
     def drop(self, message: Drop) -> None:
-        if self.relay is not None:
-            self.relay.drop(message.host)
+        if self.uplink.relay is not None:
+            self.uplink.relay.drop(message.host)
 
     pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None
 
@@ -271,7 +152,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         starts the server now, on a thread, while the launcher parses and plans. Not when the
         launch is already here: it decides at once, and the guess (reading the program) would
         only delay it."""
-        if self.pmix_guess is None or select.select([self.link], [], [], 0)[0]:
+        if self.pmix_guess is None or select.select([self.uplink.link], [], [], 0)[0]:
             return
         try:
             guess = self.pmix_guess()
@@ -292,7 +173,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
 
     # -- running ------------------------------------------------------------------------------
     def all_done(self) -> bool:
-        if self.relay is not None and not self.relay.done():
+        if self.uplink.relay is not None and not self.uplink.relay.done():
             return False
         return self.ranks.all_done()
 
@@ -306,7 +187,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
                 self.send(Note(text=f"mpilaunch: the agent on {self.host} was sent {signal.Signals(sig).name}{who}"))
             except OSError:
                 pass
-            self.link_lost()
+            self.uplink.lose()
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = signum
@@ -319,7 +200,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
             from mpilaunch.host.cgroup import JobCgroup
 
             cgroup = self.reaper.cgroup = JobCgroup.create(f"mpilaunch-{os.getpid()}")
-        self.reaper.guardian = Guardian(cgroup)
+        self.reaper.guardian = Guardian(self.ranks.os, cgroup)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -330,7 +211,7 @@ class Agent(ServiceHost, LinkOwner, Timer):
         signal.signal(signal.SIGINT, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
         self.loop.watch(wake_r, _drain)
-        self.loop.watch(self.link, self.read_link)
+        self.loop.watch(self.uplink.link, self.uplink.read)
         for timer in (self.reaper, self, self.ranks, self.ranks.death, self.heartbeat, self.shm, self.services):
             self.loop.add_timer(timer)  # services add themselves when a launch starts them
         reached = os.environ.get("SSH_CONNECTION", "").split()  # client, port, the address we were reached at, port
@@ -347,11 +228,11 @@ class Agent(ServiceHost, LinkOwner, Timer):
         self.warm_pmix()
         try:
             while not (self.finishing and self.all_done()):
-                self.hold_frames()  # what one turn has to say (exits, output, PMI) goes in one write
+                self.uplink.hold()  # what one turn has to say (exits, output, PMI) goes in one write
                 try:
                     self.loop.turn()
                 finally:
-                    self.release_frames()
+                    self.uplink.release()
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
             self.reaper.release()

@@ -1,18 +1,20 @@
 """What the agent asks of the operating system to start, signal and reap processes, in one seam.
 
-Ranks (ranks.py) and the Reaper (reaper.py) start, signal and reap through a HostOS, as
-supervisor's processes do through its `options`: the real one here, a fake in the unit tests
-(tests/unit/test_agent_os.py), so the code that spawns and kills is tested without processes.
-Stdlib only: shipped with the agent.
+Every process the agent starts, signals or waits for, and every /proc file it reads, goes
+through a HostOS, as supervisor's processes do through its `options`: the ranks (ranks.py), the
+reaper and the guardian (reaper.py), how a rank died (death.py), a relay's ssh clients
+(relay.py) and the stack tools (stacks.py). The real one is here, a fake in the unit tests
+(tests/fakeos.py), so the code that spawns and kills is tested without processes. Pipes and
+files the agent reads and writes are its own business. Stdlib only: shipped with the agent.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
-from mpilaunch.host import spawn
-from mpilaunch.host.procfs import children_of
+from mpilaunch.host import procfs, spawn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,17 +52,52 @@ class HostOS:
             if saved is not None:
                 os.sched_setaffinity(0, saved)
 
+    def start_guardian(self, argv: list[str], pipe: int, table: int) -> int:
+        """The guardian's shell (reaper.Guardian), the agent's pipe on its descriptor 3 and the
+        table on 4. Forked and exec'd, not posix_spawn'd: that waits for the exec, which on a busy
+        machine keeps the agent (and the job's start) waiting for a core for the shell."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()  # out of the agent's group and session: a batch system's kill of those leaves it
+                signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
+                for sig in spawn.RESTORED_SIGNALS:  # Python ignores them; the shell should not
+                    signal.signal(sig, signal.SIG_DFL)
+                os.dup2(pipe, 3)
+                os.dup2(table, 4)
+                os.execv(spawn.SHELL, argv)
+            finally:
+                os._exit(127)
+        return pid
+
+    def ssh_version(self, env: dict[str, str], program: str) -> tuple[int, int]:
+        """(major, minor) of that OpenSSH client (`ssh -V`), (0, 0) if it cannot tell."""
+        from mpilaunch.host.sshcmd import ssh_version
+
+        return ssh_version(env, program)
+
+    # The system's own calls, as they are: a fake answers and records them.
+    start_tool = staticmethod(spawn.start_tool)  # a stack tool in a session of its own: its pid, its output's pipe
+    start_time = staticmethod(procfs.start_time)  # when pid started: another time later is another process
+    getpgid = staticmethod(os.getpgid)
+    getpgrp = staticmethod(os.getpgrp)
+    clock = staticmethod(time.monotonic)
+    wall = staticmethod(time.time)
+    sleep = staticmethod(time.sleep)
+
     def killpg(self, group: int, sig: int) -> None:
-        os.killpg(group, sig)
+        """Signal a process group, if it is there: one that is gone, or no longer ours, hears nothing."""
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def kill(self, pid: int, sig: int) -> None:
-        os.kill(pid, sig)
-
-    def getpgid(self, pid: int) -> int:
-        return os.getpgid(pid)
-
-    def getpgrp(self) -> int:
-        return os.getpgrp()
+        """Signal a process, if it is there."""
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     zombie: tuple[int, str | None] = (0, None)  # the last child a signal ended, and its /proc/PID/cgroup
 
@@ -80,15 +117,42 @@ class HostOS:
         """pid's /proc/PID/cgroup as it was just before it was reaped, if a signal ended it."""
         return self.zombie[1] if self.zombie[0] == pid else None
 
+    def wait(self, pid: int) -> None:
+        """Wait for a child of ours to end (nothing if it was reaped already)."""
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
     def children(self, pid: int | None = None) -> list[int]:
         """The children of pid (this process's by default)."""
-        return children_of(os.getpid() if pid is None else pid)
+        return procfs.children_of(os.getpid() if pid is None else pid)
 
-    def clock(self) -> float:
-        return time.monotonic()
+    def program_of(self, pid: int) -> str:
+        """The name of pid's program file (/proc/PID/exe), "" if it cannot be read."""
+        try:
+            return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            return ""
 
-    def wall(self) -> float:
-        return time.time()
+    def maps(self, pid: int) -> bytes:
+        """pid's memory map (/proc/PID/maps), b"" if it cannot be read."""
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as handle:
+                return handle.read()
+        except OSError:
+            return b""
+
+    def executables(self, names: Sequence[str], folders: Sequence[str]) -> dict[str, str]:
+        """name -> the first executable file of that name in folders, for the names found."""
+        found: dict[str, str] = {}
+        for name in names:
+            for folder in folders:
+                candidate = os.path.join(folder or ".", name)
+                if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                    found[name] = candidate
+                    break
+        return found
 
     # -- what agent/death.py reads ---------------------------------------------------------------
     def read_text(self, path: str) -> str | None:

@@ -259,10 +259,7 @@ class Ranks(Timer):
         for rp in self.by_ident.values():
             if rp.status is None:
                 rp.sent_kill = rp.sent_kill or sig == signal.SIGKILL
-                try:
-                    self.os.killpg(rp.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                self.os.killpg(rp.pid, sig)
 
     def running(self, ident: int) -> bool:
         rp = self.by_ident.get(ident)

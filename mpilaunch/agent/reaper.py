@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from mpilaunch.agent.loop import Timer
-from mpilaunch.host.procfs import start_time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,10 +107,11 @@ class Guardian:
     of its own with no name (memfd), read only if the agent dies; each record is one write of
     its own, so a death at any point leaves whole records."""
 
-    def __init__(self, cgroup: JobCgroup | None = None) -> None:
+    def __init__(self, host_os: HostOS, cgroup: JobCgroup | None = None) -> None:
         from mpilaunch.host.shm import server_base
-        from mpilaunch.host.spawn import RESTORED_SIGNALS, SHELL, above
+        from mpilaunch.host.spawn import above
 
+        self.os = host_os  # starts and waits for the shell: the seam tests replace
         self.table = above(_nameless_file(), 5)  # neither 3 nor 4, the numbers it gets in the guardian
         self.slots: dict[int, int] = {}  # pid -> its record's place in the table
         self.free: list[int] = []  # places of records taken back
@@ -121,20 +120,7 @@ class Guardian:
         read_fd = above(read_fd, 5)
         args = ["sh", "-c", GUARD_SCRIPT, "mpilaunch-guardian", str(os.getpid()), server_base()]
         args.append(cgroup.path if cgroup is not None else "")
-        # fork and exec, not posix_spawn: that waits for the exec, which on a busy machine keeps
-        # the agent (and the job's start) waiting for a core for the shell.
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                os.setsid()  # out of the agent's group and session: a batch system's kill of those leaves it
-                signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
-                for sig in RESTORED_SIGNALS:  # Python ignores them; the shell should not
-                    signal.signal(sig, signal.SIG_DFL)
-                os.dup2(read_fd, 3)
-                os.dup2(self.table, 4)
-                os.execv(SHELL, args)
-            finally:
-                os._exit(127)
+        self.pid = host_os.start_guardian(args, read_fd, self.table)
         os.close(read_fd)
 
     def watch(self, pid: int, started: bytes | None = None) -> None:
@@ -171,10 +157,7 @@ class Guardian:
         except OSError:
             pass
         os.close(self.table)
-        try:
-            os.waitpid(self.pid, 0)  # it exits as soon as it reads the line (or sees the pipe close)
-        except ChildProcessError:  # reaped already
-            pass
+        self.os.wait(self.pid)  # it exits as soon as it reads the line (or sees the pipe close)
 
 
 def _nameless_file() -> int:
@@ -279,19 +262,16 @@ class Reaper(Timer):
         for pid in self.adopted():
             try:
                 group = self.os.getpgid(pid)  # an unreaped child of ours: its pid is still its own
-                if group != own:
-                    self.os.killpg(group, sig)
-                self.os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
-                pass
+                continue
+            if group != own:
+                self.os.killpg(group, sig)
+            self.os.kill(pid, sig)
 
     def signal_below(self, sig: int) -> None:
         """Signal every process below the ranks one by one (those that left every group we know)."""
         for pid in self.below_ranks():
-            try:
-                self.os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            self.os.kill(pid, sig)
 
     def terminate_all(self, grace: float) -> None:
         """SIGTERM every rank's group, every orphan and every process below them; SIGKILL what is
@@ -329,7 +309,7 @@ class Reaper(Timer):
             relaying = self.relay is not None and self.relay.running()
             if (not self.ranks.any_live() and not relaying and not self.below_ranks()) or self.os.clock() >= deadline:
                 return
-            time.sleep(0.005)
+            self.os.sleep(0.005)
 
     def release(self) -> None:
         """The end: the guardian leaves, the cgroup (empty by now) goes."""
@@ -366,7 +346,7 @@ class Reaper(Timer):
             return
         below = {pid for pid in self.below_ranks() if not self.ranks.is_live(pid)}  # ranks: told at spawn
         for pid in below - self.told:
-            self.guardian.watch(pid, start_time(pid) or b"-")
+            self.guardian.watch(pid, self.os.start_time(pid) or b"-")
         for pid in self.told - below:
             self.guardian.forget(pid)
         self.told = below

@@ -18,13 +18,15 @@ import signal
 
 from mpilaunch.agent.loop import Loop
 from mpilaunch.host import spawn
-from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
+from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Gone, Note, Ping, RelayHost, RelayHosts, encode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from mpilaunch.agent.host_os import HostOS
 
 READ_SIZE = 1 << 18
 
@@ -56,14 +58,45 @@ class Child:
         self.status: int | None = None
         self.dropped = False
 
+    def frames(self, data: bytes) -> tuple[list[bytes], str]:
+        """The whole frames data completes, ready to go up (each of the child's own wrapped in a
+        ROUTED frame that names it, those routed from below as they are), and why its stream is
+        to be closed ("": it is not): bytes that are no frames (before the marker, ssh's own noise
+        is skipped), or a frame in the name of a host it does not relay to."""
+        self.inbox += data
+        up: list[bytes] = []
+        try:
+            self.greeted = self.greeted or wire.past_marker(self.inbox)
+            frames = wire.split(self.inbox) if self.greeted else []
+        except wire.FrameError as exc:
+            return up, f"garbled stream: {exc}" if self.greeted else str(exc)
+        for kind, frame in frames:
+            if kind != wire.ROUTED:
+                up.append(wire.routed(self.index, frame))
+            elif wire.routed_host(frame) in self.subtree - {self.index}:
+                up.append(frame)  # from a host below the child, which the child relays
+            else:  # a frame in another host's name: the child is not to be trusted
+                return up, "it sent a frame in the name of a host it does not relay to"
+        return up, ""
+
+    def lines(self, data: bytes) -> list[str]:
+        """The whole lines of the child's stderr that data completes (all of it at its end: b"")."""
+        self.err += data or b"\n"
+        *lines, rest = bytes(self.err).split(b"\n")
+        self.err[:] = rest
+        found = [text for text in (line.decode(errors="replace").strip() for line in lines) if text]
+        self.last_words = found[-1] if found else self.last_words
+        return found
+
 
 class Relay:
     """The children of one agent, their descriptors watched on the agent's loop."""
 
-    def __init__(self, payload: bytes, send_up: Callable[[bytes], None], loop: Loop) -> None:
+    def __init__(self, payload: bytes, send_up: Callable[[bytes], None], loop: Loop, host_os: HostOS) -> None:
         self.payload = payload  # the agent's own loader and modules, for its children
         self.send_up = send_up  # whole frames, to the launcher
         self.loop = loop
+        self.os = host_os  # ssh clients started and signalled: the seam tests replace
         self.children: dict[int, Child] = {}  # by host index
         self.route: dict[int, Child] = {}  # every host below, by index -> the child it is under
         self.by_pid: dict[int, Child] = {}
@@ -76,7 +109,7 @@ class Relay:
         (its check, its own RelayHosts where it relays in turn) follow, routed to it. Returns the
         pids (for the guardian)."""
         if self.version is None:
-            self.version = ssh_version(env, msg.ssh.command[0] if msg.ssh.command else "ssh")
+            self.version = self.os.ssh_version(env, msg.ssh.command[0] if msg.ssh.command else "ssh")
         options = ssh_options(msg.ssh, self.version)
         openssh = is_ssh(msg.ssh)
         gate = spawn.Gate()
@@ -85,7 +118,7 @@ class Relay:
             for spec in msg.hosts:
                 argv = ssh_argv(options, spec.name, spec.user, spec.port, msg.command, openssh)
                 try:
-                    proc = spawn.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
+                    proc = self.os.start(argv, env, None, stdin=True, merge=False, pass_fds=(), gate=gate)
                 except OSError as exc:
                     self._gone(spec.index, f"cannot run ssh: {exc.strerror or exc}")
                     continue
@@ -95,14 +128,11 @@ class Relay:
                 self.by_pid[child.pid] = child
                 for index in child.subtree:
                     self.route[index] = child
-                for fd, handler in ((child.stdout, self.read_out), (child.stderr, self.read_err)):
-                    assert fd is not None
-                    os.set_blocking(fd, False)
-                    self.by_fd[fd] = child
-                    self.loop.watch(fd, handler)
-                assert child.stdin is not None
-                os.set_blocking(child.stdin, False)
-                self.by_fd[child.stdin] = child
+                for fd, handler in ((child.stdout, self.read_out), (child.stderr, self.read_err), (child.stdin, None)):
+                    os.set_blocking(fd, False)  # type: ignore[arg-type]
+                    self.by_fd[fd] = child  # type: ignore[index]
+                    if handler is not None:  # its stdin is watched while it has frames to take
+                        self.loop.watch(fd, handler)
                 self.write(child, self.payload)  # its check, and its own RelayHosts, come from the launcher
         finally:
             gate.release(len(started))
@@ -145,20 +175,14 @@ class Relay:
         except BlockingIOError:
             return
         except OSError:  # ssh is gone: its stdout's end says so
-            child.outbox.clear()
             self.close_stdin(child)
             return
         self.loop.unwatch(fd)
 
     def close_stdin(self, child: Child) -> None:
         """End of the child's link: its agent stops its ranks and exits."""
-        fd, child.stdin = child.stdin, None
-        if fd is None:
-            return
-        self.loop.unwatch(fd)
-        self.by_fd.pop(fd, None)
         child.outbox.clear()
-        os.close(fd)
+        self._unwatch(child, "stdin")
 
     # -- up ---------------------------------------------------------------------------------
     def writable(self, fd: int) -> None:
@@ -192,43 +216,20 @@ class Relay:
             return child, b""
 
     def _frames(self, child: Child, data: bytes) -> None:
-        child.inbox += data
-        try:
-            child.greeted = child.greeted or wire.past_marker(child.inbox)
-            if not child.greeted:
-                return
-            frames = wire.split(child.inbox)
-        except wire.FrameError as exc:
-            self._closed(child, str(exc) if not child.greeted else f"garbled stream: {exc}")
-            return
-        up = []
-        for kind, frame in frames:
-            if kind != wire.ROUTED:
-                up.append(wire.routed(child.index, frame))
-            elif wire.routed_host(frame) in child.subtree - {child.index}:
-                up.append(frame)  # from a host below the child, which the child relays
-            else:  # a frame in another host's name: the child is not to be trusted
-                self.send_up(b"".join(up))
-                self._closed(child, "it sent a frame in the name of a host it does not relay to")
-                return
+        up, why = child.frames(data)
         if up:
             self.send_up(b"".join(up))
+        if why:
+            self._closed(child, why)
 
     def _stderr(self, child: Child, data: bytes) -> None:
         """The child's agent's own messages (and ssh's), shown with its name, like the launcher
         shows those of the agents it started itself."""
         if not data:
             self._unwatch(child, "stderr")
-            data = b"\n"
-        child.err += data
-        *lines, rest = bytes(child.err).split(b"\n")
-        child.err[:] = rest
-        for line in lines:
-            text = line.decode(errors="replace").strip()
-            if text:
-                child.last_words = text
-                if child.greeted:
-                    self.send_up(encode(Note(text=f"mpilaunch: agent on {child.name}: {text}")))
+        for text in child.lines(data):
+            if child.greeted:
+                self.send_up(encode(Note(text=f"mpilaunch: agent on {child.name}: {text}")))
 
     def _unwatch(self, child: Child, which: str) -> None:
         fd = getattr(child, which)
@@ -257,7 +258,7 @@ class Relay:
                 why = child.last_words or "the connection closed before the agent started"
             self._gone(child.index, why)
         if child.status is None:  # ssh may linger; it is ours to end
-            self._signal(child, signal.SIGTERM)
+            self.os.killpg(child.pid, signal.SIGTERM)
 
     def _gone(self, index: int, why: str) -> None:
         self.send_up(encode(Gone(host=index, why=why)))
@@ -301,11 +302,4 @@ class Relay:
     def kill(self) -> None:
         for child in self.children.values():
             if child.status is None:
-                self._signal(child, signal.SIGKILL)
-
-    @staticmethod
-    def _signal(child: Child, sig: int) -> None:
-        try:
-            os.killpg(child.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+                self.os.killpg(child.pid, signal.SIGKILL)

@@ -25,17 +25,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 from mpilaunch.agent.loop import Loop, Timer
-from mpilaunch.host import spawn
-from mpilaunch.host.procfs import children_of
 from mpilaunch.protocol.messages import RankStack, Stacks, TakeStacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from mpilaunch.agent.host_os import HostOS
     from mpilaunch.agent.ranks import Ranks
     from mpilaunch.protocol.record import Record
 
@@ -45,48 +43,32 @@ SHELLS = ("sh", "bash", "dash", "zsh", "ksh")  # a rank that is a shell waiting 
 NO_TOOL = "no py-spy, eu-stack or gdb"
 
 
-def find_tools(path: str) -> dict[str, str]:
+def find_tools(host_os: HostOS, path: str) -> dict[str, str]:
     """name -> path of each stack tool found: the interpreter's own bin directory first, then PATH."""
-    found: dict[str, str] = {}
     folders = [os.path.dirname(sys.executable), *path.split(os.pathsep)]
-    for name in ("py-spy", "eu-stack", "gdb"):
-        for folder in folders:
-            candidate = os.path.join(folder or ".", name)
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                found[name] = candidate
-                break
-    return found
+    return host_os.executables(("py-spy", "eu-stack", "gdb"), folders)
 
 
-def is_python(pid: int) -> bool:
+def is_python(host_os: HostOS, pid: int) -> bool:
     """The process runs a Python interpreter (its program's name, or libpython in its maps)."""
-    try:
-        if os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith(("python", "pypy")):
-            return True
-        with open(f"/proc/{pid}/maps", "rb") as handle:
-            return b"/libpython" in handle.read()
-    except OSError:
-        return False
+    program = host_os.program_of(pid)
+    return program.startswith(("python", "pypy")) or (bool(program) and b"/libpython" in host_os.maps(pid))
 
 
-def target_of(pid: int) -> int:
+def target_of(host_os: HostOS, pid: int) -> int:
     """The process whose stack says what the rank does: the rank itself, or, for a shell that
     runs one program and waits for it (`sh -c 'python train.py'`), that program."""
     for _ in range(4):
-        try:
-            name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-        except OSError:
-            return pid
-        below = children_of(pid)
-        if name not in SHELLS or len(below) != 1:
+        below = host_os.children(pid) if host_os.program_of(pid) in SHELLS else []
+        if len(below) != 1:
             return pid
         pid = below[0]
     return pid
 
 
-def command_for(tools: dict[str, str], pid: int) -> tuple[str, list[str]] | None:
-    """(tool, argv) that reads this process, or None when no tool here can."""
-    if "py-spy" in tools and is_python(pid):
+def command_for(tools: dict[str, str], python: bool, pid: int) -> tuple[str, list[str]] | None:
+    """(tool, argv) that reads this process (python: it runs Python), or None when no tool here can."""
+    if "py-spy" in tools and python:
         return "py-spy", [tools["py-spy"], "dump", "--nonblocking", "--pid", str(pid)]
     if "eu-stack" in tools:
         return "eu-stack", [tools["eu-stack"], "-m", "-s", "-p", str(pid)]
@@ -125,6 +107,7 @@ class StackTaker(Timer):
         self.loop = loop
         self.send = send
         self.ranks = ranks
+        self.os = ranks.os  # tools started, ranks stopped and read: the seam tests replace
         self.watch = watch  # the guardian kills a tool with the ranks if the agent dies
         self.env = env  # the host's environment (its PATH finds the tools), final once ranks run
         self.requests: list[TakeStacks] = []
@@ -142,11 +125,11 @@ class StackTaker(Timer):
             self.begin()
 
     def begin(self) -> None:
-        self.tools = find_tools(self.env.get("PATH", os.defpath))
+        self.tools = find_tools(self.os, self.env.get("PATH", os.defpath))
         live = [(ident, rp.pid) for ident, rp in sorted(self.ranks.by_ident.items()) if rp.status is None]
         self.stopped = [pid for _, pid in live]
         self.signal_stopped(signal.SIGSTOP)
-        self.todo = [(ident, target_of(pid)) for ident, pid in live]
+        self.todo = [(ident, target_of(self.os, pid)) for ident, pid in live]
         self.done = []
         self.lacks = self.lacking(self.todo)
         self.more()
@@ -157,7 +140,7 @@ class StackTaker(Timer):
             return ""
         if not self.tools:
             return "tools"
-        return "py-spy" if any(is_python(pid) for _, pid in todo) else ""
+        return "py-spy" if any(is_python(self.os, pid) for _, pid in todo) else ""
 
     def more(self) -> None:
         """Start tools while there is room; answer once every rank of the request is read."""
@@ -166,18 +149,18 @@ class StackTaker(Timer):
         env["RUST_BACKTRACE"] = "0"  # py-spy's errors in one line, without its own stack
         while self.todo and len(self.reading) < PARALLEL:
             ident, pid = self.todo.pop(0)
-            found = command_for(self.tools, pid)
+            found = command_for(self.tools, "py-spy" in self.tools and is_python(self.os, pid), pid)
             if found is None:
                 self.done.append(RankStack(proc=ident, why=NO_TOOL))
                 continue
             tool, argv = found
             try:
-                tool_pid, fd = spawn.start_tool(argv[0], argv, env)
+                tool_pid, fd = self.os.start_tool(argv[0], argv, env)
             except OSError as exc:
                 self.done.append(RankStack(proc=ident, tool=tool, why=f"{tool} could not start: {exc.strerror}"))
                 continue
             self.watch(tool_pid)
-            self.reading[fd] = Reading(ident, pid, tool, tool_pid, fd, time.monotonic() + request.limit)
+            self.reading[fd] = Reading(ident, pid, tool, tool_pid, fd, self.os.clock() + request.limit)
             self.loop.watch(fd, self.read)
         if not self.todo and not self.reading:
             self.signal_stopped(signal.SIGCONT)
@@ -205,10 +188,7 @@ class StackTaker(Timer):
         os.close(reading.fd)
         del self.reading[reading.fd]
         if why:  # it outstayed the limit
-            try:
-                os.killpg(reading.tool_pid, signal.SIGKILL)
-            except OSError:
-                pass
+            self.os.killpg(reading.tool_pid, signal.SIGKILL)
         text = b"".join(reading.chunks).decode("utf-8", "replace")
         self.done.append(RankStack(proc=reading.ident, text=text, tool=reading.tool, why=why))
         self.more()
@@ -217,10 +197,7 @@ class StackTaker(Timer):
         """Stop or resume the request's ranks that still run (a reaped rank's pid is not ours)."""
         for pid in self.stopped:
             if self.ranks.is_live(pid):
-                try:
-                    os.killpg(pid, sig)
-                except OSError:
-                    pass
+                self.os.killpg(pid, sig)
 
     def next_deadline(self) -> float | None:
         return min((r.deadline for r in self.reading.values()), default=None)

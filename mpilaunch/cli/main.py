@@ -11,10 +11,15 @@ from mpilaunch.cli.cmdline import INFO, SINGLETON, SUBCOMMAND, VERSION, CommandL
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from mpilaunch.transport.local import LocalTransport
 
-def main(line: CommandLine | list[str] | None = None) -> None:
+
+def main(line: CommandLine | list[str] | None = None, here: LocalTransport | None = None) -> None:
     """Run what the command line (read once, by cli/cmdline.read; or words, as argv without the
-    program's name) asks for; leave with its status."""
+    program's name) asks for; leave with its status. here: this machine's agents, one perhaps
+    forked already (entry.main)."""
     if not isinstance(line, CommandLine):
         line = read(sys.argv[1:] if line is None else line)
     args = line.args
@@ -38,7 +43,7 @@ def main(line: CommandLine | list[str] | None = None) -> None:
             spec = parse_args(line)
             from mpilaunch.launcher.launch import run_job
 
-            status = run_job(spec)
+            status = run_job(spec, here)
     except LaunchError as exc:
         print(f"mpilaunch: {exc}", file=sys.stderr)
         status = exc.status

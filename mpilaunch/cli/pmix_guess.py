@@ -1,5 +1,5 @@
 """Whether a command line's ranks on this machine will be served PMIx, guessed before it is
-parsed: the agent forked at start-up (transport/local.prestart_local_agent) then starts its
+parsed: the agent forked at start-up (transport/local.LocalTransport.prestart) then starts its
 PMIx server (mostly hwloc's look at the machine) while the launcher parses and
 plans, instead of after the launch arrives. Only a guess: the launch decides, and a server
 started for nothing is stopped (agent/services/pmix.PmixService.prestart)."""

@@ -23,9 +23,7 @@ from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.protocol.wire import STDERR, STDOUT
 from mpilaunch.transport.base import HostResult, Link, Transport, transport_class
-from mpilaunch.transport.local import LocalTransport, discard_early_agent, prestart_local_agent, raise_fd_limit
-
-LOCAL = LocalTransport()  # this machine's agents
+from mpilaunch.transport.local import LocalTransport, raise_fd_limit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -204,9 +202,11 @@ def write_rank_table(plan: LaunchPlan, links: Mapping[int, Link]) -> None:
         say(plan.options, f"rank table: {note}")
 
 
-def run_job(spec: JobSpec) -> int:
+def run_job(spec: JobSpec, here: LocalTransport | None = None) -> int:
     """The run: its attempts (the whole job started again after a failure, --max-restarts), each
-    planned, probed, finalized and run; the exit status is the last attempt's."""
+    planned, probed, finalized and run; the exit status is the last attempt's. here: this
+    machine's agents (one may be forked already: entry.main)."""
+    here = LocalTransport() if here is None else here
     options = spec.options
     torch = options.torch
     if torch is not None and torch.to_files and options.output_filename is None and not options.dry_run:
@@ -218,7 +218,7 @@ def run_job(spec: JobSpec) -> int:
     earlier: list[dict[str, object]] | None = [] if options.max_restarts else None
     attempt = 0
     while True:
-        status, stopped = run_attempt(spec_for_attempt(spec, attempt), attempt, earlier)
+        status, stopped = run_attempt(spec_for_attempt(spec, attempt), attempt, earlier, here)
         if status in (0, None) or stopped or attempt >= options.max_restarts:
             return status or 0
         delay = options.restart_delay
@@ -227,7 +227,7 @@ def run_job(spec: JobSpec) -> int:
             f"attempt {attempt} ended with status {status}: the job starts again in {delay:g} s "
             f"(attempt {attempt + 1} of {options.max_restarts + 1})",
         )
-        prestart_local_agent()  # the next attempt's agent sets itself up during the delay
+        here.prestart()  # the next attempt's agent sets itself up during the delay
         time.sleep(delay)  # Ctrl-C or SIGTERM meanwhile leaves at once, as before a run (entry.main)
         attempt += 1
 
@@ -243,7 +243,9 @@ def spec_for_attempt(spec: JobSpec, attempt: int) -> JobSpec:
     return spec._replace(options=spec.options._replace(output_filename=tree))
 
 
-def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | None) -> tuple[int | None, bool]:
+def run_attempt(
+    spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | None, here: LocalTransport
+) -> tuple[int | None, bool]:
     """One attempt of the run: (its status, whether the user stopped it: no restart then); a
     dry run's status is None."""
     options = spec.options
@@ -271,7 +273,7 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
                 show_plan(plan, source)
         if options.dry_run:
             return None, True
-        controller = execute(plan, notes=not attempt)
+        controller = execute(plan, notes=not attempt, here=here)
     except LaunchError as exc:
         if meeting is not None:
             meeting.finish(exc.status)
@@ -407,7 +409,7 @@ def say(options: Options, note: str) -> None:
         sys.stderr.write(f"mpilaunch: {note}\n")  # one write: the line stays whole beside the ranks' output
 
 
-def probe(plan: LaunchPlan) -> tuple[dict[int, Link], Facts]:
+def probe(plan: LaunchPlan, here: LocalTransport) -> tuple[dict[int, Link], Facts]:
     """Check what can be checked here, start every host's agent (this machine's first, forked
     before any SSH connection exists, so it holds none of them), and gather what each host said
     of itself: the links, and the facts that finalize the plan."""
@@ -417,27 +419,30 @@ def probe(plan: LaunchPlan) -> tuple[dict[int, Link], Facts]:
     families = {index: check_local_programs(plan, plan.launcher_env, index) for index in local}
     raise_fd_limit()
     if not local:
-        discard_early_agent(wait=False)  # forked at start-up in case the job had local ranks; it has none
+        here.discard(wait=False)  # forked at start-up in case the job had local ranks; it has none
     if not remote:
         return {}, Facts(host_info=dict(plan.host_info), families=families)
     links: dict[int, Link] = {}
     if local:  # the first (forked early) now; any other this machine runs (--launcher local) with the launch
-        links.update({index: result.link for index, result in LOCAL.start({local[0]: plan.hosts[local[0]]}).items()})  # type: ignore[misc]
+        links[local[0]] = here.agent()
     try:
         remote_links, results = start_remote_agents(plan, remote)
     except BaseException:
         _close_and_wait(links)
         raise
     links.update(remote_links)
-    discard_early_agent()  # reaps the early agent told to stop above: it has left by now
+    here.discard()  # reaps the early agent told to stop above: it has left by now
     facts = remote_facts(plan, remote_links, results)
     return links, facts._replace(families={**families, **facts.families})
 
 
-def execute(plan: LaunchPlan, host_tags: bool = False, notes: bool = True) -> Controller:
+def execute(
+    plan: LaunchPlan, host_tags: bool = False, notes: bool = True, here: LocalTransport | None = None
+) -> Controller:
     """Plan, probe, finalize, run: the agents started and checked, the plan finished with what
     the hosts said, the output opened, job 1's ranks started: a controller ready to run."""
-    links, facts = probe(plan)
+    here = LocalTransport() if here is None else here  # this machine's agents
+    links, facts = probe(plan, here)
     try:
         final = finalize(plan, facts)
         plan = final.plan
@@ -452,14 +457,13 @@ def execute(plan: LaunchPlan, host_tags: bool = False, notes: bool = True) -> Co
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
     # agents answer waits in their links until the controller reads it.
     try:
-        here = {index: plan.hosts[index] for index in final.launches if index not in links}
-        links.update({index: result.link for index, result in LOCAL.start(here).items()})  # type: ignore[misc]
+        links.update({index: here.agent() for index in final.launches if index not in links})
         for index, launch in final.launches.items():
             links[index].send(encode(launch))
         from mpilaunch.launcher.controller import Controller
 
         return Controller(
-            plan, sink, links, summary=not host_tags, launched=True, agents=LOCAL.agent,
+            plan, sink, links, summary=not host_tags, launched=True, agents=here.agent,
             remote_agents=functools.partial(start_spawn_agents, plan),
         )  # fmt: skip
     except BaseException:

@@ -67,9 +67,18 @@ class LocalLink(Link):
 
 
 class LocalTransport(Transport):
-    """This machine's agents: forked children of the launcher (the one forked at start-up first)."""
+    """This machine's agents: forked children of the launcher. One may be forked early
+    (prestart), before the command line is parsed: its imports and set-up (subreaper, guardian,
+    PMI server) then run on another core while the launcher imports and plans, instead of
+    after it; the first agent asked for is that one. Forking this early is sound because the
+    launcher never changes its environment or working directory afterwards: the agent has the
+    same as a later fork would."""
 
     name = "local"
+
+    def __init__(self) -> None:
+        self.early: LocalLink | None = None  # forked by prestart, not taken yet
+        self.ending: list[LocalLink] = []  # early agents told to stop, reaped before the launcher leaves
 
     def start(self, hosts: Mapping[int, object]) -> dict[int, HostResult]:
         results = {}
@@ -80,7 +89,35 @@ class LocalTransport(Transport):
 
     def agent(self) -> LocalLink:
         """One agent here: the one forked early, or a new one."""
-        return start_local_agent()
+        link, self.early = self.early, None
+        return link if link is not None else _fork_agent()
+
+    def prestart(self, pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> None:
+        """Fork the next agent now, with the descriptor limit raised first (its ranks inherit
+        it). pmix_guess, called in the agent, says whether to start a PMIx server already
+        (cli/pmix_guess.py)."""
+        if self.early is None:
+            raise_fd_limit()
+            # Both sides need these: imported once, here, the agent gets them with the fork.
+            import selectors  # noqa: F401
+            import signal  # noqa: F401
+
+            from mpilaunch.host import programs  # noqa: F401
+            from mpilaunch.protocol import messages, wire  # noqa: F401
+
+            self.early = _fork_agent(pmix_guess)
+
+    def discard(self, wait: bool = True) -> None:
+        """The job did not take the agent forked early (a refused command line, a remote-only
+        job): end it. wait=False leaves the reaping to the next call with wait (entry.main makes
+        one before the launcher exits), so a remote-only job starts its connections at once
+        instead of waiting for the agent to finish its own start and stop."""
+        link, self.early = self.early, None
+        if link is not None:
+            link.close()  # the agent stops at the end of its link
+            self.ending.append(link)
+        while wait and self.ending:
+            self.ending.pop().wait()
 
 
 def raise_fd_limit() -> None:
@@ -93,52 +130,6 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):
         pass
-
-
-_early: LocalLink | None = None  # forked by prestart_local_agent, not yet taken by a controller
-
-
-def prestart_local_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> None:
-    """Fork the local agent now, before the command line is parsed: its imports and set-up
-    (subreaper, guardian, PMI server) then run on another core while this process imports and
-    plans, instead of after it. pmix_guess, called in the agent,
-    says whether to start a PMIx server already (cli/pmix_guess.py). Forking this early is sound
-    because the launcher never changes its environment or working directory afterwards: the
-    agent has the same as a later fork would."""
-    global _early
-    if _early is None:
-        # Both sides need these: imported once, here, the agent gets them with the fork.
-        import selectors  # noqa: F401
-        import signal  # noqa: F401
-
-        from mpilaunch.host import programs  # noqa: F401
-        from mpilaunch.protocol import messages, wire  # noqa: F401
-
-        _early = _fork_agent(pmix_guess)
-
-
-_ending: list[LocalLink] = []  # early agents told to stop, reaped before the launcher leaves
-
-
-def discard_early_agent(wait: bool = True) -> None:
-    """The job never took the agent forked early (a refused command line, a remote-only job):
-    end it. wait=False leaves the reaping to the next call with wait (entry.main makes one
-    before the launcher exits), so a remote-only job starts its connections at once instead of
-    waiting for the agent to finish its own start and stop."""
-    global _early
-    link, _early = _early, None
-    if link is not None:
-        link.close()  # the agent stops at the end of its link
-        _ending.append(link)
-    while wait and _ending:
-        _ending.pop().wait()
-
-
-def start_local_agent() -> LocalLink:
-    """The local host's agent: the one forked early, or a new one."""
-    global _early
-    link, _early = _early, None
-    return link if link is not None else _fork_agent()
 
 
 def _fork_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] | None = None) -> LocalLink:

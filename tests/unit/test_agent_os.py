@@ -1,145 +1,18 @@
 """The agent's spawn, kill and reap, through its OS seam (agent/host_os.py) with a fake, as
 supervisor's process tests run with DummyOptions: what the agent asks of the system and what
 it reports up, with no process started. The fake's processes have real pipes (the agent's loop
-reads them) and made-up pids; exits are wait statuses the test queues."""
+reads them) and made-up pids; exits are wait statuses the test queues (tests/fakeos.py)."""
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import signal
 
 import pytest
 
-from mpilaunch.agent.loop import Loop
-from mpilaunch.agent.ranks import EXIT_REPORT_DELAY, Ranks
-from mpilaunch.agent.reaper import Reaper
-from mpilaunch.host import spawn
-from mpilaunch.protocol.messages import Exited, Failed, RankSpec, Started
-
-WALL = 1795000000.0  # the fake's wall clock is its monotonic clock plus this
-
-
-class Usage:
-    ru_utime, ru_stime, ru_maxrss = 0.25, 0.5, 2048
-
-
-class FakeOS:
-    """Processes that exist only here: each start gets the next pid and real pipes; what the
-    agent asks (starts, signals) is recorded; reap() gives back the exits queued by the test."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.next_pid = 5000
-        self.started: list[tuple[tuple[str, ...], list[int] | None]] = []
-        self.signals: list[tuple[str, int, int]] = []  # ("killpg" | "kill", target, signal)
-        self.exits: list[tuple[int, int]] = []  # (pid, wait status) to reap
-        self.kids: dict[int, list[int]] = {}  # pid -> its children (0: the agent's)
-        self.groups: dict[int, int] = {}  # pid -> process group
-        self.ends: dict[int, list[int]] = {}  # pid -> the test's ends of its stdout/stderr pipes
-        self.refuse: OSError | None = None  # the next start fails so
-        # what agent/death.py reads
-        self.files: dict[str, str] = {}  # path -> text (/proc files, cgroup files)
-        self.kmsg: list[str] | None = None  # the kernel log's records (None: not readable)
-        self.on_disk: dict[str, float] = {}  # path -> modification time (core files)
-        self.zombies: dict[int, str] = {}  # pid -> its /proc/PID/cgroup while a zombie
-
-    def start(self, argv, env, wdir, *, stdin, merge, pass_fds, gate, cpus=None, found=None):  # type: ignore[no-untyped-def]
-        if self.refuse is not None:
-            error, self.refuse = self.refuse, None
-            raise error
-        pid = self.next_pid
-        self.next_pid += 1
-        out_r, out_w = os.pipe()
-        err_r, err_w = (None, None) if merge else os.pipe()
-        self.ends[pid] = [fd for fd in (out_w, err_w) if fd is not None]
-        self.started.append((tuple(argv), cpus))
-        self.kids.setdefault(0, []).append(pid)
-        self.groups[pid] = pid  # a session, hence a group, of its own
-        return spawn.Started(pid, None, out_r, err_r)
-
-    def killpg(self, group: int, sig: int) -> None:
-        self.signals.append(("killpg", group, sig))
-
-    def kill(self, pid: int, sig: int) -> None:
-        self.signals.append(("kill", pid, sig))
-
-    def getpgid(self, pid: int) -> int:
-        return self.groups[pid]
-
-    def getpgrp(self) -> int:
-        return 1
-
-    def reap(self):  # type: ignore[no-untyped-def]
-        if not self.kids.get(0) and not self.exits:
-            raise ChildProcessError
-        if not self.exits:
-            return None
-        pid, status = self.exits.pop(0)
-        self.kids[0].remove(pid)
-        return pid, status, Usage()
-
-    def children(self, pid=None):  # type: ignore[no-untyped-def]
-        return list(self.kids.get(0 if pid is None else pid, []))
-
-    def clock(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return WALL + self.now
-
-    def read_text(self, path: str) -> str | None:
-        return self.files.get(path)
-
-    def cwd_of(self, pid: int | None) -> str | None:
-        return "/work" if pid is None else self.files.get(f"/proc/{pid}/cwd")
-
-    def kernel_log(self) -> list[str] | None:
-        return self.kmsg
-
-    def matches(self, pattern: str) -> list[tuple[str, float]]:
-        return [(path, mtime) for path, mtime in self.on_disk.items() if fnmatch.fnmatchcase(path, pattern)]
-
-    def identity(self) -> tuple[int, int, str]:
-        return 1000, 1000, "node1"
-
-    def zombie_cgroup(self, pid: int) -> str | None:
-        return self.zombies.get(pid)
-
-    def end(self, pid: int, status: int) -> None:
-        """The process ends: its pipes close, its wait status is there to reap."""
-        for fd in self.ends.pop(pid, []):
-            os.close(fd)
-        self.exits.append((pid, status))
-
-
-class Agent:
-    """Ranks and a Reaper over the fake, and what they sent up."""
-
-    def __init__(self) -> None:
-        self.os = FakeOS()
-        self.loop = Loop(self.os.clock)
-        self.sent: list[object] = []
-        self.watched: list[int] = []
-        self.ranks = Ranks(self.loop, self.sent.append, lambda frame: None, self.watched.append, self.os)
-        self.reaper = Reaper(self.ranks)
-        self.loop.add_timer(self.reaper)
-        self.loop.add_timer(self.ranks)
-        self.loop.add_timer(self.ranks.death)
-
-    def spawn(self, proc: int, argv: tuple[str, ...] = ("prog",), cpus: list[int] | None = None) -> bool:
-        spec = RankSpec(proc=proc, rank=proc, local_rank=proc, app=0, argv=argv, wdir="/", env={})
-        return self.ranks.spawn(1, spec, {}, False, cpus, spawn.Gate(), [])
-
-    def turns(self, count: int = 3) -> None:
-        for _ in range(count):
-            self.loop.turn()
-
-    def close(self) -> None:
-        for fds in self.os.ends.values():
-            for fd in fds:
-                os.close(fd)
-        self.loop.close()
+from mpilaunch.agent.ranks import EXIT_REPORT_DELAY
+from mpilaunch.protocol.messages import Exited, Failed, Started
+from tests.fakeos import Agent
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from mpilaunch.agent.death import (
 from mpilaunch.launcher.json_report import death_fields
 from mpilaunch.launcher.report_text import failure_summary, oom_words, size
 from mpilaunch.protocol.messages import Death, Exited
-from tests.unit.test_agent_os import WALL, Agent
+from tests.fakeos import WALL, Agent
 
 MIB = 1 << 20
 V1_UNLIMITED = "9223372036854771712\n"

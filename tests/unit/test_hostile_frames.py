@@ -207,8 +207,8 @@ def test_fuzz_agent_link_never_raises(frames: list[bytes], sizes: list[int]) -> 
     agent = Agent(link)  # type: ignore[arg-type]
     agent.reaper.adopted = lambda: []  # type: ignore[method-assign]  # this test process's children are not orphans
     try:
-        while link.inbox and agent.link_open:
-            agent.read_link(link.fileno())
+        while link.inbox and agent.uplink.open:
+            agent.uplink.read(link.fileno())
     finally:
         agent.loop.close()
 
