@@ -22,7 +22,8 @@ from mpilaunch.launcher.events import (
     TimedOut,
     table,
 )
-from mpilaunch.launcher.policy import Policy, abort_status
+from mpilaunch.launcher.policy import Policy
+from mpilaunch.launcher.run_status import abort_status
 from mpilaunch.launcher.signal_table import ACTIONS, name_of
 from mpilaunch.launcher.states import RankState
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import signal
 
-from mpilaunch.launcher import states
+from mpilaunch.launcher import run_status, states
 from mpilaunch.launcher.events import (
     Abort,
     AgentLost,
     FinishAgents,
-    Forward,
-    HardStop,
     HostLost,
     MpiFailure,
     NodesEnded,
@@ -28,11 +26,9 @@ from mpilaunch.launcher.events import (
     SignalReceived,
     Silent,
     StacksTaken,
-    StopNotice,
     TimedOut,
     WantStacks,
 )
-from mpilaunch.launcher.signal_table import ACTIONS, FORWARD, STACKS, STACKS_TWICE, STOP
 from mpilaunch.launcher.states import (
     ABORTING,
     DONE,
@@ -44,6 +40,7 @@ from mpilaunch.launcher.states import (
     STOPPING,
     RankState,
 )
+from mpilaunch.launcher.stop_signals import StopSignals
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.spec import Options
 from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started
@@ -53,7 +50,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-TIMEOUT_STATUS = 124
 FINISH_GRACE = 0.5  # what the agents give leftovers (a rank's daemon) once every rank ended
 STACKS_WAIT = 60.0  # a kill that waits for the ranks' stacks waits this long at most
 
@@ -68,12 +64,8 @@ class Policy:
         self.phase = RUNNING
         self.aborted = False  # a kill went out to every agent
         self.timed_out = False
-        self.stop_signal: int | None = None  # the first signal that stops the run (SIGINT, SIGTERM...)
-        self.escalate_at: float | None = None  # after a stop signal: when the ranks still running are stopped
-        self.escalate_grace = 0.0  # ... with this abort's grace (0: SIGKILL at once)
+        self.stops = StopSignals(self)  # the launcher's own signals
         self.deadline: float | None = None  # --timeout
-        self.signals_seen: dict[int, int] = {}
-        self.stacks_asked: dict[int, float] = {}  # a STACKS signal -> when it last asked for stacks
         self.kill_after: set[str] = set()  # the stacks a kill waits for (timeout, hang)
         self.kill_at: float | None = None  # ... and when it stops waiting
         self.timed_out_by = ""  # --timeout or --hang-timeout
@@ -87,7 +79,7 @@ class Policy:
             Failed: self.not_started,
             PmiAbort: self.mpi_abort,
             PmiError: self.pmi_error,
-            SignalReceived: self.signal,
+            SignalReceived: self.stops.take,
             HostLost: self.host_lost,
             NodesEnded: self.nodes_ended,
             Silent: self.silent,
@@ -148,43 +140,6 @@ class Policy:
     def pmi_error(self, event: PmiError) -> None:
         self.mpi_failure(self.procs[event.proc], 1, event.error)
 
-    def signal(self, event: SignalReceived) -> None:
-        """A signal's row of signal_table.ACTIONS: forwarded, or the run stopped by it. After the
-        first stop signal the ranks get a grace to end on their own (--kill-timeout, torchrun's
-        --shutdown-timeout), then SIGTERM and SIGKILL; a second stop signal, of any kind (a
-        SIGTERM after a closed terminal's SIGHUP, Ctrl-C twice), kills every rank at once, but
-        for a SIGTERM under hydra's rules, which is forwarded as each one is."""
-        sig = event.sig
-        action, sent = ACTIONS.get(sig, (FORWARD, sig))
-        if action == STACKS:  # a first one asks for stacks; a second within STACKS_TWICE stops the run
-            now, last = self.clock(), self.stacks_asked.pop(sig, None)
-            if last is None or now - last > STACKS_TWICE:
-                self.stacks_asked[sig] = now
-                self.publish(WantStacks(signal.Signals(sig).name))
-                return
-            action = STOP
-        if action != STOP:
-            self.publish(Forward(sent))
-            return
-        if self.stop_signal is not None and not (self.hydra and sig == signal.SIGTERM):
-            self.publish(HardStop(sig))
-            self.abort(0)
-            return
-        if self.stop_signal is not None:  # hydra's: every SIGTERM goes to the ranks
-            self.publish(Forward(sent))
-            return
-        self.stop_signal = sig
-        if self.phase == RUNNING:
-            self.move(INTERRUPTED)
-        self.publish(Forward(sent))
-        if self.phase != INTERRUPTED or self.all_done():
-            return  # an abort or the end is under way already: it stops what is left
-        own = self.options.signal_grace  # torchrun's: SIGKILL once it has passed
-        grace = self.options.kill_timeout if own is None else own
-        self.escalate_grace = 0.0 if own is not None or sent == signal.SIGTERM else self.options.kill_timeout
-        self.escalate_at = self.clock() + grace
-        self.publish(StopNotice(sig, sent, grace, self.escalate_grace > 0))
-
     def host_lost(self, event: HostLost) -> None:
         """Its ranks are gone: killed there by the agent or its guardian, here by the controller.
         A host lost to silence (a frozen agent, a network cut) may still run them: they end here
@@ -234,10 +189,7 @@ class Policy:
         now = self.clock()
         if self.kill_at is not None and now >= self.kill_at:  # the stacks never came: the kill goes on
             self.stacks_taken(StacksTaken(next(iter(self.kill_after))))
-        if self.escalate_at is not None and now >= self.escalate_at:
-            self.escalate_at = None
-            if not self.all_done():
-                self.abort(self.escalate_grace)
+        self.stops.tick(now)
         if self.deadline is not None and now >= self.deadline:
             self.deadline = None
             if not self.all_done():
@@ -253,7 +205,7 @@ class Policy:
             self.publish(FinishAgents(FINISH_GRACE))
 
     def next_deadline(self) -> float | None:
-        due = [t for t in (self.deadline, self.kill_at, self.escalate_at) if t is not None]
+        due = [t for t in (self.deadline, self.kill_at, self.stops.next_deadline()) if t is not None]
         return min(due) if due else None
 
     def links_closed(self) -> None:
@@ -326,37 +278,10 @@ class Policy:
         self.phase = states.moved(self.phase, phase, states.RUN_MOVES)
 
     # -- results ----------------------------------------------------------------------------------
+    @property
+    def stop_signal(self) -> int | None:
+        """The first signal that stopped the run (SIGINT, SIGTERM...), if one did."""
+        return self.stops.first
+
     def exit_status(self) -> int:
-        status = self.status()
-        if self.options.torch is not None and status != TIMEOUT_STATUS and (status or self.stop_signal is not None):
-            return 1  # torchrun's: any failed worker, or the launcher stopped by a signal (its ranks' ends aside)
-        return status
-
-    def status(self) -> int:
-        """mpirun's exit status: the first failure's, or the signal's that stopped the run."""
-        if self.timed_out:
-            return TIMEOUT_STATUS
-        failure = self.first_failure
-        if failure is None and self.elsewhere is not None:
-            return 1
-        if self.hydra and failure is not None and not self.aborted:
-            return self.ored_exits()
-        if failure is None:
-            return 128 + self.stop_signal if self.stop_signal is not None and self.failed else 0
-        if failure.abort_code is not None:
-            return abort_status(failure.abort_code)
-        status = failure.status if failure.status is not None else 1
-        return 128 - status if status < 0 else status
-
-    def ored_exits(self) -> int:
-        """hydra's status for a run no failure ended: every rank's exit code ORed."""
-        status = 0
-        for state in self.procs:
-            if state.status is not None and state.status > 0:
-                status |= state.status
-        return status & 0xFF
-
-
-def abort_status(code: int) -> int:
-    """The launcher's exit status for MPI_Abort(code): its low byte, but never 0 (success)."""
-    return code & 0xFF or 1
+        return run_status.exit_status(self)
