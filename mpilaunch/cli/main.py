@@ -44,6 +44,8 @@ def main(line: CommandLine | list[str] | None = None) -> None:
         status = exc.status
     except KeyboardInterrupt:
         status = 130
+    except (OSError, RuntimeError) as exc:  # a limit of this host met by the launcher itself (ulimit -n)
+        status = _stopped_by_limit(exc)
     except BrokenPipeError:  # e.g. `mpilaunch --dry-run ... | head`: the reader left, nothing is wrong here
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -69,3 +71,17 @@ def subcommand(word: str, args: list[str]) -> int:
     from mpilaunch.cli.check_allrun_cli import run_subcommand
 
     return run_subcommand(word, args)
+
+
+def _stopped_by_limit(exc: OSError | RuntimeError) -> int:
+    """Status 2 and one line naming the limit, for a descriptor, a thread or memory the launcher
+    could not get (what it started is ended by the way out); anything else is re-raised, a
+    failure that is no limit being a defect to be seen whole. EAGAIN is no limit here: a fork
+    that meets `ulimit -u` says so where it forks (transport/local.py)."""
+    from mpilaunch.host.limits import limit_words
+
+    why = limit_words(exc)
+    if why is None or isinstance(exc, BlockingIOError):
+        raise exc
+    print(f"mpilaunch: stopped by a limit of this host: {why}", file=sys.stderr)
+    return 2

@@ -455,7 +455,10 @@ def execute(plan: LaunchPlan, host_tags: bool = False, notes: bool = True) -> Co
         here = {index: plan.hosts[index] for index in final.launches if index not in links}
         links.update({index: result.link for index, result in LOCAL.start(here).items()})  # type: ignore[misc]
         for index, launch in final.launches.items():
-            links[index].send(encode(launch))
+            try:
+                links[index].send(encode(launch))
+            except OSError:  # the agent is gone (a limit stopped it): the controller reads its end, and why
+                pass
         from mpilaunch.launcher.controller import Controller
 
         return Controller(
