@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mpilaunch.cli.cmdline import INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
+from mpilaunch.cli.cmdline import HELP, INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
@@ -19,6 +19,8 @@ def main(line: CommandLine | list[str] | None = None) -> None:
         line = read(sys.argv[1:] if line is None else line)
     args = line.args
     try:
+        if line.kind not in (INFO, VERSION, HELP):
+            require_current_directory()
         if line.kind == INFO:
             from mpilaunch.cli.names import ompi_info
 
@@ -51,6 +53,16 @@ def main(line: CommandLine | list[str] | None = None) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         status = 128 + 13
     sys.exit(status)
+
+
+def require_current_directory() -> None:
+    """A run, `check`, `allrun`, `shims` and `report` read names against the current directory
+    (the ranks start there by default): one that was removed while the shell stood in it is one
+    line, before anything is started."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise LaunchError("the current directory no longer exists (it was removed): cd to one that does") from None
 
 
 def subcommand(word: str, args: list[str]) -> int:

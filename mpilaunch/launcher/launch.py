@@ -313,6 +313,8 @@ def run_attempt(spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | 
     if meeting is not None and meeting.elsewhere and not status:  # this node's ranks ended well, another's not
         say(options, f"{meeting.elsewhere}: the job failed")
         status = 1
+    if report is not None and report.lost and not status:  # the ranks did well, but a CI reads no report
+        status, stopped = 2, True  # not run again for it: the ranks' work is done
     if earlier is not None and report is not None and report.last is not None:
         earlier.append(report.last)
     return status, stopped
