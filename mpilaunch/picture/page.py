@@ -75,22 +75,20 @@ footer{margin-top:24px;color:#888;font-size:12px}
 """
 # What a rank's bytes may hold that a page must not act on: C0 controls but tab and newline, DEL,
 # C1 controls, the bidi embeddings, overrides and isolates (they reorder the text around them),
-# and lone surrogates (bytes that were not UTF-8, kept as \udcXX by the report).
+# and lone surrogates (bytes that were not UTF-8, which the report keeps as \udcXX).
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def shown(text: str) -> str:
-    """Text with every control character written out, visibly: ESC is `\\x1b`, BEL `\\x07`, an
-    undecodable byte `\\xe9`, RLO `\\u202e`. A rank's colours, bells and cursor moves are copied
-    into the page as what they are, never as something the browser acts on or that cannot be
-    encoded."""
+    """Text with every control character written out, visibly: ESC is `\\x1b`, BEL `\\x07`, RLO
+    `\\u202e`, a byte that was not UTF-8 `\\udce9` (as reading.text writes it). A rank's
+    colours, bells and cursor moves are copied into the page as what they are, never as
+    something the browser acts on or that cannot be encoded."""
     return _CONTROLS.sub(_written_out, text)
 
 
 def _written_out(found: re.Match[str]) -> str:
     code = ord(found.group())
-    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as Python's surrogateescape keeps it
-        return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
