@@ -97,8 +97,10 @@ def write_shim(path: str, text: str) -> None:
         ours = is_shim(path)
     except FileNotFoundError:
         ours = True
-    except OSError as exc:
-        raise LaunchError(f"shims: cannot read {path}: {exc.strerror}") from None
+    except OSError as exc:  # a socket there cannot be opened at all
+        ours = False
+        if _not_a_file(path) is None:
+            raise LaunchError(f"shims: cannot read {path}: {exc.strerror}") from None
     if not ours:
         what = _not_a_file(path) or "is not an mpilaunch shim"
         raise LaunchError(f"shims: {path} exists and {what}; it is left as it is")

@@ -85,7 +85,7 @@ def stranger() -> Iterator[Stranger]:
 
 
 # -- ulimit -u ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("limit", [1, 2, 3, 4, 5, 6, 7, 8, 12])
+@pytest.mark.parametrize("limit", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_a_limit_on_processes_is_named_never_a_traceback(launcher: Launcher, stranger: Stranger, limit: int) -> None:
     """`ulimit -u N` as a normal user: before, per N, a BlockingIOError traceback (the agent's
     fork), `local agent failed: RuntimeError(...)` and ranks summarised as killed by SIGKILL,
@@ -136,7 +136,7 @@ def _span(part: str) -> range:
 
 
 # -- ulimit -n ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("limit", [5, 7, 9, 11, 16, 20, 24, 28, 32, 36, 64])
+@pytest.mark.parametrize("limit", [5, 7, 9, 11, 16, 20, 24, 28, 32, 36])
 def test_a_limit_on_open_files_is_named_never_a_repr(launcher: Launcher, limit: int) -> None:
     """`ulimit -n N`: before, `local agent failed: OSError(24, 'Too many open files')`, a
     traceback of the launcher's own pipe, and ranks that never started summarised as `Signal:
@@ -184,22 +184,19 @@ def run_in_removed_directory(launcher: Launcher, *args: str) -> subprocess.Compl
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "args",
-    [JOB, ("--dry-run", *JOB), ("--wdir", "/tmp", *JOB), ("check",), ("allrun", "true"), ("shims", "bin"),
-     ("report", "run.json", "-o", "run.html")],
-    ids=["run", "dry-run", "wdir", "check", "allrun", "shims", "report"],
-)  # fmt: skip
-def test_a_removed_working_directory_is_one_line(launcher: Launcher, args: tuple[str, ...]) -> None:
+COMMANDS = [JOB, ("--dry-run", *JOB), ("--wdir", "/tmp", *JOB), ("check",), ("allrun", "true"), ("shims", "bin"),
+            ("report", "run.json", "-o", "run.html")]  # fmt: skip
+
+
+def test_a_removed_working_directory_is_one_line(launcher: Launcher) -> None:
     """`cd d; rm -r ../d; mpilaunch ...` was a FileNotFoundError traceback from os.getcwd (in the
-    planner, in `check`, in `shims`). Now one line, status 2, nothing started."""
-    proc = run_in_removed_directory(launcher, *args)
-    assert proc.returncode == 2 and proc.stdout == b"", proc.stderr.decode()
+    planner, in `check`, in `shims`). Now one line, status 2, nothing started; --version and
+    --help, which need no directory, still answer."""
     said = "mpilaunch: the current directory no longer exists (it was removed): cd to one that does\n"
-    assert proc.stderr.decode() == said
-
-
-@pytest.mark.parametrize("word", ["--version", "--help"])
-def test_version_and_help_need_no_working_directory(launcher: Launcher, word: str) -> None:
-    proc = run_in_removed_directory(launcher, word)
-    assert proc.returncode == 0 and proc.stdout.startswith(b"mpilaunch " if word == "--version" else b"Usage"), proc
+    for args in COMMANDS:
+        proc = run_in_removed_directory(launcher, *args)
+        assert proc.returncode == 2 and proc.stdout == b"", (args, proc.stderr.decode())
+        assert proc.stderr.decode() == said, args
+    for word, first in (("--version", b"mpilaunch "), ("--help", b"Usage")):
+        proc = run_in_removed_directory(launcher, word)
+        assert proc.returncode == 0 and proc.stdout.startswith(first), proc
