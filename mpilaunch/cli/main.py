@@ -46,12 +46,12 @@ def main(line: CommandLine | list[str] | None = None) -> None:
         status = exc.status
     except KeyboardInterrupt:
         status = 130
-    except (OSError, RuntimeError) as exc:  # a limit of this host met by the launcher itself (ulimit -n)
-        status = _stopped_by_limit(exc)
     except BrokenPipeError:  # e.g. `mpilaunch --dry-run ... | head`: the reader left, nothing is wrong here
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         status = 128 + 13
+    except (OSError, RuntimeError) as exc:  # a limit of this host met by the launcher itself (ulimit -n)
+        status = _stopped_by_limit(exc)
     sys.exit(status)
 
 
