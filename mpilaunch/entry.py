@@ -27,12 +27,12 @@ def early_start(line: CommandLine, env: Mapping[str, str] | None = None) -> int:
     """What main starts before anything else is imported: LOCAL_AGENT, this machine's agent; N
     (at least 1), one srun step of N agents over the whole Slurm allocation whose hosts the job
     takes (transport/slurm_step.py); 0, nothing: for a line that starts no job here (help, a
-    version, a dry run, a subcommand, a refused line), or an allocation the step cannot be
-    started for."""
+    version, a dry run, a subcommand, a refused line, a removed working directory), or an
+    allocation the step cannot be started for."""
     import os
 
     env = os.environ if env is None else env
-    if not line.starts_a_job:
+    if not line.starts_a_job or not _has_working_directory():  # the latter is refused (cli/main.py)
         return 0
     if not env.get("SLURM_JOB_ID") or line.names_hosts:
         return LOCAL_AGENT
@@ -43,6 +43,16 @@ def early_start(line: CommandLine, env: Mapping[str, str] | None = None) -> int:
     from mpilaunch.transport.slurm_step import allocation_nodes
 
     return allocation_nodes(env)
+
+
+def _has_working_directory() -> bool:
+    import os
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def main(quick_exit: bool = True) -> None:

@@ -27,6 +27,7 @@ from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.agent.torch_support import TorchSupport
 from mpilaunch.host import files, spawn
+from mpilaunch.host.limits import limit_words
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
     Bye,
@@ -273,7 +274,7 @@ def serve(link: _socket.socket, pmix_guess: Callable[[], tuple[str | None, str |
     Agent.warm_pmix."""
     agent = Agent(link)
     agent.pmix_guess = pmix_guess
-    return agent.run()
+    return run_or_say_why(agent)
 
 
 def serve_stdio(payload: bytes | None = None) -> int:
@@ -284,4 +285,18 @@ def serve_stdio(payload: bytes | None = None) -> int:
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     os.close(devnull)
-    return Agent(PipeLink(read_fd, write_fd), payload).run()
+    return run_or_say_why(Agent(PipeLink(read_fd, write_fd), payload))
+
+
+def run_or_say_why(agent: Agent) -> int:
+    """Run the agent; if a limit of this host stops it (`ulimit -u`: no guardian, no thread;
+    `ulimit -n`: no pipe), its ranks are ended by the way out of run and the launcher is told
+    why in its Bye, in words that name the limit, instead of a traceback here."""
+    try:
+        return agent.run()
+    except (OSError, RuntimeError) as exc:
+        why = limit_words(exc)
+        if why is None:
+            raise
+        agent.send(Bye(why=why))
+        return 1

@@ -16,6 +16,7 @@ from mpilaunch.agent.host_os import HostOS
 from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.services.base import ServiceError
 from mpilaunch.host import spawn
+from mpilaunch.host.limits import limit_words
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import Exited, Failed, Started, StdinAck
 
@@ -116,6 +117,10 @@ class Ranks(Timer):
         except (OSError, NotImplementedError) as exc:  # NotImplementedError: posix_spawn without setsid (glibc < 2.26)
             for service in services:
                 service.not_spawned(job, spec)
+            limit = limit_words(exc)  # this host's limit, not the program's fault: the launcher's status 2
+            if limit is not None:
+                self.send(Failed(proc=spec.proc, error=limit, code=2))
+                return False
             reason = getattr(exc, "strerror", None) or str(exc)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self.send(Failed(proc=spec.proc, error=f"{spec.argv[0]}: {reason}", code=code))

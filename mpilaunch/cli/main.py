@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mpilaunch.cli.cmdline import INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
+from mpilaunch.cli.cmdline import HELP, INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
@@ -24,6 +24,8 @@ def main(line: CommandLine | list[str] | None = None, here: LocalTransport | Non
         line = read(sys.argv[1:] if line is None else line)
     args = line.args
     try:
+        if line.kind not in (INFO, VERSION, HELP):
+            require_current_directory()
         if line.kind == INFO:
             from mpilaunch.cli.names import ompi_info
 
@@ -53,7 +55,19 @@ def main(line: CommandLine | list[str] | None = None, here: LocalTransport | Non
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         status = 128 + 13
+    except (OSError, RuntimeError) as exc:  # a limit of this host met by the launcher itself (ulimit -n)
+        status = _stopped_by_limit(exc)
     sys.exit(status)
+
+
+def require_current_directory() -> None:
+    """A run, `check`, `allrun`, `shims` and `report` read names against the current directory
+    (the ranks start there by default): one that was removed while the shell stood in it is one
+    line, before anything is started."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise LaunchError("the current directory no longer exists (it was removed): cd to one that does") from None
 
 
 def subcommand(word: str, args: list[str]) -> int:
@@ -78,3 +92,17 @@ def subcommand(word: str, args: list[str]) -> int:
     from mpilaunch.cli.check_allrun_cli import run_subcommand
 
     return run_subcommand(word, args)
+
+
+def _stopped_by_limit(exc: OSError | RuntimeError) -> int:
+    """Status 2 and one line naming the limit, for a descriptor, a thread or memory the launcher
+    could not get (what it started is ended by the way out); anything else is re-raised, a
+    failure that is no limit being a defect to be seen whole. EAGAIN is no limit here: a fork
+    that meets `ulimit -u` says so where it forks (transport/local.py)."""
+    from mpilaunch.host.limits import limit_words
+
+    why = limit_words(exc)
+    if why is None or isinstance(exc, BlockingIOError):
+        raise exc
+    print(f"mpilaunch: stopped by a limit of this host: {why}", file=sys.stderr)
+    return 2

@@ -73,8 +73,9 @@ def read_document(path: str) -> dict:
 
 
 def write(path: str, data: bytes) -> None:
-    try:
-        with open(path, "wb") as handle:
-            handle.write(data)
-    except OSError as exc:
-        raise LaunchError(f"report: cannot write {path}: {exc.strerror or exc}") from None
+    """The picture, whole or not at all (host/files.write_regular)."""
+    from mpilaunch.host.files import write_regular
+
+    error = write_regular(path, data)
+    if error:
+        raise LaunchError(f"report: {error}")

@@ -11,6 +11,7 @@ PATH; a file of that name that is not one of these is never overwritten.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from mpilaunch import __version__
@@ -53,9 +54,15 @@ def run_shims(args: list[str]) -> int:
 
 
 def is_shim(path: str) -> bool:
-    """Whether the file at path is one of these shims (OSError if it cannot be read)."""
-    with open(path, "rb") as handle:
-        return MARK.encode() in handle.read(4096)
+    """Whether the file at path is one of these shims (OSError if it cannot be read). Opened
+    without waiting, and only a regular file is read: a FIFO of that name held `open` for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return MARK.encode() in os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 def first_real(name: str, path: str) -> str | None:
@@ -73,16 +80,30 @@ def first_real(name: str, path: str) -> str | None:
     return None
 
 
+def _not_a_file(path: str) -> str | None:
+    """`is a FIFO, not a file` for what is no regular file at path (a link is followed)."""
+    from mpilaunch.host.files import kind_of
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else f"is {kind_of(mode)}, not a file"
+
+
 def write_shim(path: str, text: str) -> None:
     """One shim, replacing an older one of ours but nothing else."""
     try:
         ours = is_shim(path)
     except FileNotFoundError:
         ours = True
-    except OSError as exc:
-        raise LaunchError(f"shims: cannot read {path}: {exc.strerror}") from None
+    except OSError as exc:  # a socket there cannot be opened at all
+        ours = False
+        if _not_a_file(path) is None:
+            raise LaunchError(f"shims: cannot read {path}: {exc.strerror}") from None
     if not ours:
-        raise LaunchError(f"shims: {path} exists and is not an mpilaunch shim; it is left as it is")
+        what = _not_a_file(path) or "is not an mpilaunch shim"
+        raise LaunchError(f"shims: {path} exists and {what}; it is left as it is")
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)

@@ -81,8 +81,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _replace(path: str, body: bytes) -> str | None:
-    """A regular file, written beside its place and renamed there."""
+def write_regular(path: str, body: bytes) -> str | None:
+    """A file made for the user (`mpilaunch report -o`): None, or why not (one line). Written
+    beside its place and renamed there, so a full disk leaves no empty file and the old one
+    whole; a FIFO, a device, a socket or a directory there is refused, never opened (a FIFO
+    held the write for ever). A link is followed: the file it names is the one replaced."""
+    real = os.path.realpath(path)
+    try:
+        found = os.stat(real)
+    except FileNotFoundError:
+        return _replace(real, body, path)
+    except OSError as exc:
+        return _cannot(path, exc)
+    if not stat.S_ISREG(found.st_mode):
+        return f"cannot write {path}: {kind_of(found.st_mode)}, not a regular file"
+    return _replace(real, body, path)
+
+
+def _replace(path: str, body: bytes, name: str | None = None) -> str | None:
+    """A regular file, written beside its place and renamed there; name: the path said in errors."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
     try:
@@ -95,7 +112,7 @@ def _replace(path: str, body: bytes) -> str | None:
         os.replace(tmp, path)
     except OSError as exc:
         _unlink(tmp)
-        return _cannot(path, exc)
+        return _cannot(name or path, exc)
     return None
 
 
@@ -181,14 +198,16 @@ def keep(path: str, data: bytes) -> bool:
 
 
 def discard(path: str) -> None:
-    """Remove what is at a kept file's place (an empty directory too), so that it can be kept again."""
+    """Remove what is at a kept file's place, so that it can be kept again: a directory too,
+    with what it holds (the place is in the launcher's own cache folder, under a name of its
+    own; a directory left there was found and "discarded" by every run, and never went).
+    A link is removed, not followed."""
     try:
         os.unlink(path)
     except IsADirectoryError:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
+        from mpilaunch.host.shm import remove_folder  # shutil's rmtree without its imports
+
+        remove_folder(path)
     except OSError:
         pass
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mpilaunch.launcher.events import Garbled, HostLost
 from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import UP, Gone, MessageError, decode
+from mpilaunch.protocol.messages import UP, Bye, Gone, MessageError, decode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ class AgentFrames:
             raise MessageError(f"host {message.host!r} is not one this agent started")
         if below.open:
             self.link_closed(below, message.why, tell_relay=False)
+
+    def bye(self, link: HostLink, message: Bye) -> None:
+        """The agent's last message: why it stopped, if something stopped it (said when its
+        link ends, which follows)."""
+        link.last_words = message.why
 
     def _own_proc(self, link: HostLink, proc: int) -> int:
         """A process id an agent sent: one of the processes of its own host, or the frame is bad."""
@@ -105,7 +110,7 @@ class AgentFrames:
         """The agent's link ended (or was given up): its ranks are lost, and so is every host
         it relayed to. A host behind relays is cut off by its relay when tell_relay. Not
         confirmed: given up after a silence, the agent may still run its ranks (HostLost)."""
-        why = why or link.link.lost_because()
+        why = why or link.last_words or link.link.lost_because()
         below = self.links.close(link, tell_relay)
         host = self.plan.hosts[link.index].name
         self.policy.handle(HostLost(link.index, host, why, confirmed))

@@ -116,9 +116,15 @@ class ConsoleReporter:
         self.say(f"{what}; {then}killing every rank")
 
     def agent_lost(self, event: AgentLost) -> None:
+        host = self.hosts[event.host].name
+        if event.confirmed and all(self.policy.procs[p].started_at is None for p in event.procs):
+            self.say(
+                f"the agent of host {host} ended before starting its ranks" + (f": {event.why}" if event.why else "")
+            )
+            return
         because = f" ({event.why})" if event.why else ""
         fate = "its ranks are killed" if event.confirmed else "its ranks could not be confirmed ended"
-        self.say(f"lost the agent of host {self.hosts[event.host].name}{because}; {fate}")
+        self.say(f"lost the agent of host {host}{because}; {fate}")
 
     def run_ended(self, event: RunEnded) -> None:
         policy = self.policy
@@ -132,7 +138,8 @@ class ConsoleReporter:
             how = "forwarded to every rank" if sent == stop else f"{name_of(sent)} sent to every rank"
             which = rank_list([s.rank.rank for s in ended if s.job == 1], sum(1 for s in ended if s.job != 1))
             self.say(f"stopped by {name_of(stop)} ({how}); {which} ended")
-        if failure is not None and self.summary:
+        ran = any(s.started_at is not None for s in policy.procs)  # else the lines said already are all there is
+        if failure is not None and self.summary and ran:
             from mpilaunch.launcher.report_text import failure_summary
             from mpilaunch.launcher.root_cause import root_cause
 
@@ -156,6 +163,7 @@ class ConsoleReporter:
                 ran_on="under hydra's rules a rank's exit ends only that rank" if policy.hydra else None,
                 reason=failure.reason,
                 before_finalizing=unfinalized,
+                started=failure.started_at is not None,
                 cause=root_cause(failure.error, failure.error_file, self.output.last_lines(failure.proc, 200)),
                 death=failure.death,
             )

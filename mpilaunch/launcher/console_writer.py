@@ -12,6 +12,8 @@ log files keep every byte), and the links are read again. stdout and stderr that
 (a terminal, `2>&1`) share one queue, so their lines stay in the order they were shown.
 
 `threading` is imported with the first line shown: a job whose ranks print nothing skips it.
+Where the host's limit on processes (`ulimit -u`, which counts threads) leaves no thread for a
+destination, the lines for it are written as they come, by the caller: slower, nothing lost.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class _Queue:
         self.cut = False  # something was dropped since the last byte taken: a line may be cut short
         self.line_open = False  # the last byte queued was not a newline
         self.gone = False
+        self.inline = False  # no thread could be started for it (ulimit -u): written by the caller
         self.progress = 0.0  # when it last took bytes (or got some to take after having none)
         self.lock = lock
 
@@ -73,7 +76,8 @@ class ConsoleWriter:
 
     # -- the loop's side ----------------------------------------------------------------------
     def write(self, stream: int, data: bytes, notice: bool = False) -> None:
-        """Queue data for STDOUT or STDERR; never blocks. notice: the launcher's own line, queued
+        """Queue data for STDOUT or STDERR; never blocks (but where no thread could be started for
+        the destination: written here, at once). notice: the launcher's own line, queued
         even when the destination is behind (one line, where rank output is dropped)."""
         if not data:
             return
@@ -99,11 +103,16 @@ class ConsoleWriter:
             if not notice:
                 queue.cut = False
             queue.line_open = not bytes(data[-1:]) == b"\n"
-            if not queue.chunks:
-                queue.progress = now  # the clock of a stall starts when there is something to take
-            queue.chunks.append((fd, bytes(data)))
-            queue.size += len(data)
-            self.lock.notify_all()
+            if queue.inline:
+                direct = bytes(data)
+            else:
+                if not queue.chunks:
+                    queue.progress = now  # the clock of a stall starts when there is something to take
+                queue.chunks.append((fd, bytes(data)))
+                queue.size += len(data)
+                self.lock.notify_all()
+                return
+        self._write_now(queue, fd, direct)
 
     def _notice(self) -> bytes:
         kept = "the log files keep every byte" if self.logs else "use --output-filename DIR to keep it in files"
@@ -154,8 +163,33 @@ class ConsoleWriter:
 
             assert self.lock is not None
             queue = self.queues[where] = _Queue(self.lock)
-            threading.Thread(target=self._drain, args=(queue,), name=f"console-{fd}", daemon=True).start()
+            try:
+                threading.Thread(target=self._drain, args=(queue,), name=f"console-{fd}", daemon=True).start()
+            except RuntimeError:  # this host's limit on processes (threads count): written as it comes
+                queue.inline = True
         return queue
+
+    def _write_now(self, queue: _Queue, fd: int, data: bytes) -> None:
+        """Write to a destination that has no thread, here and whole (a console that does not
+        read holds the caller, as it holds ranks that write to it themselves)."""
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            self._lost(queue, fd, exc)
+
+    def _lost(self, queue: _Queue, fd: int, exc: OSError) -> None:
+        """Nothing more is shown at this destination; the log files get everything."""
+        lock = queue.lock
+        with lock:
+            queue.gone = True
+            queue.chunks.clear()
+            queue.size = 0
+            lock.notify_all()
+        if exc.errno not in GONE:  # not a reader that left: say why it stopped (a full disk)
+            name = "stdout" if fd == self.fds[STDOUT] else "stderr"
+            self.write(STDERR, f"mpilaunch: cannot write to {name}: {exc.strerror}\n".encode(), notice=True)
 
     def _drain(self, queue: _Queue) -> None:
         lock = queue.lock
@@ -169,14 +203,7 @@ class ConsoleWriter:
                     view = view[os.write(fd, view[:PIECE]) :]
                     queue.progress = time.monotonic()  # a float store: no lock needed
             except OSError as exc:
-                with lock:
-                    queue.gone = True  # nothing more is shown there; the log files get everything
-                    queue.chunks.clear()
-                    queue.size = 0
-                    lock.notify_all()
-                if exc.errno not in GONE:  # not a reader that left: say why it stopped (a full disk)
-                    name = "stdout" if fd == self.fds[STDOUT] else "stderr"
-                    self.write(STDERR, f"mpilaunch: cannot write to {name}: {exc.strerror}\n".encode(), notice=True)
+                self._lost(queue, fd, exc)
                 return
             with lock:
                 queue.chunks.popleft()

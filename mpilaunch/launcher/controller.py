@@ -146,7 +146,7 @@ class Controller:
             Hello: ignore,
             Checked: ignore,
             PutDone: ignore,
-            Bye: ignore,  # end of file follows
+            Bye: self.frames.bye,  # end of file follows
             **self.pmi.rows(),
             **self.spawner.rows(),
             **self.stacks.rows(),

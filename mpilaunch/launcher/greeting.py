@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import UP, Checked, Gone, Hello, Note, decode
+from mpilaunch.protocol.messages import UP, Bye, Checked, Gone, Hello, Note, decode
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 
@@ -51,6 +51,8 @@ class Greeting:
             self.later.append(frame)
             return
         message = message_of(frame)
+        if isinstance(message, Bye) and message.why:  # it could not go on (a limit of its host)
+            raise GreetingError(f"its agent stopped: {message.why}")
         if self.hello is None:
             if not isinstance(message, Hello):
                 raise GreetingError("the agent did not say hello")

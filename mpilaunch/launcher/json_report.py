@@ -63,6 +63,7 @@ class JsonReport:
         self.path = path
         self.earlier = earlier
         self.last: dict[str, object] | None = None  # this attempt's document, once written
+        self.lost = False  # the document could not be written (said on stderr)
         self.plan = plan
         self.policy = policy
         self.jobs = jobs
@@ -164,7 +165,8 @@ class JsonReport:
             self.output.writer.write(stream, text.encode(), notice=True)
             return
         error = write_file(self.path, text)
-        if error:  # the run's status stays the run's; the report's loss is said once
+        if error:  # said once; the run's status is 2 if the ranks' was 0 (launch.run_attempt)
+            self.lost = True
             self.output.say(f"mpilaunch: --report-json: {error}")  # in order with the summary
 
 

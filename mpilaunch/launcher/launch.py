@@ -315,6 +315,8 @@ def run_attempt(
     if meeting is not None and meeting.elsewhere and not status:  # this node's ranks ended well, another's not
         say(options, f"{meeting.elsewhere}: the job failed")
         status = 1
+    if report is not None and report.lost and not status:  # the ranks did well, but a CI reads no report
+        status, stopped = 2, True  # not run again for it: the ranks' work is done
     if earlier is not None and report is not None and report.last is not None:
         earlier.append(report.last)
     return status, stopped
@@ -459,7 +461,10 @@ def execute(
     try:
         links.update({index: here.agent() for index in final.launches if index not in links})
         for index, launch in final.launches.items():
-            links[index].send(encode(launch))
+            try:
+                links[index].send(encode(launch))
+            except OSError:  # the agent is gone (a limit stopped it): the controller reads its end, and why
+                pass
         from mpilaunch.launcher.controller import Controller
 
         return Controller(

@@ -30,7 +30,7 @@ PENDING_READS = 16  # reads of a head's backlog (up to 4 MB) before a silent hos
 class HostLink:
     """The loop's end of one agent's link."""
 
-    __slots__ = ("decoder", "heard", "index", "inflight", "link", "open")
+    __slots__ = ("decoder", "heard", "index", "inflight", "last_words", "link", "open")
 
     def __init__(self, index: int, link: Link, heard: float = 0.0) -> None:
         self.index = index
@@ -39,6 +39,7 @@ class HostLink:
         self.inflight = 0  # stdin bytes sent on this connection and not yet acknowledged
         self.open = True
         self.heard = heard  # when the agent last sent anything (remote links are lost after a silence)
+        self.last_words = ""  # what stopped the agent, as its Bye said (a limit of its host)
 
 
 class Links:

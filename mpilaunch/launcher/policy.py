@@ -50,6 +50,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+NOT_STARTED = 2  # a rank its agent ended before starting: the launcher's trouble (a limit, a lost host)
 FINISH_GRACE = 0.5  # what the agents give leftovers (a rank's daemon) once every rank ended
 STACKS_WAIT = 60.0  # a kill that waits for the ranks' stacks waits this long at most
 
@@ -130,6 +131,7 @@ class Policy:
     def not_started(self, event: Failed) -> None:
         state = self.procs[event.proc]
         if not state.done:
+            state.killed = False  # an abort sent meanwhile found nothing of it to kill
             self.publish(RankNotStarted(event.proc, event.error))
         self.rank_ended(state, event.code, reason=event.error)
 
@@ -150,7 +152,7 @@ class Policy:
         self.publish(AgentLost(event.host, event.why, tuple(s.proc for s in lost), event.confirmed))
         if event.confirmed:
             for state in lost:
-                self.rank_ended(state, -signal.SIGKILL, reason=f"agent of host {event.name} lost")
+                self.rank_ended(state, *lost_with_its_host(state, event))
             return
         for state in lost:
             self.rank_ended(state, None, reason=f"host {event.name} lost; its ranks could not be confirmed ended")
@@ -285,3 +287,12 @@ class Policy:
 
     def exit_status(self) -> int:
         return run_status.exit_status(self)
+
+
+def lost_with_its_host(state: RankState, event: HostLost) -> tuple[int, str]:
+    """(status, reason) of a rank whose agent ended: killed with it if it had started; if its
+    agent never said it started, not started, and no signal ended it (nor did the run's kill)."""
+    if state.started_at is not None:
+        return -signal.SIGKILL, f"agent of host {event.name} lost"
+    state.killed = False
+    return NOT_STARTED, f"its agent on {event.name} ended before starting it" + (f": {event.why}" if event.why else "")

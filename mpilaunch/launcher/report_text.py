@@ -82,9 +82,12 @@ def dry_run_env(ranks: Sequence[Rank], hosts: Sequence[Host], envs: Iterable[Map
     return "\n".join(lines)
 
 
-def describe_status(status: int | None, before_finalizing: bool = False) -> str:
+def describe_status(status: int | None, before_finalizing: bool = False, started: bool = True) -> str:
     """Exit status as subprocess reports it (negative: killed by that signal; None: not known,
-    its host was lost); an MPI rank that exited 0 without MPI_Finalize says so."""
+    its host was lost); an MPI rank that exited 0 without MPI_Finalize says so; a rank that
+    never started has no exit status and no signal (its reason says why)."""
+    if not started:
+        return "Status:    not started"
     if status is None:
         return "Status:    not known (its host was lost)"
     if before_finalizing:
@@ -116,8 +119,14 @@ def failure_summary(
     before_finalizing: bool = False,
     cause: RootCause | None = None,
     death: Death | None = None,
+    started: bool = True,
 ) -> str:
-    if aborted:
+    if not started:
+        head = "mpilaunch could not start one or more processes" + (
+            ", thus causing the job\nto be terminated" if aborted else f" ({ran_on or 'abort on failure was off'})"
+        )
+        head += ". The first process it could not start was:"
+    elif aborted:
         head = (
             "mpilaunch detected that one or more processes exited with non-zero status, thus causing\n"
             "the job to be terminated. The first process to do so was:"
@@ -136,7 +145,7 @@ def failure_summary(
         lines += [f"rank {where} on {host} raised {cause.line}", ""]
     lines += [head, "", f"  Rank:      {where}", f"  Host:      {host}", f"  PID:       {pid if pid else '-'}"]
     lines.append(f"  Command:   {shown_command(argv)}")
-    lines.append(f"  {describe_status(status, before_finalizing)}")
+    lines.append(f"  {describe_status(status, before_finalizing, started)}")
     if reason:
         lines.append(f"  Reason:    {reason}")
     if oom is not None:

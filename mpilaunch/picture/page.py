@@ -10,8 +10,9 @@ marked in it. Stack groups and attempts are drawn when the document has them.
 
 from __future__ import annotations
 
+import html
+import re
 import shlex
-from html import escape
 
 from mpilaunch.picture.reading import (
     FAILED,
@@ -72,6 +73,30 @@ table.attempts{border-collapse:collapse}.attempts td,.attempts th{padding:2px 10
 text-align:left;white-space:nowrap}.attempts td:last-child{white-space:normal}h3{font-size:14px;margin:12px 0 4px}
 footer{margin-top:24px;color:#888;font-size:12px}
 """
+# What a rank's bytes may hold that a page must not act on: C0 controls but tab and newline, DEL,
+# C1 controls, the bidi embeddings, overrides and isolates (they reorder the text around them),
+# and lone surrogates (bytes that were not UTF-8, which the report keeps as \udcXX).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def shown(text: str) -> str:
+    """Text with every control character written out, visibly: ESC is `\\x1b`, BEL `\\x07`, RLO
+    `\\u202e`, a byte that was not UTF-8 `\\udce9` (as reading.text writes it). A rank's
+    colours, bells and cursor moves are copied into the page as what they are, never as
+    something the browser acts on or that cannot be encoded."""
+    return _CONTROLS.sub(_written_out, text)
+
+
+def _written_out(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape(text: str, quote: bool = True) -> str:
+    """HTML text of a value, its control characters written out (shown)."""
+    return html.escape(shown(text), quote)
+
+
 LONG = ' <span class="mark" title="ran much longer than most ranks">◆</span>'
 STYLE += "".join(f".bar.{name},.legend i.{name}{{background:{colour}}}\n" for name, (_, colour) in OUTCOMES.items())
 

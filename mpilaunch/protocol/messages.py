@@ -395,7 +395,8 @@ class Started(Record):
 
 
 class Failed(Record):
-    """The rank could not be spawned (code 127: not found, 126: otherwise)."""
+    """The rank could not be spawned (code 127: not found, 2: a limit of its host, such as
+    `ulimit -u` or `ulimit -n`; 126: otherwise)."""
 
     proc: int
     error: str
@@ -582,7 +583,10 @@ class Usage(Record):
 
 
 class Bye(Record):
-    """The agent is about to exit; end of file follows."""
+    """The agent is about to exit; end of file follows. why: what stopped it before the job
+    was done (a limit of its host), '' when it was told to finish."""
+
+    why: str = ""
 
 
 class Gone(Record):

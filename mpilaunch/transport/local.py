@@ -12,6 +12,7 @@ import os
 import select
 import sys
 
+from mpilaunch.errors import LaunchError
 from mpilaunch.transport.base import HostResult, Link, Transport
 
 TYPE_CHECKING = False
@@ -105,7 +106,10 @@ class LocalTransport(Transport):
             from mpilaunch.host import programs  # noqa: F401
             from mpilaunch.protocol import messages, wire  # noqa: F401
 
-            self.early = _fork_agent(pmix_guess)
+            try:
+                self.early = _fork_agent(pmix_guess)
+            except LaunchError:  # a limit of this host: the launch forks again and says why it cannot
+                self.early = None
 
     def discard(self, wait: bool = True) -> None:
         """The job did not take the agent forked early (a refused command line, a remote-only
@@ -137,12 +141,21 @@ def _fork_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] |
     It keeps no descriptor of the launcher's but its socket: an agent holding the launcher's
     connection to a remote sshd would keep it open after a kill -9 of the launcher, and the
     remote agent would never see the end of its link (launch.probe forks this machine's agent
-    before any connection too)."""
-    ours, theirs = _socket.socketpair()
+    before any connection too). A limit of this host (`ulimit -u`, `ulimit -n`) that refuses
+    the fork or the socket pair is a LaunchError that names it."""
+    try:
+        ours, theirs = _socket.socketpair()
+    except OSError as exc:
+        raise _cannot_start(exc) from None
     for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice
         if stream is not None:
             stream.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        ours.close()
+        theirs.close()
+        raise _cannot_start(exc) from None
     if pid == 0:  # the agent
         status = 1
         try:
@@ -167,3 +180,9 @@ def _fork_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] |
             os._exit(status)
     theirs.close()
     return LocalLink(ours, pid)
+
+
+def _cannot_start(exc: OSError) -> LaunchError:
+    from mpilaunch.host.limits import limit_words
+
+    return LaunchError(f"cannot start this machine's agent: {limit_words(exc) or exc.strerror or exc}")

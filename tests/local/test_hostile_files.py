@@ -332,3 +332,129 @@ def test_a_fifo_at_a_hydra_pattern_file_is_refused(launcher: Launcher, tmp_path:
     proc = launcher.run("-outfile-pattern", "out.%r", "-n", "1", "echo", "new", timeout=30)
     assert proc.returncode == 0, proc.stderr.decode()
     assert (tmp_path / "kept.txt").read_text() == "new\n"
+
+
+# -- what the launcher reads and the files it makes besides a run's (issue 35) ----------------------
+def fill(path: Path) -> None:
+    """Write zeros to path until its file system is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, bytes(4096))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+REPORT = {"mpilaunch": "0.1.0", "schema": 1, "outcome": "success", "exit_status": 0, "ranks": []}
+
+
+@pytest.mark.parametrize("what", ["fifo", "chr", "dir", "sock"])
+def test_a_shims_folder_with_a_fifo_or_a_device_named_as_a_shim(launcher: Launcher, tmpfs: Path, what: str) -> None:
+    """`mpilaunch shims DIR` opened each shim's name to see whether it was one of its own: a FIFO
+    there held it for ever. Now anything but a regular file is left alone, in one line."""
+    folder = tmpfs / "bin"
+    _plant(folder / "mpiexec", what)
+    before = kind(folder / "mpiexec")
+    proc = launcher.run("shims", str(folder), timeout=30)
+    words = {"fifo": "a FIFO", "chr": "a character device", "dir": "a directory", "sock": "a socket"}[what]
+    assert proc.returncode == 2, proc.stderr.decode()
+    said = f"mpilaunch: shims: {folder / 'mpiexec'} exists and is {words}, not a file; it is left as it is\n"
+    assert proc.stderr.decode() == said
+    assert kind(folder / "mpiexec") == before
+
+
+@pytest.mark.parametrize("what", ["fifo", "chr", "dir"])
+def test_the_report_page_at_a_fifo_or_a_device_is_refused(launcher: Launcher, tmpfs: Path, what: str) -> None:
+    """`mpilaunch report RUN.json -o X.html` with a FIFO at X.html waited for a reader for ever;
+    a device took the page. Each is refused in one line and left as it was."""
+    (tmpfs / "run.json").write_text(json.dumps(REPORT))
+    target = tmpfs / "x.html"
+    _plant(target, what)
+    before = kind(target)
+    proc = launcher.run("report", str(tmpfs / "run.json"), "-o", str(target), timeout=30)
+    words = {"fifo": "a FIFO", "chr": "a character device", "dir": "a directory"}[what]
+    assert proc.returncode == 2 and proc.stderr.decode() == (
+        f"mpilaunch: report: cannot write {target}: {words}, not a regular file\n"
+    )
+    assert kind(target) == before
+
+
+def test_the_report_page_on_a_full_disk_leaves_the_old_page_whole(launcher: Launcher, tmpfs: Path) -> None:
+    """On a full disk the page was cut to 0 bytes (opened with truncation, then the write
+    failed): the last good page was lost. Now it is written beside and renamed: the old page
+    stays whole, nothing partial is left, one line, status 2. With room, a link is followed."""
+    (tmpfs / "run.json").write_text(json.dumps(REPORT))
+    old = "<html>the last good page</html>\n"
+    (tmpfs / "x.html").write_text(old)
+    fill(tmpfs / "filler")
+    proc = launcher.run("report", str(tmpfs / "run.json"), "-o", str(tmpfs / "x.html"))
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == f"mpilaunch: report: cannot write {tmpfs / 'x.html'}: No space left on device\n"
+    assert (tmpfs / "x.html").read_text() == old
+    assert sorted(os.listdir(tmpfs)) == ["filler", "run.json", "x.html"]
+    (tmpfs / "filler").unlink()
+    (tmpfs / "link.html").symlink_to(tmpfs / "x.html")
+    proc = launcher.run("report", str(tmpfs / "run.json"), "-o", str(tmpfs / "link.html"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert (tmpfs / "link.html").is_symlink() and "<!DOCTYPE html>" in (tmpfs / "x.html").read_text()
+
+
+@pytest.mark.parametrize("where", ["/dev/full", "read-only"])
+def test_a_report_that_cannot_be_written_fails_a_run_that_succeeded(
+    launcher: Launcher, tmp_path: Path, where: str
+) -> None:
+    """`--report-json /dev/full` said it could not write the report and exited 0: a CI system
+    read success and found no report. Now a run whose ranks succeeded exits 2 (a failed run keeps
+    its ranks' status: test_a_device_at_the_report_path_is_written_through_not_replaced), and
+    --max-restarts does not start the job again for it."""
+    path = where
+    if where == "read-only":
+        (tmp_path / "ro").mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(tmp_path / "ro")])
+        if made.returncode != 0:
+            pytest.skip("cannot mount a read-only tmpfs here")
+        path = str(tmp_path / "ro" / "report.json")
+    try:
+        proc = launcher.run("--max-restarts", "2", "--report-json", path, "-n", "2", "sh", "-c", "echo ran")
+    finally:
+        if where == "read-only":
+            subprocess.run(["umount", "-l", str(tmp_path / "ro")], check=True)
+    why = "No space left on device" if where == "/dev/full" else "Read-only file system"
+    assert proc.returncode == 2 and proc.stdout == b"ran\nran\n", proc.stderr.decode()
+    assert proc.stderr.decode() == f"mpilaunch: --report-json: cannot write {path}: {why}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--hostfile", "F", "-n", "1", "true"), ("--config", "F", "true"), ("--app", "F"), ("report", "F", "-o", "x.html"),
+     ("-n", "1", "--tune", "F", "true")],
+    ids=["hostfile", "job-file", "app-file", "report", "tune"],
+)  # fmt: skip
+def test_a_fifo_that_nobody_writes_is_refused_not_waited_on(launcher: Launcher, tmp_path: Path, args: tuple) -> None:
+    """A hostfile, job file, app file, --tune file or report document that is a FIFO nobody
+    writes held the launcher in `open` for ever. Now: one line, status 2."""
+    os.mkfifo(tmp_path / "F")
+    proc = launcher.run(*args, timeout=30)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert err.endswith("F: cannot read " + err.split("F: cannot read ", 1)[1])
+    assert err.rstrip("\n").endswith(": a FIFO or pipe with nothing to read (nobody writes it)"), err
+
+
+def test_a_hostfile_from_a_pipe_is_still_read_and_a_device_is_refused(launcher: Launcher, tmp_path: Path) -> None:
+    """`--hostfile <(...)` (a pipe its writer fills, then closes) is read as before; a terminal or
+    another device is refused rather than read (a terminal would be waited on)."""
+    read_end, write_end = os.pipe()
+    writer = subprocess.Popen(["sh", "-c", "sleep 0.5; echo localhost slots=2"], stdout=write_end)
+    os.close(write_end)
+    try:
+        proc = launcher.run("--hostfile", f"/dev/fd/{read_end}", "-n", "2", "echo", "ok", pass_fds=(read_end,))
+    finally:
+        os.close(read_end)
+        writer.wait()
+    assert proc.returncode == 0 and proc.stdout == b"ok\nok\n", proc.stderr.decode()
+    proc = launcher.run("--hostfile", "/dev/zero", "-n", "1", "true", timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == "mpilaunch: /dev/zero: cannot read hostfile: a character device, not a file\n"

@@ -154,7 +154,8 @@ BAD = {
                    'report: other.json is not a --report-json document (no "schema" and "ranks")'),
     "suffix": (["tiny.json", "-o", "r.pdf"], "report: -o r.pdf: the output must end in .html or .png"),
     "no -o": (["tiny.json"], "usage: mpilaunch report RUN.json -o OUT.html|OUT.png"),
-    "a folder": (["tiny.json", "-o", "folder.html"], "report: cannot write folder.html: Is a directory"),
+    "a folder": (["tiny.json", "-o", "folder.html"],
+                 "report: cannot write folder.html: a directory, not a regular file"),
     "under a file": (["tiny.json", "-o", "text.json/r.html"], "report: cannot write text.json/r.html: Not a directory"),
 }  # fmt: skip
 

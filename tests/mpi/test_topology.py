@@ -160,8 +160,8 @@ def test_a_damaged_description_is_discarded_and_kept_again_in_the_same_run(
 
 
 def test_a_cache_that_cannot_be_written_leaves_nothing_and_fails_nothing(launcher: Launcher, tmp_path: Path) -> None:
-    """A full disk (a 64 KiB tmpfs, filled) and a directory that holds files in the description's
-    place: every job runs, and no partial file is left (6 KB piled up per job before)."""
+    """A full disk (a 64 KiB tmpfs, filled): every job runs, and no partial file is left (6 KB
+    piled up per job before)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
@@ -176,14 +176,25 @@ def test_a_cache_that_cannot_be_written_leaves_nothing_and_fails_nothing(launche
             assert os.listdir(disk / "mpilaunch") == []
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_directory_in_the_descriptions_place_is_discarded_once(launcher: Launcher, tmp_path: Path) -> None:
+    """A directory that holds files where the description is kept was "discarded" by every job,
+    with the same note each time, and never went (issue 35). Now the first job removes it, with
+    what it holds, and keeps the description there; the next says nothing."""
     cache = tmp_path / "cache"
     path = topology_path(cache)
-    (path / "something").mkdir(parents=True)
-    for _ in range(3):
-        notes, _ = _run_hello(launcher, tmp_path, {"XDG_CACHE_HOME": str(cache)})
-        assert notes == [f"mpilaunch: {__import__('socket').gethostname()}: the kept hwloc description {path} "
-                         "was a directory, not a file: discarded, this machine is read instead"]  # fmt: skip
-        assert os.listdir(cache / "mpilaunch") == [path.name] and os.listdir(path) == ["something"]
+    (path / "something" / "deeper").mkdir(parents=True)
+    (path / "something" / "deeper" / "file").write_text("x")
+    (tmp_path / "elsewhere").mkdir()
+    (path / "link").symlink_to(tmp_path / "elsewhere")  # removed, not followed
+    notes, _ = _run_hello(launcher, tmp_path, {"XDG_CACHE_HOME": str(cache)})
+    assert notes == [f"mpilaunch: {__import__('socket').gethostname()}: the kept hwloc description {path} "
+                     "was a directory, not a file: discarded, this machine is read instead"]  # fmt: skip
+    assert os.listdir(cache / "mpilaunch") == [path.name] and path.is_file() and b"<topology" in path.read_bytes()
+    assert (tmp_path / "elsewhere").is_dir()
+    notes, _ = _run_hello(launcher, tmp_path, {"XDG_CACHE_HOME": str(cache)})
+    assert not notes
 
 
 def topology_path(cache: Path) -> Path:

@@ -93,7 +93,9 @@ def test_the_openssh_client_is_healed_too(launcher: Launcher, bed, tmp_path: Pat
 def test_a_cache_that_cannot_be_written_leaves_nothing(launcher: Launcher, bed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A full disk (a filled 64 KiB tmpfs) and a directory holding files in the file's place:
     every job runs, nothing partial is left, and a partial file of a writer that died (an older
-    launcher's `NAME.PID`) is removed by the next write."""
+    launcher's `NAME.PID`) is removed by the next write. The directory is removed by the first
+    job, which keeps the code there, and the next says nothing (before, issue 35: every job said
+    it was "built and kept again", and the directory stayed)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
@@ -114,10 +116,10 @@ def test_a_cache_that_cannot_be_written_leaves_nothing(launcher: Launcher, bed, 
     (kept / "something").mkdir(parents=True)
     dead = cache / "mpilaunch" / f"{kept.name}.{_dead_pid()}"
     dead.write_bytes(b"partial")
-    for _ in range(2):
-        notes = _job(launcher, bed, cache)
-        assert notes == [f"mpilaunch: the kept agent code {kept} was a directory, not a file: built and kept again"]
-        assert os.listdir(cache / "mpilaunch") == [kept.name] and os.listdir(kept) == ["something"]
+    notes = _job(launcher, bed, cache)
+    assert notes == [f"mpilaunch: the kept agent code {kept} was a directory, not a file: built and kept again"]
+    assert os.listdir(cache / "mpilaunch") == [kept.name] and kept.is_file()
+    assert _job(launcher, bed, cache) == []
 
 
 def _dead_pid() -> int:

@@ -227,3 +227,24 @@ def test_the_png_of_any_document() -> None:
     odd_text["outcome"] = "$x^$ \udcff"  # matplotlib's math notation, and a byte that was not UTF-8
     for document in (restarted_run(), odd_text, {}):
         assert png_size(png(document))[0] == 1200
+
+
+def test_control_characters_of_a_rank_are_shown_not_copied() -> None:
+    """A rank's colours, bell, backspaces and a right-to-left override reached the page as raw
+    bytes (issue 35, "Never silent, never wrong"): the browser drew nothing for them, a bidi
+    override reordered the text after it. Now each is written out where it was: `\\x1b`, `\\u202e`."""
+    said = "\x1b[31mred\x1b[0m \x07 back\x08 del\x7f csi\x9b \u202eevil \u2066iso\u2069 nul\x00 tab\tend"
+    document = eight_ranks(r3={"state": "failed", "exit_code": 1, "host": "node\x1b]0;title\x07"})
+    document["first_failure"] = {**document["ranks"][3], "last_stderr": [said, "line\rover"]}
+    document["command"] = ["mpilaunch", "-n", "8", "sh", "-c", "printf '\x1b[2J'"]
+    page_text = render(document)
+    controls = [c for c in page_text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+    assert not controls and not any(c in page_text for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+    page = parse(page_text)
+    assert page.find("pre", "stderr").text() == (
+        "\\x1b[31mred\\x1b[0m \\x07 back\\x08 del\\x7f csi\\x9b \\u202eevil \\u2066iso\\u2069 nul\\x00 tab\tend\n"
+        "line\\x0dover"
+    )
+    (row,) = [r for r in rows(page) if r.attrs["data-rank"] == "3"]
+    assert row.attrs["data-host"] == "node\\x1b]0;title\\x07"
+    assert "printf" in page.find("header").text() and "\\x1b[2J" in page.find("header").text()

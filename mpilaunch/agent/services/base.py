@@ -127,8 +127,13 @@ class Services(Timer):
         return service
 
     def prestart(self, name: str, hint: object) -> None:
-        """Start a service before any launch names it, as the hint says (Service.prestart)."""
-        self.service(name).prestart(hint)
+        """Start a service before any launch names it, as the hint says (Service.prestart). A
+        limit of this host that stops it (no thread, no pipe: `ulimit -u`, `ulimit -n`) leaves
+        the start to the launch, which says what it finds."""
+        try:
+            self.service(name).prestart(hint)
+        except (OSError, RuntimeError):
+            pass
 
     def dispatch_rows(self) -> dict[type, object]:
         """Rows for the agent's dispatch table: every message a registered service handles goes to
