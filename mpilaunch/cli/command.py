@@ -55,7 +55,7 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
     """The click option for one row of cliopts' table (overrides: e.g. a shorter help)."""
     import click
 
-    kwargs: dict[str, object] = {"metavar": opt.metavar, "help": opt.help, "show_default": opt.show_default}
+    kwargs: dict[str, object] = {"metavar": opt.metavar, "help": opt.help}
     if opt.kind == cliopts.FLAG:
         kwargs["is_flag"] = True
     if opt.kind in (cliopts.MULTI, cliopts.PAIRS, cliopts.ENV):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.cli.parse import parse_args
-from mpilaunch.cli.torchrun_words import RUN_PATH, python_program, std_streams
+from mpilaunch.cli.parse import parse_args, python_program
+from mpilaunch.cli.torchrun_words import RUN_PATH, std_streams
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import JobSpec, TorchRun
 from tests.conftest import fake_smi
