@@ -128,12 +128,12 @@ ROWS: tuple[Opt, ...] = (  # mpilaunch's own
     Opt("ssh_config", "--ssh-config -ssh-config", metavar="PATH", group=RANKS,
         help="SSH config (default ~/.ssh/config)."),
     Opt("ssh_accept_new", "--ssh-accept-new -ssh-accept-new", FLAG, group=RANKS,
-        help="Accept and record unknown host keys (a changed key is always refused)."),
+        help="Accept and record unknown host keys (never a changed one)."),
     Opt("ssh_client", "--ssh-client -ssh-client", check=CHOICE, choices=("auto", "openssh", "paramiko"),
         default="auto", group=RANKS, help="An ssh process per host, or paramiko (auto: ssh if on PATH)."),
     Opt("ssh_tree_width", "--ssh-tree-width -ssh-tree-width", check=INT_MIN1, maximum=MAX_RANKS, metavar="K",
         group=RANKS, help="Tree spawn: K hosts reached from here, each starting K more."),
-    Opt("map_by", "--map-by -map-by", default="slot", metavar="slot|node|ppr:N:node[:PE=M]", whose=OMH,
+    Opt("map_by", "--map-by -map-by", default="slot", metavar="slot|node|ppr:N:node", whose=OMH,
         group=PLACING, help="Placement (Open MPI's); :PE=M gives each rank M cores."),
     Opt("rank_by", "--rank-by -rank-by", metavar="slot|node", whose=OM, roles=(PLACES,), group=PLACING,
         help="Rank order, when it differs from --map-by."),
@@ -143,8 +143,8 @@ ROWS: tuple[Opt, ...] = (  # mpilaunch's own
         help="Allow more ranks than slots."),
     Opt("use_hwthread_cpus", "--use-hwthread-cpus -use-hwthread-cpus", FLAG, whose=OM, group=PLACING,
         help="Hardware threads are the CPUs (slots, binding, PE)."),
-    Opt("bind_to", "--bind-to -bind-to", default="none", metavar="none|core|socket|hwthread", whose=OMH,
-        group=PLACING, help="CPU binding."),
+    Opt("bind_to", "--bind-to -bind-to", default="none", metavar="none|core|socket", whose=OMH, group=PLACING,
+        help="CPU binding (also numa, hwthread)."),
     Opt("report_bindings", "--report-bindings -report-bindings", FLAG, whose=OM, group=PLACING,
         help="Print each rank's CPU binding."),
     Opt("devices_per_rank", "--devices-per-rank -devices-per-rank", check=INT_MIN1, maximum=1024, metavar="N",
@@ -198,7 +198,8 @@ ROWS: tuple[Opt, ...] = (  # mpilaunch's own
 )
 # fmt: on
 # Spellings that are no option: the command line's kind (cli/cmdline.read)
-HELP_FLAGS = ("--help", "-help", "-h")
+HELP_FLAGS = ("--help", "-help", "-h", "--help-all", "-help-all")
+HELP_TOPICS = {"mpirun": OPENMPI, "openmpi": OPENMPI, "hydra": HYDRA, "mpiexec": HYDRA, "torchrun": TORCHRUN}
 VERSION_FLAGS = ("--version", "-V", "-version", "-info", "--info")  # hydra's -info: its build details
 SUBCOMMANDS = (
     "check",

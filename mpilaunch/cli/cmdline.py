@@ -20,12 +20,13 @@ SINGLETON = "singleton"  # hydra's singleton start: cli/singleton.py
 class CommandLine:
     """argv as mpilaunch reads it: what it asks for, and for a job its app contexts and tokens."""
 
-    __slots__ = ("args", "contexts", "error", "kind", "name", "segments", "side", "tokens")
+    __slots__ = ("args", "contexts", "error", "kind", "name", "segments", "side", "tokens", "topic")
 
     def __init__(self, name: str, args: list[str]) -> None:
         self.name = name  # what mpilaunch was started as (mpirun, mpiexec, ...: cli/dialect.py)
         self.args = args  # as given, without the program's own name
         self.kind = JOB
+        self.topic = ""  # for help: the word after --help (mpirun, hydra, torchrun), or --help-all
         self.contexts = split_apps(args)  # each app context's words, as given
         self.tokens: list[list[Token]] = []  # each one's options, canonical (cli/dialect.canonical)
         self.side = "openmpi"  # the launcher whose words it speaks
@@ -58,14 +59,16 @@ def read(argv: list[str], name: str = "mpilaunch") -> CommandLine:
         line.kind = SINGLETON
         return line
     found = [tokens(words) for words in line.contexts]
-    last = found[0][-1] if found[0] else None
-    if last is not None and last.opt is None and last.word in cliopts.VERSION_FLAGS:
-        line.kind = VERSION
-        return line
-    if last is not None and last.opt is None and last.word in cliopts.HELP_FLAGS:
-        line.kind = HELP  # click's
-        line.tokens, line.segments = found, [None] * len(found)
-        return line
+    for per, words in zip(found, line.contexts):
+        last = per[-1] if per else None
+        if last is not None and last.opt is None and last.word in cliopts.VERSION_FLAGS:
+            line.kind = VERSION
+            return line
+        if last is not None and last.opt is None and last.word in cliopts.HELP_FLAGS:
+            line.kind = HELP
+            after = words[last.index + 1 : last.index + 2]
+            line.topic = "all" if last.word.endswith("-all") else after[0] if after else ""
+            return line
     from mpilaunch.cli.dialect import canonical
 
     try:

@@ -61,7 +61,7 @@ ROWS: tuple[Opt, ...] = (
         help="A file of app contexts: one per line, as between ' : '."),
     Opt("prepend_rank", "-l --prepend-rank -prepend-rank", FLAG, whose=MINE, help="Prefix console lines with [rank]."),
     Opt("prepend_pattern", "-prepend-pattern --prepend-pattern", metavar="PATTERN", whose=MINE,
-        help="This before each console line (%%r rank, %%h host, %%g 0, %%p its host's index)."),
+        help="This before each console line (%r rank, %h host, %g 0, %p its host's index)."),
     Opt("outfile_pattern", "-outfile-pattern --outfile-pattern", metavar="PATTERN", whose=MINE, roles=(NO_KEY,),
         help="Each rank's stdout also to this file (as -prepend-pattern)."),
     Opt("errfile_pattern", "-errfile-pattern --errfile-pattern", metavar="PATTERN", whose=MINE, roles=(NO_KEY,),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mpilaunch.cli.cmdline import INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
+from mpilaunch.cli.cmdline import HELP, INFO, SINGLETON, SUBCOMMAND, VERSION, CommandLine, read
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 
@@ -27,6 +27,11 @@ def main(line: CommandLine | list[str] | None = None) -> None:
             from mpilaunch.cli.names import version_text
 
             print(version_text(line.name))
+            status = 0
+        elif line.kind == HELP:
+            from mpilaunch.cli.helptext import help_text
+
+            print(help_text(line.topic))
             status = 0
         elif line.kind == SUBCOMMAND:
             status = subcommand(args[0], args[1:])

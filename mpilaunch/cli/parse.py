@@ -36,8 +36,6 @@ def unknown_word(toks: list[Token]) -> str | None:
     """The first single-dash word before the program that is no option: click would read
     `-genvx` as -g -e -n -v -x and name a letter of it."""
     for t in toks:
-        if t.opt is None and t.word in (*cliopts.HELP_FLAGS, *cliopts.VERSION_FLAGS):
-            return None
         if t.opt is None:
             return None if t.word.startswith("--") else t.word  # click names an unknown long option whole
         if t.glued and t.opt.check == INT_MIN1 and not t.word[2:].isdigit():  # -n4, -xFOO=1
@@ -48,8 +46,7 @@ def unknown_word(toks: list[Token]) -> str | None:
 
 
 def _click_segment(words: list[str], toks: list[Token]) -> tuple[dict, set[str]]:
-    """An app context the fast scanner was not sure of, read by click (help, version, every
-    error message)."""
+    """An app context the fast scanner was not sure of, read by click (every error message)."""
     unknown = unknown_word(toks)
     if unknown is not None:
         from mpilaunch.plan.hosts import shown
@@ -62,8 +59,6 @@ def _click_segment(words: list[str], toks: list[Token]) -> tuple[dict, set[str]]
 
     try:
         ctx = run_command().make_context("mpilaunch", render(toks, words))
-    except click.exceptions.Exit as done:
-        raise SystemExit(done.exit_code) from None
     except click.ClickException as exc:
         raise LaunchError(exc.format_message()) from None
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}

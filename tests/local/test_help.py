@@ -1,0 +1,64 @@
+"""`mpilaunch --help` on one screen, and each other launcher's words listed apart, all written
+from the one options table (issue "The front door", item 1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mpilaunch.cli import cliopts
+
+
+def help_of(*words: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "mpilaunch", *words], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return proc.stdout
+
+
+def spellings(text: str) -> set[str]:
+    """The options a help text lists: the words with a dash in the first column of a line that
+    starts with one."""
+    found = set()
+    for line in (line.strip() for line in text.splitlines()):
+        left = line.split("  ")[0].split(": ")[0] if line.startswith("-") else ""
+        found |= {word.strip(",") for word in left.split() if word.startswith("-")}
+    return found
+
+
+def test_help_fits_a_screen() -> None:
+    """What mpilaunch is, its subcommands, then its own options by group: at most 80 lines, no
+    other launcher's words, nothing that means nothing here."""
+    text = help_of("--help")
+    assert len(text.splitlines()) <= 80, len(text.splitlines())
+    for word in ("check", "allrun", "report", "stacks", "shims", "--help mpirun", "--help-all", "Examples:"):
+        assert word in text, word
+    for title in ("Ranks and hosts:", "Placement and binding:", "Environment:", "Output and logs:",
+                  "Failure, restarts and time limits:", "Debugging and reports:", "MPI:"):  # fmt: skip
+        assert title in text, title
+    shown = spellings(text)
+    for opt in cliopts.all_rows():
+        assert (opt.flags[0] in shown) == (cliopts.OWN in opt.whose), opt.flags[0]
+    assert "means nothing here" not in text and "RANGE" not in text
+
+
+@pytest.mark.parametrize("topic", ["mpirun", "hydra", "torchrun"])
+def test_help_topic_lists_that_launchers_words_and_variables(topic: str) -> None:
+    """`--help mpirun|hydra|torchrun`: every word of that launcher's with every spelling, its
+    variables, and no word of the others."""
+    launcher = cliopts.HELP_TOPICS[topic]
+    text = help_of("--help", topic)
+    shown = spellings(text)
+    for opt in cliopts.all_rows():
+        assert (opt.flags[0] in shown) == (launcher in opt.whose), opt.flags[0]
+        if launcher in opt.whose and cliopts.IGNORED not in opt.roles:
+            assert set(opt.flags) <= shown, opt.flags
+    for name, _ in cliopts.load(launcher).ENVIRONMENT:
+        assert name in text
+
+
+def test_help_all_lists_every_spelling() -> None:
+    shown = spellings(help_of("--help-all"))
+    for opt in cliopts.all_rows():
+        assert (set(opt.flags) if cliopts.IGNORED not in opt.roles else {opt.flags[0]}) <= shown, opt.flags
