@@ -79,4 +79,34 @@ def read(argv: list[str], name: str = "mpilaunch") -> CommandLine:
     line.segments = [scan(words, per) for words, per in zip(line.contexts, line.tokens)]
     if any(seg is not None and seg[0]["dry_run"] for seg in line.segments):
         line.kind = DRY_RUN
+    if name == "mpilaunch" and not found[0] and argv:
+        line.error = subcommand_typo(argv[0])
     return line
+
+
+def subcommand_typo(word: str) -> LaunchError | None:
+    """`mpilaunch chek`: a first word one letter off a subcommand that is no program here (not on
+    PATH, no file of that name) is refused with the subcommand it is likely to mean."""
+    near = [s for s in cliopts.SUBCOMMANDS if _one_edit(word, s)]
+    if not near or "/" in word:
+        return None
+    import os
+
+    from mpilaunch.host.programs import find_program
+
+    try:
+        find_program(word, dict(os.environ))
+    except FileNotFoundError:
+        if not os.path.lexists(word):
+            return LaunchError(f"no program {word!r}; did you mean the subcommand {near[0]!r}?")
+    return None
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """One letter added, dropped, changed, or two next to each other swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if len(a) == len(b):
+        return a[i + 1 :] == b[i + 1 :] or (a[i : i + 2] == b[i : i + 2][::-1] and a[i + 2 :] == b[i + 2 :])
+    return a[i:] == b[i + 1 :] if len(a) < len(b) else a[i + 1 :] == b[i:]

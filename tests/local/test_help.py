@@ -3,12 +3,15 @@ from the one options table (issue "The front door", item 1)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from mpilaunch.cli import cliopts
+from tests.conftest import Launcher, tagged_pids, write_script
 
 
 def help_of(*words: str) -> str:
@@ -62,3 +65,22 @@ def test_help_all_lists_every_spelling() -> None:
     shown = spellings(help_of("--help-all"))
     for opt in cliopts.all_rows():
         assert (set(opt.flags) if cliopts.IGNORED not in opt.roles else {opt.flags[0]}) <= shown, opt.flags
+
+
+def test_a_mistyped_subcommand_is_named(launcher: Launcher) -> None:
+    """`mpilaunch chek`, with no program of that name here: one line naming the subcommand it
+    likely means, status 2, and no agent left (before: the launch said that chek was not found)."""
+    proc = launcher.run("chek")
+    assert (proc.returncode, proc.stdout) == (2, b""), proc.stderr
+    assert proc.stderr == b"mpilaunch: no program 'chek'; did you mean the subcommand 'check'?\n"
+    assert tagged_pids(launcher.tag) == []
+
+
+def test_a_program_one_letter_off_a_subcommand_still_runs(launcher: Launcher, tmp_path: Path) -> None:
+    """The hint is only for a word that is no program: `stack` on PATH runs as it always did."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    os.chmod(write_script(folder, "stack", '#!/bin/sh\necho ran "$@"\n'), 0o755)
+    proc = launcher.run("stack", "x", env={"PATH": f"{folder}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.splitlines()) == {b"ran x"}  # once a slot
