@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mpilaunch.cli import cliopts
 from mpilaunch.cli.cliopts import ENV, FLAG, HYDRA, OPENMPI, PLACES
-from mpilaunch.cli.tokens import Token
+from mpilaunch.cli.tokens import Token, respelled
 from mpilaunch.errors import LaunchError
 
 BY_NAME = {  # names whose launcher is known; mpiexec and mpilaunch go by the words
@@ -75,21 +75,18 @@ def canonical(contexts: list[list[Token]], name: str = "mpilaunch") -> tuple[lis
         else:  # under mpiexec, an ambiguous host word and no word of Open MPI's: hydra's
             ambiguous = len(plain) < len(found)
             side = HYDRA if name == "mpiexec" and ambiguous and not params & cliopts.only(OPENMPI) else OPENMPI
-    return [[_respelled(t, side) for t in per] for per in contexts], side
+    return [[_as_read(t, side) for t in per] for per in contexts], side
 
 
-def _respelled(t: Token, side: str) -> Token:
+def _as_read(t: Token, side: str) -> Token:
     """A token as the side reads it: an ambiguous spelling as its meaning's, -n=2 as -n 2 (as
     hydra reads it; click would read -n '=2'), hydra's two-word -genv NAME VALUE as NAME=VALUE."""
     if t.opt is None:
         return t
     head = t.head
     word = AMBIGUOUS[head][side == HYDRA] if head in AMBIGUOUS else head
-    opt = cliopts.row_for(word) if word != head else t.opt
     eq = t.eq and not (len(word) == 2 and t.opt.kind != FLAG)
     values = t.values
     if t.opt.kind == ENV and not t.eq and len(values) == 2:
         values = (f"{values[0]}={values[1]}",)
-    if word == head and eq == t.eq and values is t.values:
-        return t
-    return Token(t.index, f"{word}={t.values[0]}" if eq else word, opt, t.taken, values, "=" if eq else "")
+    return t if word == head and eq == t.eq and values is t.values else respelled(t, word, values, eq)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mpilaunch.cli import cliopts
 from mpilaunch.cli.cliopts import (
     ADDS_UP,
     CONTEXTS,
@@ -29,7 +30,6 @@ from mpilaunch.cli.cliopts import (
     ignored,
     named,
     placing,
-    row_for,
     said_ignored,
 )
 from mpilaunch.errors import LaunchError
@@ -139,7 +139,7 @@ def line_defaults(values: dict[str, object], given: set[str], env: Mapping[str, 
     var = "HYDRA_BOOTSTRAP" if env.get("HYDRA_BOOTSTRAP") else "HYDRA_LAUNCHER"
     launcher = env.get(var, "").strip().lower()
     if launcher and "launcher" not in given:
-        choices = row_for("--launcher").choices  # type: ignore[union-attr]
+        choices = next(o.choices for o in cliopts.ROWS if o.name == "launcher")
         if launcher not in choices:
             raise LaunchError(f"{var}={env[var][:40]!r}: expected one of {', '.join(choices)}")
         values["launcher"] = launcher

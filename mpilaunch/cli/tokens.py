@@ -82,6 +82,12 @@ def tokens(words: list[str]) -> list[Token]:
     return out
 
 
+def respelled(t: Token, word: str, values: tuple[str, ...], eq: bool) -> Token:
+    """The token as written `word` (a spelling of the table), its first value after '=' or not."""
+    opt = t.opt if word == t.head else cliopts.row_for(word)
+    return Token(t.index, f"{word}={values[0]}" if eq else word, opt, t.taken, values, "=" if eq else "")
+
+
 def split_apps(argv: list[str]) -> list[list[str]]:
     """MPMD: ' : ' separates app contexts."""
     segments: list[list[str]] = [[]]
