@@ -68,6 +68,8 @@ ROWS: tuple[Opt, ...] = (
         help="Each rank's stderr also to this file."),
     Opt("print_rank_map", "-print-rank-map --print-rank-map", FLAG, whose=MINE, roles=(NO_KEY,),
         help="Print which host has which ranks."),
+    Opt("skip_launch_node", "-skip-launch-node --skip-launch-node", FLAG, whose=MINE, means=("nolocal", True),
+        help="--nolocal: no rank on this machine."),
     Opt("rsh_agent", "-bootstrap-exec --bootstrap-exec -launcher-exec --launcher-exec", metavar="COMMAND",
         whose=MINE, roles=(NO_KEY,), help="A command in place of ssh for other hosts."),
     Opt("rsh_args", "-bootstrap-exec-args --bootstrap-exec-args -launcher-exec-args --launcher-exec-args",

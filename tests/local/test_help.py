@@ -22,9 +22,9 @@ def help_of(*words: str) -> str:
 
 def spellings(text: str) -> set[str]:
     """The options a help text lists: the words with a dash in the first column of a line that
-    starts with one."""
+    starts with one (not a help that goes on under it)."""
     found = set()
-    for line in (line.strip() for line in text.splitlines()):
+    for line in (line.strip() for line in text.splitlines() if len(line) - len(line.lstrip()) <= 4):
         left = line.split("  ")[0].split(": ")[0] if line.startswith("-") else ""
         found |= {word.strip(",") for word in left.split() if word.startswith("-")}
     return found
