@@ -29,6 +29,7 @@ Subcommands (mpilaunch SUBCOMMAND --help):
   allrun [hosts] command         Run a command once on every host.
   report RUN.json -o OUT         Draw a run's --report-json as an HTML page or a PNG.
   stacks [PID]                   Print the stack of every rank of a running job.
+  top [PID]                      Watch a running job's ranks live.
   shims DIR                      Put mpirun, mpiexec, torchrun, ... that run mpilaunch in DIR."""
 TAIL = """\
 Other launchers' words are read with their meaning: --help mpirun, --help hydra and

@@ -35,7 +35,7 @@ def test_help_fits_a_screen() -> None:
     other launcher's words, nothing that means nothing here."""
     text = help_of("--help")
     assert len(text.splitlines()) <= 80, len(text.splitlines())
-    for word in ("check", "allrun", "report", "stacks", "shims", "--help mpirun", "--help-all", "Examples:"):
+    for word in (*cliopts.SUBCOMMANDS, "--help mpirun", "--help-all", "Examples:"):
         assert word in text, word
     for title in ("Ranks and hosts:", "Placement and binding:", "Environment:", "Output and logs:",
                   "Failure, restarts and time limits:", "Debugging and reports:", "MPI:"):  # fmt: skip
