@@ -5,8 +5,8 @@ one), the roles it plays and where `--help` shows it.
 mpilaunch's own rows are here; the rows only another launcher has live in that launcher's
 module (`cli/openmpi_words.py`, `cli/hydra_words.py`, `cli/torchrun_words.py`) with their
 meanings, and join the table when a word is not found among those loaded (`row_for`), or when
-the line speaks that launcher (`load`). A plain `mpilaunch -n 8 true` reads no other
-launcher's words. Kept free of click (and of dataclasses, which exec code at import):
+the line speaks that launcher (`load`): a plain `mpilaunch -n 8 true` reads neither hydra's
+nor torchrun's. Kept free of click (and of dataclasses, which exec code at import):
 `command.run_command()` builds click's command from the same rows, for errors and job files.
 """
 
@@ -286,7 +286,7 @@ def meant(values: dict[str, object], given: set[str]) -> set[str]:
     out: set[str] = set()
     for opt in rows():
         value = values.pop(opt.name, None) if opt.means is not None else None
-        if value is None or value is False or value == ():
+        if value is None or value is False:
             continue
         target, constant = opt.means  # type: ignore[misc]
         if target not in given and target not in out:

@@ -164,12 +164,12 @@ def _options(globals_: dict[str, object], given: set[str], apps: list[AppContext
     other launcher's words read by its module, when loaded."""
     hydra = cliopts.load(HYDRA) if cliopts.loaded(HYDRA) else None
     torch = cliopts.load(TORCHRUN) if name == "torchrun" or cliopts.loaded(TORCHRUN) else None
+    given = given | cliopts.meant(globals_, given)  # -pernode is -N 1, -skip-launch-node --nolocal, ...
     torch_fields, notes = torch.torch_options(globals_, given, name, apps, os.environ) if torch else ({}, [])
     for key in torch_fields:  # what torchrun's words set wins over the command line's defaults
         globals_.pop(key, None)
     if "torch" not in torch_fields:
         apps[:] = [a._replace(argv=python_program(a.argv, a.wdir)) for a in apps]
-    given = given | cliopts.meant(globals_, given)
     mca, tuned = openmpi_words.mca_params(globals_, os.environ)
     exports = _checked(hydra.genv_exports(globals_, os.environ), "-genv") if hydra else ()
     exports += exports_of((*tuned, *globals_.pop("exports")))  # type: ignore[misc]
