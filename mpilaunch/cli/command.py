@@ -1,26 +1,13 @@
-"""The run command as click sees it, built from the options table (cliopts): for --help, every
-error message and job files. Imported only when the fast scanner is unsure, or for those."""
+"""The run command as click sees it, built from the options table (cliopts): for every error
+message and job files. Imported only when the fast scanner is unsure, or for those; `--help` is
+cli/helptext.py's."""
 
 from __future__ import annotations
 
 import functools
 
-from mpilaunch import __version__
 from mpilaunch.cli import cliopts
 from mpilaunch.cli.cliopts import stdin_choice
-
-EPILOG = """\b
-Examples:
-  mpilaunch -n 8 python net.py
-  mpilaunch -n 16 -H host1:8,host2:8 python net.py
-  mpilaunch -np 16 --hostfile hostfile --output-filename log_output \\
-            --merge-stderr-to-stdout python net.py
-  mpilaunch -n 1 python server.py : -n 3 python worker.py
-  mpilaunch --dry-run -n 4 --map-by node -H a:2,b:2 python t.py
-
-Everything after the program name goes to the program:
-  mpilaunch -n 2 python t.py -n 5   (t.py gets its own -n 5)
-"""
 
 
 def _stdin_callback(ctx: object, param: object, value: str) -> str:
@@ -55,7 +42,7 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
     """The click option for one row of cliopts' table (overrides: e.g. a shorter help)."""
     import click
 
-    kwargs: dict[str, object] = {"metavar": opt.metavar, "help": opt.help, "show_default": opt.show_default}
+    kwargs: dict[str, object] = {"metavar": opt.metavar, "help": opt.help}
     if opt.kind == cliopts.FLAG:
         kwargs["is_flag"] = True
     if opt.kind in (cliopts.MULTI, cliopts.PAIRS, cliopts.ENV):
@@ -80,20 +67,11 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
 
 @functools.cache
 def run_command():  # type: ignore[no-untyped-def]
-    """The run command as click sees it, built from cliopts: for --help, errors and job files."""
+    """The run command as click sees it, from every row of the table: for errors and job files."""
     import click
 
-    params: list[click.Parameter] = [click_option(opt) for opt in cliopts.RUN_OPTIONS]
+    params: list[click.Parameter] = [click_option(opt) for opt in cliopts.all_rows()]
     params.append(click.Argument(["argv"], nargs=-1, type=click.UNPROCESSED))
-
-    command = click.Command(
-        "mpilaunch",
-        params=params,
-        help="Launch a parallel job, mpirun style.",
-        epilog=EPILOG,
-        context_settings={"allow_interspersed_args": False, "help_option_names": list(cliopts.HELP_FLAGS)},
+    return click.Command(
+        "mpilaunch", params=params, add_help_option=False, context_settings={"allow_interspersed_args": False}
     )
-    version = click.version_option(
-        __version__, *cliopts.VERSION_FLAGS, prog_name="mpilaunch", message="%(prog)s %(version)s"
-    )
-    return version(command)

@@ -20,17 +20,13 @@ from dataclasses import dataclass, field
 
 import click
 
+from mpilaunch.cli import cliopts
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext
 from mpilaunch.plan.textfiles import read_text
 
 JOBFILE_MAX = 1 << 20
 EXPANDED_MAX = 4 * JOBFILE_MAX  # characters a job file may stand for once its aliases are expanded
-NOT_IN_FILE = frozenset(  # a job file names no other file; hydra's words are not keys (it speaks Open MPI's)
-    {"config", "configfile", "appfile", "am", "tune", "genv", "genvlist", "genvnone", "app_env", "app_envlist", "iface"}
-    | {"hydra_hosts", "hydra_hostfile", "ppn", "rsh_agent", "rsh_args", "outfile_pattern", "errfile_pattern"}
-    | {"print_rank_map", "gpus_per_proc", "rmk", "binding", "demux"}
-)
 APP_KEYS = ("np", "wdir", "command")  # what an entry of `apps:` may set
 EXTRA_KEYS = ("env", "command", "apps")
 _INT_RE = re.compile(r"[+-]?[0-9]{1,15}")
@@ -71,8 +67,9 @@ class _Bad(Exception):
 def option_keys(params: Iterable[click.Parameter]) -> dict[str, click.Option]:
     """Key -> option: every `--long-name` as long_name (`-x`, which has none, is `x`)."""
     keys: dict[str, click.Option] = {}
+    not_keys = cliopts.named(cliopts.NO_KEY)  # no other file; hydra's words for what x: and env: say
     for param in params:
-        if not isinstance(param, click.Option) or not param.expose_value or param.name in NOT_IN_FILE:
+        if not isinstance(param, click.Option) or not param.expose_value or param.name in not_keys:
             continue
         spellings = [o for o in param.opts if o.startswith("--")] or list(param.opts)
         for spelling in spellings:

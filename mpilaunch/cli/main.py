@@ -35,6 +35,11 @@ def main(line: CommandLine | list[str] | None = None, here: LocalTransport | Non
 
             print(version_text(line.name))
             status = 0
+        elif line.kind == HELP:
+            from mpilaunch.cli.helptext import help_text
+
+            print(help_text(line.topic))
+            status = 0
         elif line.kind == SUBCOMMAND:
             status = subcommand(args[0], args[1:])
         elif line.kind == SINGLETON:

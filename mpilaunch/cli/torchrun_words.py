@@ -14,63 +14,70 @@ import os
 import sys
 from collections.abc import Mapping
 
-from mpilaunch.cli.cliopts import TORCHRUN_IGNORED, TORCHRUN_IGNORED_PREFIX, ignored_param
+from mpilaunch.cli.cliopts import (
+    FLAG,
+    IGNORED,
+    INT_MIN0,
+    INT_MIN1,
+    MAX_RANKS,
+    STREAMS,
+    TORCHRUN,
+    Opt,
+    ignored,
+    said_ignored,
+)
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, TorchRun
 
-TORCH_WORDS = (  # options only torchrun has: one makes the command line torchrun's
-    "nproc_per_node",
-    "nnodes",
-    "node_rank",
-    "master_addr",
-    "master_port",
-    "standalone",
-    "rdzv_backend",
-    "rdzv_endpoint",
-    "rdzv_id",
-    "rdzv_conf",
-    "monitor_interval",
-    "start_method",
-    "role",
-    "module",
-    "no_python",
-    "run_path",
-    "log_dir",
-    "redirects",
-    "tee",
-    "local_ranks_filter",
-    "local_addr",
-    "shutdown_timeout",
-    "virtual_local_rank",
-    *(ignored_param(TORCHRUN_IGNORED_PREFIX, name) for name in TORCHRUN_IGNORED),
+RULES = "torchrun"  # its failure rules: the launcher's status 1 when a worker fails (launcher/policy.py)
+MINE = (TORCHRUN,)
+# fmt: off
+ROWS: tuple[Opt, ...] = (  # torchrun 2.13's words, with their underscore spellings
+    Opt("nproc_per_node", "--nproc-per-node --nproc_per_node", metavar="N|auto|cpu|gpu", whose=MINE,
+        help="Ranks per node (with -H, a hostfile or an allocation: on each of its hosts)."),
+    Opt("nnodes", "--nnodes", metavar="N|MIN:MAX", whose=MINE, help="Node count; more than 1: one launcher per node."),
+    Opt("node_rank", "--node-rank --node_rank", check=INT_MIN0, maximum=MAX_RANKS, whose=MINE,
+        help="This node's rank."),
+    Opt("master_addr", "--master-addr --master_addr", metavar="HOST", whose=MINE, help="The rendezvous host."),
+    Opt("master_port", "--master-port --master_port", check=INT_MIN1, maximum=65535, whose=MINE,
+        help="The rendezvous port."),
+    Opt("standalone", "--standalone", FLAG, whose=MINE, help="A single-node job on a free port."),
+    Opt("rdzv_backend", "--rdzv-backend --rdzv_backend", metavar="static|c10d", whose=MINE, help="The rendezvous."),
+    Opt("rdzv_endpoint", "--rdzv-endpoint --rdzv_endpoint", metavar="HOST[:PORT]", whose=MINE,
+        help="Where the nodes meet."),
+    Opt("rdzv_id", "--rdzv-id --rdzv_id", metavar="ID", whose=MINE, help="The run id (TORCHELASTIC_RUN_ID)."),
+    Opt("rdzv_conf", "--rdzv-conf --rdzv_conf", metavar="K=V,...", whose=MINE, help="Rendezvous settings."),
+    Opt("monitor_interval", "--monitor-interval --monitor_interval", metavar="S", whose=MINE, help="Accepted."),
+    Opt("start_method", "--start-method --start_method", metavar="spawn|fork", whose=MINE, help="Accepted."),
+    Opt("role", "--role", metavar="NAME", whose=MINE, help="The workers' role (ROLE_NAME)."),
+    Opt("module", "-m --module", FLAG, whose=MINE, help="The program is a Python module (python -m)."),
+    Opt("no_python", "--no-python --no_python", FLAG, whose=MINE, help="Run the program as it is, not with Python."),
+    Opt("run_path", "--run-path --run_path", FLAG, whose=MINE, help="Run the script with runpy.run_path."),
+    Opt("log_dir", "--log-dir --log_dir", metavar="DIR", whose=MINE, help="The log folder (--output-filename)."),
+    Opt("redirects", "-r --redirects", check=STREAMS, metavar="0-3|N:M,...", whose=MINE,
+        help="Streams to files only."),
+    Opt("tee", "-t --tee", check=STREAMS, metavar="0-3|N:M,...", whose=MINE, help="Streams to files and the console."),
+    Opt("local_ranks_filter", "--local-ranks-filter --local_ranks_filter", metavar="0,1", whose=MINE,
+        help="Only these local ranks' output on the console."),
+    Opt("local_addr", "--local-addr --local_addr", metavar="ADDR", whose=MINE, help="This node's address."),
+    Opt("virtual_local_rank", "--virtual-local-rank --virtual_local_rank", FLAG, whose=MINE,
+        help="LOCAL_RANK 0 for every rank, each seeing its own GPU as device 0."),
+    Opt("shutdown_timeout", "--shutdown-timeout --shutdown_timeout", metavar="S", whose=MINE,
+        help="Seconds the ranks get after a signal stopped the job, before SIGKILL (default 30)."),
+    *ignored("event-log-handler; logs-specs; numa-binding; signals-to-handle; duplicate-stdout-filters; "
+             "duplicate-stderr-filters", TORCHRUN),
 )
-FLAGS = (
-    "standalone",
-    "module",
-    "no_python",
-    "run_path",
-    "virtual_local_rank",
-)  # PET_<NAME> of these is 0 or 1, as torchrun reads it
+# fmt: on
+ENVIRONMENT = (
+    ("PET_<OPTION>", "an option not given (PET_NPROC_PER_NODE=2 is --nproc-per-node 2)"),
+    ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "--shutdown-timeout, when not given"),
+)
+TORCH_WORDS = tuple(opt.name for opt in ROWS)  # options only torchrun has: one makes the command line torchrun's
+FLAGS = tuple(opt.name for opt in ROWS if opt.kind == FLAG)  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
 GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
 RUN_PATH = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-
-
-def python_program(argv: tuple[str, ...], wdir: str | None) -> tuple[str, ...]:
-    """A `.py` file named as the program that is not a program to run (not executable, or not on
-    PATH): run with this interpreter, as torchrun runs its script."""
-    program = argv[0]
-    if not program.endswith(".py") or ("/" not in program and _on_path(program)):
-        return argv
-    path = os.path.join(wdir or os.getcwd(), program)
-    if os.path.isfile(path) and not os.access(path, os.X_OK):
-        return (sys.executable, "-u", *argv)
-    return argv
-
-
-def _on_path(program: str) -> bool:
-    return any(os.access(os.path.join(d, program), os.X_OK) for d in os.environ.get("PATH", "").split(":") if d)
 
 
 def torch_options(
@@ -78,19 +85,14 @@ def torch_options(
 ) -> tuple[dict[str, object], list[str]]:
     """torchrun's words taken out of the parsed values: the Options fields they set (torch, and
     placement), with apps rewritten to what runs; notes for words that mean nothing here."""
-    words = {key: values.pop(key) for key in TORCH_WORDS}
-    torch_mode = name == "torchrun" or bool(given & set(TORCH_WORDS))
-    if not torch_mode:
-        apps[:] = [a._replace(argv=python_program(a.argv, a.wdir)) for a in apps]
+    words = {opt.name: values.pop(opt.name, opt.unset) for opt in ROWS}
+    if not (name == "torchrun" or given & set(TORCH_WORDS)):
         return {}, []
-    for key in TORCH_WORDS:  # torchrun reads PET_<NAME> for an option not given
-        if key not in given and not key.startswith(TORCHRUN_IGNORED_PREFIX) and f"PET_{key.upper()}" in env:
+    for opt in ROWS:  # torchrun reads PET_<NAME> for an option not given
+        key = opt.name
+        if key not in given and IGNORED not in opt.roles and f"PET_{key.upper()}" in env:
             words[key] = _env_flag(key, env) if key in FLAGS else env[f"PET_{key.upper()}"]
-    notes = [
-        f"torchrun's --{name} means nothing here: ignored"
-        for name in TORCHRUN_IGNORED
-        if words[ignored_param(TORCHRUN_IGNORED_PREFIX, name)] is not None
-    ]
+    notes = said_ignored(words, TORCHRUN, "torchrun's {flag} means nothing here: ignored")
     backend = str(words["rdzv_backend"] or "static").lower()
     if backend not in ("static", "c10d"):
         raise LaunchError(
@@ -330,3 +332,11 @@ def _ranks_filter(value: object) -> tuple[int, ...]:
     if not all(p.strip().isdigit() for p in parts):
         raise LaunchError(f"--local-ranks-filter {value!r}: expected local ranks, comma separated (0,1,2)")
     return tuple(int(p) for p in parts)
+
+
+def streams_value(text: str) -> bool:
+    """Whether text is a value of -r/-t (0 to 3, or LOCAL_RANK:0-3 pairs joined by commas): `-t3` is
+    --tee 3, `-topolib` no word of torchrun's."""
+    import re
+
+    return re.fullmatch(r"[0-3]|[0-9]+:[0-3](,[0-9]+:[0-3])*", text) is not None

@@ -569,9 +569,13 @@ def build_plan(
             options = options._replace(engine_starts_here=True)
         hosts = with_slots(hosts, source, options)
     if options.nolocal:
-        hosts = [host for host in hosts if hostlib.needs_ssh(host)]
-        if not hosts:
+        kept = [i for i, host in enumerate(hosts) if hostlib.needs_ssh(host)]
+        if not kept:
             raise LaunchError(f"--nolocal: every host of the job ({source}) is this machine")
+        if entries is not None:  # hydra's list: this machine's entries go, the others' hosts renumbered
+            renumbered = {old: new for new, old in enumerate(kept)}
+            entries = [(renumbered[host], count) for host, count in entries if host in renumbered]
+        hosts = [hosts[i] for i in kept]
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]

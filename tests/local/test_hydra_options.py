@@ -266,3 +266,18 @@ def test_prepend_pattern_labels_each_console_line_as_hydra_does(launcher: Launch
     if HYDRA.exists():
         real = subprocess.run([str(HYDRA), *words], capture_output=True, timeout=60)
         assert sorted(real.stdout.decode().splitlines()) == ["[0@0] out", "[1@0] out"]
+
+
+def test_skip_launch_node_is_nolocal(launcher: Launcher) -> None:
+    """hydra's -skip-launch-node, one row of cli/hydra_words.py (docs/architecture.md, "How to add
+    a word"), is --nolocal: no rank on this machine; with -hosts the list's other entries take the
+    ranks round-robin, as hydra's do (before: an unknown option; --nolocal with -hosts, a traceback)."""
+    line = ("-hosts", "localhost,node1:2,localhost,node2", "-n", "4", "--dry-run", "true")
+    for word in ("-skip-launch-node", "--nolocal"):
+        proc = launcher.run(word, *line)
+        assert proc.returncode == 0, proc.stderr.decode()
+        placed = [row.split(b":")[0] for row in proc.stdout.splitlines() if row.startswith(b"rank ")]
+        assert placed == [b"rank 0 on node1", b"rank 1 on node1", b"rank 2 on node2", b"rank 3 on node1"]
+    alone = launcher.run("-skip-launch-node", "-n", "1", "true")
+    assert alone.returncode == 2 and alone.stderr == launcher.run("--nolocal", "-n", "1", "true").stderr
+    assert alone.stderr.count(b"\n") == 1

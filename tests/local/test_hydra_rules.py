@@ -121,8 +121,9 @@ def test_universe_size_and_pmi_hostname_are_hydras(
     pytest.importorskip("mpi4py")
     script = write_script(
         tmp_path, "universe.py",
-        "import os\nfrom mpi4py import MPI\n"
-        "print(MPI.COMM_WORLD.Get_attr(MPI.UNIVERSE_SIZE), os.environ.get('PMI_HOSTNAME') is not None, flush=True)\n",
+        "import os, sys\nfrom mpi4py import MPI\n"  # one write per line: hydra keeps no line whole
+        "u, h = MPI.COMM_WORLD.Get_attr(MPI.UNIVERSE_SIZE), os.environ.get('PMI_HOSTNAME') is not None\n"
+        "sys.stdout.write(f'{u} {h}\\n')\nsys.stdout.flush()\n",
     )  # fmt: skip
     seen = {}
     for who, program in peers(shims).items():

@@ -41,6 +41,14 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
         "mpilaunch.agent.services.pmi2_serve",
         "mpilaunch.agent.services.pmix",
         "mpilaunch.agent.services.pmix_lib",
+        # Issue "House III": an mpirun-style line reads no other launcher's words (nor the help,
+        # nor click's command), and no report or rendezvous code.
+        "mpilaunch.cli.hydra_words",
+        "mpilaunch.cli.torchrun_words",
+        "mpilaunch.cli.helptext",
+        "mpilaunch.cli.command",
+        "mpilaunch.launcher.json_report",
+        "mpilaunch.launcher.rendezvous",
     ):
         assert room not in imported, room
     # What the run path was trimmed of (issue 5): click (the command line is scanned by argscan),

@@ -10,7 +10,8 @@ from click.core import ParameterSource
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.cli import argscan, cliopts
+from mpilaunch.cli import cliopts
+from mpilaunch.cli import tokens as argscan
 from mpilaunch.cli.command import run_command
 from mpilaunch.cli.parse import parse_args
 

@@ -162,3 +162,62 @@ def test_no_class_is_over_300_lines() -> None:
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300:  # type: ignore[operator]
                 big[f"{name}.{node.name}"] = node.end_lineno - node.lineno + 1  # type: ignore[operator]
     assert not big
+
+
+def calls_to(tree: ast.AST, name: str) -> list[ast.Call]:
+    """The calls of a function by that name, plain or as an attribute (cliopts.row_for)."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) == name or getattr(node.func, "attr", None) == name)
+    ]
+
+
+def test_a_command_line_is_walked_once_by_one_tokenizer() -> None:
+    """Issue "House III": only cli/tokens.py looks a word up among the table's spellings, and
+    only cli/cmdline.read walks argv into tokens; every other reader (the early start, the
+    PMIx guess, the dialect, the parse) takes what it made."""
+    lookups, walks = set(), set()
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text())
+        if calls_to(tree, "row_for"):
+            lookups.add(name)
+        if calls_to(tree, "tokens"):
+            walks.add(name)
+    assert lookups == {"mpilaunch.cli.tokens"}
+    assert walks == {"mpilaunch.cli.cmdline", "mpilaunch.cli.tokens"}  # tokens.scan walks only for tests
+
+
+# What another launcher reads from the environment: only its module of cli/ names these.
+LAUNCHER_VARIABLES = {"hydra": ("HYDRA_",), "torchrun": ("PET_", "TORCH_ELASTIC_")}
+
+
+def test_each_launchers_words_are_its_own() -> None:
+    """Issue "House III": mpilaunch's rows are in cli/cliopts.py and each other launcher's in its
+    module (cliopts.LAUNCHERS), with its variables and its rules; no spelling is two rows'; and
+    no other module of cli/ names a parameter of that launcher's (but those that are mpilaunch's
+    fields by the same name, plan/spec.Options) or reads its variables."""
+    from mpilaunch.cli import cliopts
+    from mpilaunch.plan.spec import Options
+
+    spellings = [flag for opt in cliopts.all_rows() for flag in opt.flags]
+    assert len(spellings) == len(set(spellings))
+    assert all(cliopts.OWN in opt.whose for opt in cliopts.ROWS)
+    constants = {
+        name: {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)}
+        for name, path in modules().items()
+        if name.startswith("mpilaunch.cli.")
+    }
+    for launcher, module_name in cliopts.LAUNCHERS.items():
+        module = cliopts.load(launcher)
+        assert module.RULES and module.ENVIRONMENT
+        assert all(launcher in opt.whose and cliopts.OWN not in opt.whose for opt in module.ROWS)
+        params = {opt.name for opt in module.ROWS} - set(Options._fields)
+        prefixes = LAUNCHER_VARIABLES.get(launcher, ())
+        for name, found in constants.items():
+            if name == module_name:
+                continue
+            assert not params & found, (name, params & found)
+            named = [v for v in found if isinstance(v, str) and prefixes and v.startswith(prefixes)]
+            assert not named, (name, named)

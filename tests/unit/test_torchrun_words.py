@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.cli.parse import parse_args
-from mpilaunch.cli.torchrun_words import RUN_PATH, python_program, std_streams
+from mpilaunch.cli.parse import parse_args, python_program
+from mpilaunch.cli.torchrun_words import RUN_PATH, std_streams
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import JobSpec, TorchRun
 from tests.conftest import fake_smi
@@ -498,3 +498,11 @@ def test_a_double_dash_right_after_the_script_is_dropped_as_torchrun_does() -> N
     assert spec("--nproc-per-node", "1", "-m", "pkg", "--", "a", "--").apps[0].argv == (*PY, "-m", "pkg", "a", "--")
     assert spec("--nproc-per-node", "1", "--no-python", "echo", "--", "a").apps[0].argv == ("echo", "a")
     assert spec("-n", "1", "echo", "--", "a").apps[0].argv == ("echo", "--", "a")  # mpirun's words: as given
+
+
+def test_open_mpis_pernode_gives_way_to_nproc_per_node_as_n_does() -> None:
+    """--pernode with --nproc-per-node: torchrun's ranks per node win, as over -N 1 (before: a
+    traceback, two values for one option)."""
+    pernode = parse_args(["--nproc-per-node", "2", "--pernode", "t.py"])
+    assert pernode.options.npernode == 2
+    assert pernode == parse_args(["--nproc-per-node", "2", "-N", "1", "t.py"])

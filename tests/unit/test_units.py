@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpilaunch.cli.argscan import split_apps
 from mpilaunch.cli.parse import parse_args
+from mpilaunch.cli.tokens import split_apps
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.output import Console, rank_dir_name
 from mpilaunch.launcher.report_text import ranges

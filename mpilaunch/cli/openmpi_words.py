@@ -1,5 +1,7 @@
-"""What Open MPI's and hydra's less common options mean here, read out of the parsed options:
-each becomes mpilaunch's own field, or a note that mpilaunch has no such thing and ignores it.
+"""Open MPI's `mpirun` (4.1) words, end to end: the rows only Open MPI has (mpilaunch's own rows
+that are Open MPI's too are in cli/cliopts.py), the MCA parameters it reads from the
+environment, its exit-status rules, and what each word means here: mpilaunch's own field, or a
+note that mpilaunch has no such thing and ignores it.
 
 Pure functions of the parsed values (and, for MCA parameters, the environment Open MPI would
 read them from): cli/parse.py calls them once per command line.
@@ -9,24 +11,67 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mpilaunch.cli.cliopts import (
+    ADDS_UP,
+    CONTEXTS,
+    FLAG,
+    HYDRA,
+    INT_MIN1,
+    MAX_RANKS,
+    MULTI,
+    NO_KEY,
+    OPENMPI,
+    PLACES,
+    Opt,
+    ignored,
+    said_ignored,
+)
 from mpilaunch.errors import LaunchError
 
-MAP_MODIFIERS = ("OVERSUBSCRIBE", "NOOVERSUBSCRIBE", "SPAN", "DISPLAY", "DISPLAYALLOC")
-MAP_OBJECTS = ("slot", "node", "core", "hwthread", "socket", "numa", "l3cache", "l2cache", "l1cache", "board")
-RANK_BY = (
-    "slot",
-    "node",
-    "core",
-    "hwthread",
-    "socket",
-    "numa",
-    "l3cache",
-    "l2cache",
-    "l1cache",
-    "board",
-    "fill",
-    "span",
+RULES = "openmpi"  # the failure and signal rules its words select (launcher/policy.py)
+MINE = (OPENMPI,)
+# fmt: off
+ROWS: tuple[Opt, ...] = (
+    Opt("npersocket", "--npersocket -npersocket", check=INT_MIN1, maximum=MAX_RANKS, whose=MINE, roles=(PLACES,),
+        help="Ranks per socket (ppr:N:socket)."),
+    Opt("bynode", "--bynode -bynode", FLAG, whose=MINE, roles=(PLACES,), means=("map_by", "node"),
+        help="The older --map-by node."),
+    Opt("byslot", "--byslot -byslot --bycore -bycore", FLAG, whose=MINE, roles=(PLACES,), means=("map_by", "slot"),
+        help="The older --map-by slot."),
+    Opt("pernode", "--pernode -pernode", FLAG, whose=MINE, means=("npernode", 1), help="The older --npernode 1."),
+    Opt("cpus_per_proc", "--cpus-per-proc -cpus-per-proc --cpus-per-rank -cpus-per-rank", check=INT_MIN1,
+        maximum=4096, whose=MINE, help="The older --map-by ...:PE=N: N cores per rank."),
+    Opt("bind_to_core", "--bind-to-core -bind-to-core", FLAG, whose=MINE, help="The older --bind-to core."),
+    Opt("bind_to_socket", "--bind-to-socket -bind-to-socket", FLAG, whose=MINE, help="The older --bind-to socket."),
+    Opt("nooversubscribe", "--nooversubscribe -nooversubscribe", FLAG, whose=MINE,
+        help="Open MPI's default: no more ranks than slots."),
+    Opt("rankfile", "--rankfile -rankfile -rf", metavar="FILE", whose=MINE, help="A rankfile: not read (refused)."),
+    Opt("appfile", "--app -app", metavar="FILE", whose=MINE, roles=(CONTEXTS, NO_KEY),
+        help="An appfile: read as hydra's -configfile."),
+    Opt("am", "-am --am", MULTI, metavar="FILE[,FILE]", whose=MINE, roles=(ADDS_UP, NO_KEY),
+        help="Files of MCA parameters (key = value)."),
+    Opt("tune", "--tune -tune", MULTI, metavar="FILE[,FILE]", whose=MINE, roles=(ADDS_UP, NO_KEY),
+        help="Files of -x and --mca options."),
+    Opt("prefix", "--prefix -prefix", metavar="DIR", whose=MINE,
+        help="Install prefix: DIR/bin and DIR/lib lead the ranks' PATH and LD_LIBRARY_PATH."),
+    Opt("allow_run_as_root", "--allow-run-as-root -allow-run-as-root", FLAG, whose=MINE,
+        help="Accepted; root needs no flag here."),
+    Opt("verbose", "-v --verbose -verbose", FLAG, whose=(OPENMPI, HYDRA),
+        help="Accepted; mpilaunch's notes are on unless -q."),
+    *ignored("continuous; enable-recovery; disable-recovery; report-child-jobs-separately; leave-session-attached; "
+             "display-devel-map; display-devel-allocation; do-not-resolve; debug-daemons; noprefix; show-progress; "
+             "report-state-on-timeout; novm", OPENMPI, FLAG),
 )
+# fmt: on
+ENVIRONMENT = (
+    ("OMPI_MCA_<key>", "an MCA parameter, as -mca KEY VALUE (the command line wins); all reach the ranks"),
+    ("OMPI_MCA_orte_abort_on_non_zero_status", "0: a failed rank does not end the others"),
+    ("OMPI_MCA_rmaps_base_oversubscribe", "and the other mapping, binding and output parameters: their options"),
+    ("OMPI_MCA_plm_rsh_agent", "a command in place of ssh (plm_rsh_args: more arguments for it)"),
+    ("MPIEXEC_TIMEOUT", "--timeout, when not given"),
+)
+MAP_OBJECTS = ("slot", "node", "core", "hwthread", "socket", "numa", "l3cache", "l2cache", "l1cache", "board")
+RANK_BY = (*MAP_OBJECTS, "fill", "span")
 PPR_OBJECTS = ("node", "socket")
 
 
@@ -78,18 +123,12 @@ def read_map_by(value: str) -> MapBy:
 
 
 def mapping_options(values: dict[str, object], given: set[str]) -> dict[str, object]:
-    """--map-by with Open MPI's old spellings folded in (--bynode, --byslot, --npersocket,
-    --cpus-per-proc) and --rank-by checked: the Options fields they set."""
+    """--map-by with --npersocket and --cpus-per-proc folded in (--bynode and --byslot set it as
+    they are read: cliopts.meant) and --rank-by checked: the Options fields they set."""
     map_by = str(values.pop("map_by"))
-    bynode, byslot = values.pop("bynode"), values.pop("byslot")
-    npersocket, cpus = values.pop("npersocket"), values.pop("cpus_per_proc")
-    if "map_by" not in given:
-        if bynode:
-            map_by = "node"
-        elif byslot:
-            map_by = "slot"
-        elif npersocket:
-            map_by = f"ppr:{npersocket}:socket"
+    npersocket, cpus = values.pop("npersocket", None), values.pop("cpus_per_proc", None)
+    if "map_by" not in given and npersocket:
+        map_by = f"ppr:{npersocket}:socket"
     mapping = read_map_by(map_by)
     pe = mapping.pe or int(cpus or 0)  # type: ignore[call-overload]
     rank_by = values.pop("rank_by")
@@ -110,32 +149,39 @@ def mapping_options(values: dict[str, object], given: set[str]) -> dict[str, obj
     return out
 
 
-def old_open_mpi_words(values: dict[str, object], given: set[str]) -> tuple[set[str], list[str]]:
-    """Open MPI's older spellings as the options they stand for (-pernode, --bind-to-core,
-    --bind-to-socket; a newer option given wins), its rankfile refused, and a note for each of
-    its flags that means nothing here: (the options so set, the notes)."""
-    from mpilaunch.cli.cliopts import OPEN_MPI_IGNORED, OPEN_MPI_IGNORED_PREFIX, ignored_param
-
-    rankfile = values.pop("rankfile")
+def old_words(values: dict[str, object], given: set[str]) -> tuple[set[str], list[str]]:
+    """--bind-to-core and --bind-to-socket as --bind-to (one given wins, or hydra's -binding),
+    the rankfile refused, and a note for each flag that means nothing here: (the options so set,
+    the notes)."""
+    rankfile = values.pop("rankfile", None)
     if rankfile is not None:
         raise LaunchError(
             f"--rankfile {rankfile}: mpilaunch does not read rankfiles; place the ranks with -H or --hostfile "
             "and --map-by, and bind them with --bind-to"
         )
     out: set[str] = set()
-    if values.pop("pernode") and "npernode" not in given:
-        values["npernode"] = 1
-        out.add("npernode")
     for flag, level in (("bind_to_core", "core"), ("bind_to_socket", "socket")):
-        if values.pop(flag) and not (given | out) & {"bind_to", "binding"}:
+        if values.pop(flag, False) and "bind_to" not in given | out:
             values["bind_to"] = level
             out.add("bind_to")
-    notes = [
-        f"mpirun's --{name} means nothing here: ignored"
-        for name in OPEN_MPI_IGNORED
-        if values.pop(ignored_param(OPEN_MPI_IGNORED_PREFIX, name))
-    ]
-    return out, notes
+    values.pop("verbose", None)
+    return out, said_ignored(values, OPENMPI, "mpirun's {flag} means nothing here: ignored")
+
+
+def mca_params(values: dict[str, object], env: Mapping[str, str]) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+    """Every MCA parameter the line gives: -am files, then --tune files, then -mca (the last one
+    wins), after OMPI_MCA_orte_abort_on_non_zero_status from the environment; and the -x words of
+    the --tune files."""
+    tuned = tune_file_words(values.pop("tune", ()))  # type: ignore[arg-type]
+    mca = (
+        *mca_file_params(values.pop("am", ()), "-am"),  # type: ignore[arg-type]
+        *((k, v) for kind, text in tuned if kind == "mca" for k, v in [text.split("\0", 1)]),
+        *values.pop("mca"),  # type: ignore[misc]
+    )
+    abort = env.get("OMPI_MCA_orte_abort_on_non_zero_status")
+    if abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
+        mca = (("orte_abort_on_non_zero_status", abort), *mca)
+    return tuple(mca), [text for kind, text in tuned if kind == "x"]
 
 
 def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]]:
@@ -161,6 +207,8 @@ def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]
 def tune_file_words(paths: tuple[str, ...]) -> list[tuple[str, str]]:
     """Open MPI's --tune files: words of -x and -mca/--mca options (any lines, # comments), as
     (kind, value) pairs: ("x", "NAME[=VALUE]") or ("mca", "key\\0value")."""
+    if not paths:
+        return []
     import shlex
 
     from mpilaunch.plan.textfiles import read_text
@@ -209,7 +257,6 @@ MCA_VALUES = {  # ... and the options that take their value
 MCA_GIVEN = {  # what on the command line wins over each of them
     "oversubscribe": {"oversubscribe", "nooversubscribe"},
     "map_by": {"map_by", "bynode", "byslot", "npersocket"},
-    "bind_to": {"bind_to", "binding"},
 }
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "enabled", "t", "y"), ("0", "false", "no", "disabled", "f", "n", "")
 
@@ -270,92 +317,3 @@ def _first_found(choices: list[list[str]], env: Mapping[str, str]) -> list[str]:
     if not choices:
         return []
     raise LaunchError(f"the remote shell {' '.join(choices[0])!r} (plm_rsh_agent / -bootstrap-exec) is not on PATH")
-
-
-BINDINGS = {  # hydra's old -binding words (and Open MPI's objects) -> --bind-to
-    "none": "none",
-    "cpu:cores": "core",
-    "cpu:sockets": "socket",
-    "cpu:threads": "hwthread",
-    "core": "core",
-    "cores": "core",
-    "socket": "socket",
-    "sockets": "socket",
-    "hwthread": "hwthread",
-    "hwthreads": "hwthread",
-    "numa": "numa",
-}
-IGNORED_RMK = ("ll", "cobalt")  # hydra's resource managers whose host lists mpilaunch does not read
-
-
-def hydra_options(values: dict[str, object], given: set[str]) -> tuple[dict[str, object], list[str]]:
-    """hydra's -binding, -rmk, -demux, -gpus-per-proc and -bootstrap: the fields they set, and
-    a note for each word that means nothing here."""
-    out: dict[str, object] = {}
-    notes: list[str] = []
-    binding = values.pop("binding")
-    if binding is not None:
-        bind = BINDINGS.get(str(binding).lower())
-        if bind is None:
-            notes.append(f"-binding {binding!r} is not one mpilaunch reads (none, cpu:cores, cpu:sockets): ignored")
-        elif "bind_to" not in given:
-            out["bind_to"] = bind
-    rmk = values.pop("rmk")
-    if rmk is not None and str(rmk).lower() in IGNORED_RMK:
-        notes.append(f"-rmk {rmk}: mpilaunch does not read that resource manager's hosts: ignored")
-    demux = values.pop("demux")
-    if demux is not None:
-        notes.append(f"-demux {demux}: mpilaunch has one I/O loop of its own: ignored")
-    from mpilaunch.cli.cliopts import HYDRA_IGNORED_FLAGS, HYDRA_IGNORED_PREFIX, HYDRA_IGNORED_VALUES, ignored_param
-
-    for name, why in (*HYDRA_IGNORED_VALUES.items(), *HYDRA_IGNORED_FLAGS.items()):
-        value = values.pop(ignored_param(HYDRA_IGNORED_PREFIX, name))
-        if value:
-            notes.append(f"-{name}{'' if value is True else f' {value}'}: {why}: ignored")
-    usize = values.pop("usize")
-    if usize is not None:
-        out["universe_size"] = universe_size(str(usize))
-    gpus = values.pop("gpus_per_proc")
-    if gpus is not None and values.get("devices_per_rank") is None:
-        out["devices_per_rank"] = gpus
-    return out, notes
-
-
-def universe_size(value: str) -> int | None:
-    """hydra's -usize: a number of ranks, or SYSTEM (the hosts' slots, None here); INFINITE is
-    read as SYSTEM (MPI has no such size to give)."""
-    word = value.strip()
-    if word.upper() in ("SYSTEM", "INFINITE"):
-        return None
-    if not (word.isascii() and word.isdigit() and len(word) <= 7 and 1 <= int(word) <= 1 << 20):
-        raise LaunchError(f"-usize {value[:40]!r}: expected a number of ranks (1 to {1 << 20}), SYSTEM or INFINITE")
-    return int(word)
-
-
-HOST_WORDS = frozenset({"hosts", "hostfile", "hydra_hosts", "hydra_hostfile"})
-
-
-def hydra_environment(values: dict[str, object], given: set[str], env: Mapping[str, str]) -> set[str]:
-    """hydra's variables, for a line in hydra's words: HYDRA_HOST_FILE (the hostfile when no host
-    option is given), HYDRA_BOOTSTRAP or HYDRA_LAUNCHER (-bootstrap), HYDRA_IFACE (-iface); an
-    option given wins. The names it set, as given. (HYDRA_ENV=all is hydra's -genvall, the default.)"""
-    from mpilaunch.cli.cliopts import RUN_OPTIONS
-
-    out: set[str] = set()
-    host_file = env.get("HYDRA_HOST_FILE", "")
-    if host_file and not given & HOST_WORDS:
-        values["hydra_hostfile"] = host_file
-        out.add("hydra_hostfile")
-    var = "HYDRA_BOOTSTRAP" if env.get("HYDRA_BOOTSTRAP") else "HYDRA_LAUNCHER"
-    launcher = env.get(var, "").strip().lower()
-    if launcher and "launcher" not in given:
-        choices = next(o.choices for o in RUN_OPTIONS if o.name == "launcher")
-        if launcher not in choices:
-            raise LaunchError(f"{var}={env[var][:40]!r}: expected one of {', '.join(choices)}")
-        values["launcher"] = launcher
-        out.add("launcher")
-    iface = env.get("HYDRA_IFACE", "")
-    if iface and "iface" not in given:
-        values["iface"] = iface
-        out.add("iface")
-    return out
