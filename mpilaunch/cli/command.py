@@ -15,23 +15,42 @@ def _stdin_callback(ctx: object, param: object, value: str) -> str:
 
     choice = stdin_choice(value)
     if choice is None:
-        raise click.BadParameter(f"expected a rank number, all or none, not {value.strip().lower()!r}")
+        raise click.BadParameter(f"takes a rank number, all or none, got {value.strip()!r}")
     return choice
 
 
+def wanted(opt: cliopts.Opt) -> str:
+    """What an option's value must be, in words: `a whole number of at least 1`."""
+    most = f"{int(opt.maximum):,}" if opt.maximum is not None else None
+    if opt.check in (cliopts.INT_MIN1, cliopts.INT_MIN0):
+        least = 1 if opt.check == cliopts.INT_MIN1 else 0
+        return f"a whole number from {least} to {most}" if most is not None else f"a whole number of at least {least}"
+    if opt.check == cliopts.FLOAT_POS:
+        return "a number of seconds above 0" + (f", at most {most}" if most is not None else "")
+    if opt.check == cliopts.FLOAT_NONNEG:
+        return "a number of seconds from 0" + (f" to {most}" if most is not None else "")
+    return "one of " + ", ".join(opt.choices)
+
+
 @functools.cache
-def _ascii(base: type) -> type:
-    """click's range type, for plain ASCII numbers only: `-n ３` is not 3 (int() reads any
-    script's digits), and `nan` is not a number of seconds (it is in no range to a comparison)."""
+def _plain(base: type, opt: cliopts.Opt) -> type:
+    """click's type for the row, for plain ASCII numbers only (`-n ３` is not 3: int() reads any
+    script's digits; `nan` is no number of seconds), failing in plain words: `takes a whole
+    number of at least 1, got 'x'` (cli/parse.py puts the option as written before it)."""
     import math
+
+    import click
 
     class Plain(base):  # type: ignore[misc, valid-type]
         def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-            if isinstance(value, str) and not value.isascii():
-                self.fail(f"{value!r} is not a plain (ASCII) number", param, ctx)
-            converted = super().convert(value, param, ctx)
-            if isinstance(converted, float) and not math.isfinite(converted):
-                self.fail(f"{value!r} is not a finite number", param, ctx)
+            try:
+                if isinstance(value, str) and not value.isascii():
+                    raise click.BadParameter("")
+                converted = super().convert(value, param, ctx)
+                if isinstance(converted, float) and not math.isfinite(converted):
+                    raise click.BadParameter("")
+            except click.BadParameter:
+                self.fail(f"takes {wanted(opt)}, got {str(value)!r}", param, ctx)
             return converted
 
     Plain.__name__ = base.__name__
@@ -52,15 +71,15 @@ def click_option(opt: cliopts.Opt, **overrides: object):  # type: ignore[no-unty
     if opt.default is not None:
         kwargs["default"] = opt.default
     if opt.check == cliopts.CHOICE:
-        kwargs["type"] = click.Choice(opt.choices, case_sensitive=False)
+        kwargs["type"] = _plain(click.Choice, opt)(opt.choices, case_sensitive=False)
     elif opt.check == cliopts.RANK_CHOICE:
         kwargs["callback"] = _stdin_callback
     elif opt.check in (cliopts.INT_MIN1, cliopts.INT_MIN0):
-        kwargs["type"] = _ascii(click.IntRange)(min=1 if opt.check == cliopts.INT_MIN1 else 0, max=opt.maximum)
+        kwargs["type"] = _plain(click.IntRange, opt)(min=1 if opt.check == cliopts.INT_MIN1 else 0, max=opt.maximum)
     elif opt.check == cliopts.FLOAT_POS:
-        kwargs["type"] = _ascii(click.FloatRange)(min=0, min_open=True, max=opt.maximum)
+        kwargs["type"] = _plain(click.FloatRange, opt)(min=0, min_open=True, max=opt.maximum)
     elif opt.check == cliopts.FLOAT_NONNEG:
-        kwargs["type"] = _ascii(click.FloatRange)(min=0, max=opt.maximum)
+        kwargs["type"] = _plain(click.FloatRange, opt)(min=0, max=opt.maximum)
     kwargs.update(overrides)
     return click.Option([*opt.flags, opt.name], **kwargs)  # type: ignore[arg-type]
 

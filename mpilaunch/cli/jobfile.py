@@ -164,7 +164,8 @@ def _convert(param: click.Option, key: str, value: object, line: int) -> object:
         if param.callback is not None:
             value = param.callback(None, param, value)  # type: ignore[arg-type]
     except click.ClickException as exc:
-        raise _Bad(line, f"key {key!r}: {exc.message}") from None
+        said = f"key {key!r} {exc.message}" if exc.message.startswith("takes ") else f"key {key!r}: {exc.message}"
+        raise _Bad(line, said) from None
     return value
 
 

@@ -59,6 +59,12 @@ def _click_segment(words: list[str], toks: list[Token]) -> tuple[dict, set[str]]
 
     try:
         ctx = run_command().make_context("mpilaunch", render(toks, words))
+    except click.BadParameter as exc:  # a value: said with the option as written, in plain words
+        name = exc.param.name if exc.param is not None else None
+        written = [t.head for t in toks if t.opt is not None and t.opt.name == name]
+        if not written or not exc.message.startswith("takes "):
+            raise LaunchError(exc.format_message()) from None
+        raise LaunchError(f"{written[-1]} {exc.message}") from None
     except click.ClickException as exc:
         raise LaunchError(exc.format_message()) from None
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
