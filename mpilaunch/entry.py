@@ -61,7 +61,7 @@ def main(quick_exit: bool = True) -> None:
     if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
         import _signal
 
-        from mpilaunch.launcher.signal_table import ACTIONS, FAULTS
+        from mpilaunch.launcher.decide.signal_table import ACTIONS, FAULTS
 
         for sig in ACTIONS:  # the faults keep their default until the run's one-shot handlers (signals.py)
             if sig not in FAULTS and _signal.getsignal(sig) in (_signal.SIG_DFL, _signal.default_int_handler):
@@ -129,7 +129,7 @@ def _stopped_by(signum: int, frame: object) -> None:
     exception raised in the middle of an import is printed and dropped, and the job then ran to
     its end with status 0. Leaving closes every descriptor, so each agent (the early one, those
     behind SSH clients) sees its link end and stops its ranks."""
-    from mpilaunch.launcher.signal_table import leave_status
+    from mpilaunch.launcher.decide.signal_table import leave_status
 
     leave(leave_status(signum))
 

@@ -16,7 +16,7 @@ reads a stopped rank without attaching (--nonblocking).
 Each tool runs as a child of the agent in a session of its own, its output read through the
 agent's loop (the loop never waits for it), PARALLEL at a time, each bounded by the request's
 limit: one that outstays it is killed with its group. The text goes up whole, as the tool
-printed it; the launcher reads the frames out of it (launcher/stack_text.py). Stdlib only:
+printed it; the launcher reads the frames out of it (launcher/stacks/stack_text.py). Stdlib only:
 shipped with the agent, imported on the first request.
 """
 

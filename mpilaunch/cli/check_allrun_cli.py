@@ -53,7 +53,7 @@ def run_subcommand(name: str, args: list[str]) -> int:
     """`mpilaunch check ...` or `mpilaunch allrun ...` -> exit status."""
     import click
 
-    from mpilaunch.launcher import check_allrun
+    from mpilaunch.launcher.start import check_allrun
 
     check, allrun = _commands()
     command = check if name == "check" else allrun

@@ -34,7 +34,7 @@ from mpilaunch.cli.cliopts import (
 )
 from mpilaunch.errors import LaunchError
 
-RULES = "hydra"  # a plain non-zero exit ends only that rank; the status is the ranks' OR (launcher/policy.py)
+RULES = "hydra"  # a plain non-zero exit ends only that rank; the status is the ranks' OR (launcher/decide/policy.py)
 MINE = (HYDRA,)
 # fmt: off
 ROWS: tuple[Opt, ...] = (

@@ -48,7 +48,7 @@ def main(line: CommandLine | list[str] | None = None, here: LocalTransport | Non
             singleton_start(args)  # execs hydra, or raises
         else:
             spec = parse_args(line)
-            from mpilaunch.launcher.launch import run_job
+            from mpilaunch.launcher.start.launch import run_job
 
             status = run_job(spec, here)
     except LaunchError as exc:

@@ -28,7 +28,7 @@ from mpilaunch.cli.cliopts import (
 )
 from mpilaunch.errors import LaunchError
 
-RULES = "openmpi"  # the failure and signal rules its words select (launcher/policy.py)
+RULES = "openmpi"  # the failure and signal rules its words select (launcher/decide/policy.py)
 MINE = (OPENMPI,)
 # fmt: off
 ROWS: tuple[Opt, ...] = (

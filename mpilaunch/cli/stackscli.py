@@ -1,6 +1,6 @@
 """`mpilaunch stacks [PID]`: every rank's stack of a running job of this user's, printed here.
 
-The job is found by its socket (launcher/stacks_socket.py: DIR/PID.sock, DIR the user's own);
+The job is found by its socket (launcher/stacks/stacks_socket.py: DIR/PID.sock, DIR the user's own);
 with several jobs running and no PID, they are listed and nothing is asked (status 2). The job
 says on its own stderr who asked; the stacks come back here.
 
@@ -20,7 +20,7 @@ import time
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.procfs import started_at
-from mpilaunch.launcher.stacks_socket import SUFFIX, dir_problem, socket_dir
+from mpilaunch.launcher.stacks.stacks_socket import SUFFIX, dir_problem, socket_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""What `mpilaunch top` shows, from the job's answers (launcher/usage.py), apart from any
+"""What `mpilaunch top` shows, from the job's answers (launcher/stacks/usage.py), apart from any
 terminal: one row per rank with its CPU share over the last interval, its memory, the time since
 its last output line, and whether it looks stuck (no CPU and no output for a while).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mpilaunch.launcher.report_text import size
+from mpilaunch.launcher.report.report_text import size
 
 STUCK_AFTER = 60.0  # seconds without output and without CPU after which a running rank looks stuck
 IDLE_CPU = 1.0  # percent of a core below which a rank counts as using no CPU

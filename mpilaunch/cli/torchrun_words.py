@@ -29,7 +29,7 @@ from mpilaunch.cli.cliopts import (
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext, TorchRun
 
-RULES = "torchrun"  # its failure rules: the launcher's status 1 when a worker fails (launcher/policy.py)
+RULES = "torchrun"  # its failure rules: the launcher's status 1 when a worker fails (launcher/decide/policy.py)
 MINE = (TORCHRUN,)
 # fmt: off
 ROWS: tuple[Opt, ...] = (  # torchrun 2.13's words, with their underscore spellings

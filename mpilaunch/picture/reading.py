@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 
-from mpilaunch.launcher.report_text import ranges
+from mpilaunch.launcher.report.report_text import ranges
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False

@@ -170,7 +170,7 @@ def with_slots(hosts: list[Host], source: str, options: Options) -> list[Host]:
 
 class Here:
     """What the planner asks of this machine. The launcher gives the real answers
-    (launcher/here.py); planning itself starts no process and opens no socket."""
+    (launcher/start/here.py); planning itself starts no process and opens no socket."""
 
     def free_port(self) -> int:
         """A TCP port free here (for MASTER_PORT)."""

@@ -2,7 +2,7 @@
 
 A transport starts one agent per host and hands back a HostResult each: a Link, or the
 TransportError that says why the host cannot be used; the launcher greets the links
-(launcher/greeting.py), and the result then holds the agent's answer to its Check. A Link
+(launcher/start/greeting.py), and the result then holds the agent's answer to its Check. A Link
 declares what it is through its attributes, the same on every kind (no attribute probing):
 whether the pids it reports are this machine's, whether it has a descriptor of its own or
 rides another host's connection (tree spawn), which host started its agent, whether a shell
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # messages: imported by the agent after the early fork, not before it
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from mpilaunch.plan.hosts import Host
     from mpilaunch.protocol.messages import Checked, Hello
@@ -41,7 +41,7 @@ class Link:
     head: Link | None = None  # ... and its link
     marked = True  # a shell started the agent: its stream opens with a login script's output and MARKER
     await_hello = True  # the launcher waits for its Hello before it is used (not this machine's fork)
-    patience = 20.0  # seconds its greeting may take (launcher/greeting.py)
+    patience = 20.0  # seconds its greeting may take (launcher/start/greeting.py)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -131,7 +131,7 @@ class Transport:
     """Starts agents on hosts, as hydra's launch backends do: `start` starts one agent per host
     (index -> Host) and hands back its link, its code perhaps still queued in the link's outbox,
     or the error that says why the host cannot be used. The launcher greets every link
-    (launcher/greeting.py). Failures are results, not exceptions: callers decide what they mean."""
+    (launcher/start/greeting.py). Failures are results, not exceptions: callers decide what they mean."""
 
     name = ""
 
@@ -162,3 +162,15 @@ def transport_class(name: str) -> type[Transport]:
     module, _, cls = REGISTRY[name].partition(":")
     # __import__, not importlib.import_module: importlib (and warnings) would be on every start's path
     return getattr(__import__(module, fromlist=[cls]), cls)
+
+
+def host_problems(results: Mapping[int, HostResult], names: Callable[[int], str]) -> list[str]:
+    """One line per problem of a start, in host order: a host not reached or not greeted, and
+    what its agent's Check found (a program missing there)."""
+    problems = []
+    for index, result in sorted(results.items()):
+        if result.error is not None:
+            problems.append(f"{names(index)}: {result.error}")
+        elif result.reply is not None:
+            problems.extend(f"{names(index)}: {p}" for p in result.reply.problems)
+    return problems

@@ -5,7 +5,7 @@ An engine's tasks mix or keep their stdio, so each agent connects back, as hydra
 Open MPI's daemons do: it presents a per-run secret that travels in the task's environment
 (never on a command line) and a token saying which host it is; the listener takes exactly one
 connection per expected token and then closes. The socket then is the agent's stdin and
-stdout: the launcher writes the agent's code and greets it (launcher/greeting.py), as any
+stdout: the launcher writes the agent's code and greets it (launcher/start/greeting.py), as any
 other. The process that started the agents (srun, or one qrsh per host) is their carrier: it
 is reaped once every link it carries is closed.
 """

@@ -8,7 +8,7 @@ BatchMode: known_hosts, unknown hosts refused unless --ssh-accept-new, changed k
 refused. A host that cannot be used is named with ssh's own last words.
 
 Each client is started with the agent's code queued in its link's outbox; the launcher writes
-it and greets the agent (launcher/greeting.py).
+it and greets the agent (launcher/start/greeting.py).
 """
 
 from __future__ import annotations

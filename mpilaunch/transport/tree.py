@@ -8,7 +8,7 @@ process. The hosts must be able to reach one another over SSH, as Open MPI's tre
 Every host still has its own link in the controller: a RelayedLink sends through the head
 host's connection, wrapped in ROUTED frames that the relays pass down, and the relays wrap
 what comes up. Each relaying host is sent its RelayHosts right behind its check; the hosts
-below greet the launcher through the heads (launcher/greeting.py), as any other.
+below greet the launcher through the heads (launcher/start/greeting.py), as any other.
 
 Only remote hosts are in the tree (a relay ships its own code, which a forked local agent does
 not have: Agent.start_relay refuses), and `mpilaunch check` and `allrun` start their hosts

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.launcher.signal_table import ACTIONS, FAULTS, FORWARD, STACKS, name_of
-from mpilaunch.launcher.signals import FAULTS_AFTER
+from mpilaunch.launcher.decide.signal_table import ACTIONS, FAULTS, FORWARD, STACKS, name_of
+from mpilaunch.launcher.loop.signals import FAULTS_AFTER
 from tests.conftest import ROOT, Launcher, tagged_pids
 
 PY = sys.executable
@@ -152,7 +152,7 @@ def test_such_a_signal_during_start_up(launcher: Launcher, name: str) -> None:
 FAULT = f"""
 import ctypes, os, selectors, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
-from mpilaunch.launcher.signals import SignalPipe
+from mpilaunch.launcher.loop.signals import SignalPipe
 pipe = SignalPipe()
 pipe.install(selectors.DefaultSelector())
 pipe.catch_faults()

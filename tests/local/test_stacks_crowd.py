@@ -1,5 +1,5 @@
 """Many `mpilaunch stacks` at once (issue 35, "Never silent, never wrong", item 8): the job's socket
-(launcher/stacks_socket.py) holds a queue of BACKLOG connections, and the client
+(launcher/stacks/stacks_socket.py) holds a queue of BACKLOG connections, and the client
 (cli/stackscli.py) tries again, with a growing pause and for a bounded time, while that queue is
 full or while a launcher that runs does not listen yet."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mpilaunch.cli.stackscli import ask, running_jobs
-from mpilaunch.launcher.stacks_socket import BACKLOG, StacksServer, socket_dir
+from mpilaunch.launcher.stacks.stacks_socket import BACKLOG, StacksServer, socket_dir
 from tests.conftest import Launcher, write_script
 from tests.stackjob import Running, release
 

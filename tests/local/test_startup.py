@@ -25,7 +25,7 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "mpilaunch.launcher.controller" in imported
+    assert "mpilaunch.launcher.loop.controller" in imported
     for heavy in ("paramiko", "yaml", "mpilaunch.cli.jobfile", "psutil", "asyncio", "mpi4py", "numpy"):
         assert heavy not in imported
     # Rooms a plain local job does not enter (issue 15's start-up): SSH options, allocations and
@@ -47,8 +47,8 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
         "mpilaunch.cli.torchrun_words",
         "mpilaunch.cli.helptext",
         "mpilaunch.cli.command",
-        "mpilaunch.launcher.json_report",
-        "mpilaunch.launcher.rendezvous",
+        "mpilaunch.launcher.report.json_report",
+        "mpilaunch.launcher.meeting.rendezvous",
     ):
         assert room not in imported, room
     # What the run path was trimmed of (issue 5): click (the command line is scanned by argscan),
@@ -64,10 +64,10 @@ def test_local_run_imports_no_heavy_modules(tmp_path) -> None:
         "inspect",
         "subprocess",
         "shutil",
-        "mpilaunch.launcher.report_text",
+        "mpilaunch.launcher.report.report_text",
         "mpilaunch.plan.ranktable",
-        "mpilaunch.launcher.treelock",  # a run without a log tree
-        "mpilaunch.launcher.pattern_files",  # a run without hydra's -outfile-pattern
+        "mpilaunch.launcher.output.treelock",  # a run without a log tree
+        "mpilaunch.launcher.output.pattern_files",  # a run without hydra's -outfile-pattern
         "random",  # a retry's wait only
     ):
         assert trimmed in at_start or trimmed not in imported, trimmed
@@ -146,7 +146,7 @@ def test_the_launcher_process_imports_neither_typing_nor_socket(tmp_path) -> Non
         "except SystemExit as done:\n"
         "    status = done.code\n"
         "new = {'typing', 'socket'} & (set(sys.modules) - before)\n"
-        "print(status, 'mpilaunch.launcher.controller' in sys.modules, sorted(new))\n"
+        "print(status, 'mpilaunch.launcher.loop.controller' in sys.modules, sorted(new))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60

@@ -14,9 +14,9 @@ import socket
 
 import pytest
 
-from mpilaunch.launcher.controller import Controller
-from mpilaunch.launcher.here import ThisMachine
-from mpilaunch.launcher.output import OutputSink
+from mpilaunch.launcher.loop.controller import Controller
+from mpilaunch.launcher.output.sink import OutputSink
+from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan.build import build_plan
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
 from mpilaunch.protocol import wire

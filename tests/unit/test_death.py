@@ -23,8 +23,8 @@ from mpilaunch.agent.death import (
     memory_cgroup,
     oom_judged,
 )
-from mpilaunch.launcher.json_report import death_fields
-from mpilaunch.launcher.report_text import failure_summary, oom_words, size
+from mpilaunch.launcher.report.json_report import death_fields
+from mpilaunch.launcher.report.report_text import failure_summary, oom_words, size
 from mpilaunch.protocol.messages import Death, Exited
 from tests.fakeos import WALL, Agent
 

@@ -7,7 +7,7 @@ import pytest
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import program_problem
-from mpilaunch.launcher.report_text import COMMAND_SHOWN, shown_command
+from mpilaunch.launcher.report.report_text import COMMAND_SHOWN, shown_command
 from mpilaunch.plan.hosts import parse_host_list, parse_hostfile, shown
 
 

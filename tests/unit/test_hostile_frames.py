@@ -17,10 +17,10 @@ from mpilaunch.agent.agent import Agent
 from mpilaunch.agent.services.pmi1 import ProtocolError, parse_line
 from mpilaunch.agent.services.pmi_server import JobServer
 from mpilaunch.cli.parse import parse_args
-from mpilaunch.launcher.controller import Controller
-from mpilaunch.launcher.here import ThisMachine
-from mpilaunch.launcher.links import HostLink
-from mpilaunch.launcher.output import OutputSink
+from mpilaunch.launcher.loop.controller import Controller
+from mpilaunch.launcher.loop.links import HostLink
+from mpilaunch.launcher.output.sink import OutputSink
+from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan.build import build_plan
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import PmiJob, encode

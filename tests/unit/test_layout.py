@@ -4,6 +4,7 @@
    exactly what is shipped to remote hosts.
 2. plan/ imports nothing of the runtime: no fork, no socket, no process or descriptor work.
 3. On the launcher's side, only transport/local.py imports agent/.
+4. launcher/'s parts import each other only downwards (LAUNCHER_PARTS).
 And no two modules import each other, directly or in a circle (TYPE_CHECKING imports count).
 """
 
@@ -124,7 +125,7 @@ def test_no_import_circles() -> None:
     assert not circles
 
 
-GREETING = {"Hello", "Checked"}  # what an agent greets with (launcher/greeting.py reads them)
+GREETING = {"Hello", "Checked"}  # what an agent greets with (launcher/start/greeting.py reads them)
 
 
 def test_no_transport_reads_a_greeting() -> None:
@@ -221,3 +222,45 @@ def test_each_launchers_words_are_its_own() -> None:
             assert not params & found, (name, params & found)
             named = [v for v in found if isinstance(v, str) and prefixes and v.startswith(prefixes)]
             assert not named, (name, named)
+
+
+# launcher/'s parts, and those of the others each may import: decisions and output below all,
+# what the user reads above them, the looks at running ranks and MPI's job-wide half above that
+# (with only the links of the loop: what they send on), the loop above those, the start on top.
+LAUNCHER_PARTS = {
+    "decide": set(),
+    "output": set(),
+    "meeting": set(),
+    "report": {"decide", "output"},
+    "stacks": {"decide", "output", "report", "loop.links"},
+    "mpi": {"decide", "output", "loop.links"},
+    "loop": {"decide", "output", "report", "stacks", "mpi"},
+    "start": {"decide", "output", "report", "stacks", "mpi", "loop", "meeting"},
+}
+
+
+def test_launchers_parts_import_each_other_only_downwards() -> None:
+    """Issue "House III": launcher/ shows its parts as subpackages, each with its rule."""
+    parts = {p.name for p in (PACKAGE / "launcher").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert parts == set(LAUNCHER_PARTS)
+    assert not [p.name for p in (PACKAGE / "launcher").glob("*.py") if p.name != "__init__.py"]
+    wrong = {}
+    for name, path in modules().items():
+        part = name.split(".")[2] if name.startswith("mpilaunch.launcher.") else None
+        if part not in LAUNCHER_PARTS:
+            continue
+        allowed = LAUNCHER_PARTS[part]
+        bad = {
+            other
+            for other in imports_of(path)
+            if other.startswith("mpilaunch.launcher.")
+            and other.split(".")[2] != part
+            and other.split(".")[2] not in allowed
+            and ".".join(other.split(".")[2:4]) not in allowed
+        }
+        if bad:
+            wrong[name] = sorted(bad)
+    assert not wrong, wrong
+    for part in LAUNCHER_PARTS:
+        doc = ast.get_docstring(ast.parse((PACKAGE / "launcher" / part / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"launcher/{part}/__init__.py says what the part holds"

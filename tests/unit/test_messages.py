@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.agent.agent import Agent
-from mpilaunch.launcher.controller import Controller
+from mpilaunch.launcher.loop.controller import Controller
 from mpilaunch.protocol import messages, wire
 from mpilaunch.protocol.messages import (
     DOWN,
@@ -120,8 +120,8 @@ def test_every_down_message_is_handled_by_the_agent_and_every_up_one_by_the_cont
     import socket
 
     from mpilaunch.cli.parse import parse_args
-    from mpilaunch.launcher.here import ThisMachine
-    from mpilaunch.launcher.output import OutputSink
+    from mpilaunch.launcher.output.sink import OutputSink
+    from mpilaunch.launcher.start.here import ThisMachine
     from mpilaunch.plan.build import build_plan
 
     ours, theirs = socket.socketpair()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
-from mpilaunch.launcher.here import ThisMachine
+from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan.build import build_plan
 from mpilaunch.plan.hosts import Host, merge_hosts, parse_host_list, parse_hostfile, with_core_counts
 from mpilaunch.plan.placement import place

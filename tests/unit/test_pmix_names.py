@@ -1,4 +1,4 @@
-"""The launcher's half of PMIx across jobs (launcher/pmix_joins.py), in process: published names
+"""The launcher's half of PMIx across jobs (launcher/mpi/pmix_joins.py), in process: published names
 (a duplicate refused, gone once read when asked, a job's own removed), lookups that wait for a
 publish or time out, and collectives over ranks of several jobs joined once every host with a
 participant is in."""
@@ -9,7 +9,7 @@ import base64
 
 import pytest
 
-from mpilaunch.launcher.pmix_joins import (
+from mpilaunch.launcher.mpi.pmix_joins import (
     ERR_DUPLICATE_KEY,
     ERR_NOT_FOUND,
     ERR_TIMEOUT,

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from mpilaunch.launcher import states
-from mpilaunch.launcher.events import (
+from mpilaunch.launcher.decide import states
+from mpilaunch.launcher.decide.events import (
     Abort,
     AgentLost,
     FinishAgents,
@@ -27,7 +27,7 @@ from mpilaunch.launcher.events import (
     TimedOut,
     WantStacks,
 )
-from mpilaunch.launcher.policy import STACKS_WAIT, Policy
+from mpilaunch.launcher.decide.policy import STACKS_WAIT, Policy
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.spec import Options, TorchRun
 from mpilaunch.protocol.messages import Exited, Failed, PmiAbort, PmiError, Started

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from mpilaunch.cli.parse import parse_args
-from mpilaunch.launcher.here import ThisMachine
+from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan.build import build_plan
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.rank_env import JobLayout, job_variables, rank_environment, rank_variables

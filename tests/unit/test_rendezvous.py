@@ -1,4 +1,4 @@
-"""torchrun's launchers per node meeting (launcher/rendezvous.py), over real loopback sockets
+"""torchrun's launchers per node meeting (launcher/meeting/rendezvous.py), over real loopback sockets
 to mpilaunch's own TCPStore server (host/tcpstore.py): each node's NodeRendezvous in a thread of
 this process, or, where a launcher is killed, in a child process killed by its pid.
 
@@ -21,7 +21,7 @@ import pytest
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import tcpstore
-from mpilaunch.launcher.rendezvous import NodeRendezvous
+from mpilaunch.launcher.meeting.rendezvous import NodeRendezvous
 from mpilaunch.plan.spec import TorchRun
 
 HANG = 30.0  # a guard against a hang, never a measure
@@ -312,7 +312,7 @@ def test_last_from_node_one_reaches_node_zero(meeting: tuple[NodeRendezvous, Nod
 NODE = textwrap.dedent(
     """\
     import selectors, sys, time
-    from mpilaunch.launcher.rendezvous import NodeRendezvous
+    from mpilaunch.launcher.meeting.rendezvous import NodeRendezvous
     from mpilaunch.plan.spec import TorchRun
 
     rank, nodes, port, timeout = map(int, sys.argv[1:5])
@@ -503,7 +503,7 @@ def test_a_launcher_of_the_next_attempt_waits_for_the_store_of_the_one_before_to
 
 
 def test_a_store_that_refuses_is_waited_for_said_once_and_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mpilaunch.launcher import store_reach
+    from mpilaunch.launcher.meeting import store_reach
 
     monkeypatch.setattr(store_reach, "NOTICE_AFTER", 0.2)
     port = free_port()

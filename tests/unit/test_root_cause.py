@@ -1,4 +1,4 @@
-"""Why a rank failed (launcher/root_cause.py), read from real inputs: an error file torch 2.13's
+"""Why a rank failed (launcher/report/root_cause.py), read from real inputs: an error file torch 2.13's
 `@record` writes, made for real at the start of this module (a script run once with
 TORCHELASTIC_ERROR_FILE set, in a subprocess: torch's import takes a few seconds), the same
 run's stderr, tracebacks Python formats here, and a script that does not compile."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mpilaunch.launcher.root_cause import RootCause, from_error_file, from_traceback, root_cause
+from mpilaunch.launcher.report.root_cause import RootCause, from_error_file, from_traceback, root_cause
 
 TRAIN = textwrap.dedent(
     """\

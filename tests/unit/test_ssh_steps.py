@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpilaunch.launcher.check_allrun import step_cells
+from mpilaunch.launcher.start.check_allrun import step_cells
 from mpilaunch.transport.base import UNKNOWN_STAGE
 from mpilaunch.transport.ssh_steps import failed_step, host_key_hint
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpilaunch.launcher.stack_groups import frame_lines, group, one_line, rank_words, snapshot_lines
-from mpilaunch.launcher.stack_text import MAIN, Thread, threads_of
+from mpilaunch.launcher.stacks.stack_groups import frame_lines, group, one_line, rank_words, snapshot_lines
+from mpilaunch.launcher.stacks.stack_text import MAIN, Thread, threads_of
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data" / "stacks"

@@ -1,4 +1,4 @@
-"""`mpilaunch top`'s view, from two answers of a job (launcher/usage.py's document)."""
+"""`mpilaunch top`'s view, from two answers of a job (launcher/stacks/usage.py's document)."""
 
 from __future__ import annotations
 

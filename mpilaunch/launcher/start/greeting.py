@@ -1,0 +1,271 @@
+"""Every new agent's greeting, driven by the launcher in one selector, whatever started it.
+
+A transport only starts agents (a forked child, an `ssh` client, a paramiko channel, an srun
+step, a relay's child) and hands back links whose agent code may still be queued. Here each
+link is written its code, its Check (and, for tree spawn, what follows it), and read until its
+agent has greeted: a login script's output up to the agent's MARKER (where a shell started
+it), its Hello, then the Checked that answers the Check. A host behind relays greets through
+its head's connection, in ROUTED frames. What comes after the greeting stays in the link for
+the controller. Failures are results: the host's error, in words.
+"""
+
+from __future__ import annotations
+
+import selectors
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+from mpilaunch.protocol import wire
+from mpilaunch.protocol.messages import UP, Bye, Checked, Gone, Hello, Note, decode
+from mpilaunch.protocol.record import Record
+from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
+
+RETRIES = 3  # starts more for hosts whose connection was dropped before the SSH banner (MaxStartups)
+
+
+class GreetingError(Exception):
+    """Why an agent's greeting failed, in words for its host's line."""
+
+
+class Greeting:
+    """One agent's greeting, fed its frames: Hello first, then Checked when a Check was sent;
+    the frames after them (or between, not theirs) are kept for the controller."""
+
+    def __init__(self, checked: bool, wait_hello: bool = True) -> None:
+        self.checked = checked  # a Check was sent: its Checked is awaited
+        self.wait_hello = wait_hello  # False: done at once (this machine's forked agent)
+        self.hello: Hello | None = None
+        self.reply: Checked | None = None
+        self.later: list[bytes] = []
+
+    @property
+    def done(self) -> bool:
+        if not self.wait_hello:
+            return True
+        return self.hello is not None and (self.reply is not None or not self.checked)
+
+    def on_frame(self, kind: int, frame: bytes) -> None:
+        """One whole frame of the agent's (a ROUTED one's inner frame for a relayed host)."""
+        if self.done or kind != wire.CONTROL:
+            self.later.append(frame)
+            return
+        message = message_of(frame)
+        if isinstance(message, Bye) and message.why:  # it could not go on (a limit of its host)
+            raise GreetingError(f"its agent stopped: {message.why}")
+        if self.hello is None:
+            if not isinstance(message, Hello):
+                raise GreetingError("the agent did not say hello")
+            self.hello = message
+        elif isinstance(message, Checked):
+            self.reply = message
+        else:
+            self.later.append(frame)
+
+
+def message_of(frame: bytes) -> Record:
+    try:
+        return decode(wire.decode_frame(frame)[1], UP)  # type: ignore[arg-type]
+    except wire.FrameError as exc:
+        raise GreetingError(f"the agent's stream is garbled: {exc}") from None
+
+
+class Stream:
+    """The bytes of one connection: a login script's output skipped up to the marker (when a
+    shell started its agent), then whole frames."""
+
+    def __init__(self, marked: bool) -> None:
+        self.inbox = bytearray()
+        self.past = not marked
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self.inbox += data
+        try:
+            self.past = self.past or wire.past_marker(self.inbox)
+            return wire.split(self.inbox) if self.past else []
+        except wire.FrameError as exc:
+            raise GreetingError(str(exc) if not self.past else f"the agent's stream is garbled: {exc}") from None
+
+
+class _Greeter:
+    """The greetings of a start: who waits, what each connection carries, and the outcomes."""
+
+    def __init__(self, results: Mapping[int, HostResult], checks: Callable[[int], bytes | None]) -> None:
+        self.results = results
+        self.links = {i: r.link for i, r in results.items() if r.link is not None}
+        self.greetings: dict[int, Greeting] = {}
+        self.heads = {i: link for i, link in self.links.items() if not link.relayed}
+        self.streams = {i: Stream(link.marked) for i, link in self.heads.items()}
+        self.kept: dict[int, list[bytes]] = {i: [] for i in self.heads}  # later frames of relayed hosts
+        now = time.monotonic()
+        self.deadlines = {i: now + link.patience for i, link in self.links.items()}
+        for index, link in sorted(self.links.items(), key=lambda item: item[1].relayed):
+            check = checks(index)
+            self.greetings[index] = Greeting(check is not None, link.await_hello)
+            frames = ([check] if check is not None else []) + link.follow
+            if link.relayed:  # behind its head's own frames, routed to it
+                link.head.outbox += b"".join(wire.routed(index, f) for f in frames)  # type: ignore[union-attr]
+            else:
+                link.outbox += b"".join(frames)
+
+    def waiting(self) -> list[int]:
+        return [i for i, g in self.greetings.items() if i in self.links and not g.done]
+
+    def fail(self, index: int, why: str) -> None:
+        """The host's greeting failed, at the step its link names (an `ssh` client's words say how
+        far it got); the hosts it relays to fail with it."""
+        if index not in self.links:
+            return
+        link = self.links.pop(index)
+        self.results[index].error = TransportError(link.failed_step(), why)
+        self.heads.pop(index, None)
+        for other, below in list(self.links.items()):
+            if below.relayed and below.parent == index:
+                self.fail(other, f"not started: its relay {link.name} failed")
+            elif below.relayed and below.head_index == index:
+                self.fail(other, f"its relay {link.name} was lost")
+
+    def read(self, head: int) -> None:
+        link = self.heads[head]
+        data = link.recv()
+        if data is None:
+            return
+        if not data:
+            self.fail(head, link.last_words() or link.ended_words())
+            return
+        try:
+            frames = self.streams[head].feed(data)
+            for kind, frame in frames:
+                self.frame(head, kind, frame)
+        except GreetingError as exc:
+            self.fail(head, str(exc))
+
+    def frame(self, head: int, kind: int, frame: bytes) -> None:
+        if kind != wire.ROUTED:
+            if kind == wire.CONTROL and self.greetings[head].done and self.relay_word(head, frame):
+                return
+            self.greetings[head].on_frame(kind, frame)
+            return
+        origin, inner = wire.decode_frame(frame)[1]  # type: ignore[misc]
+        below = self.links.get(origin)
+        if below is None or below.head_index != head or self.greetings[origin].done:
+            self.kept[head].append(frame)  # the controller's (or a host given up: it decides)
+            return
+        try:
+            inner_kind, _ = wire.decode_frame(inner)
+            self.greetings[origin].on_frame(inner_kind, inner)
+        except (GreetingError, wire.FrameError) as exc:
+            self.fail(origin, str(exc))
+            return
+        greeting = self.greetings[origin]
+        if greeting.later:  # what came between its own frames: the controller's, through the head
+            self.kept[head].extend(wire.routed(origin, f) for f in greeting.later)
+            greeting.later.clear()
+
+    def relay_word(self, head: int, frame: bytes) -> bool:
+        """A relay's own word about a host it starts (`gone`), or a note: taken here while the
+        hosts below still greet."""
+        message = message_of(frame)
+        if isinstance(message, Note) and self.waiting():
+            print(message.text, file=sys.stderr)
+            return True
+        if isinstance(message, Gone) and message.host in self.links and message.host in self.waiting():
+            if self.links[message.host].parent == head or self.links[message.host].head_index == head:
+                self.fail(message.host, message.why)
+                return True
+        return False
+
+    def finish(self) -> None:
+        """Each greeted link takes its Hello and keeps what followed; its host's reply is set."""
+        for index, link in self.links.items():
+            greeting = self.greetings[index]
+            self.results[index].reply = greeting.reply
+            if greeting.hello is not None:
+                link.on_hello(greeting.hello)
+            if not link.relayed:
+                later = greeting.later + self.kept.get(index, [])
+                link.unread = b"".join(later) + bytes(self.streams[index].inbox) + link.unread
+
+
+def greet(results: Mapping[int, HostResult], checks: Callable[[int], bytes | None]) -> None:
+    """Drive every started link of results through its greeting; a host whose greeting failed
+    gets its error, and its link is closed and reaped."""
+    greeter = _Greeter(results, checks)
+    sel = selectors.DefaultSelector()
+    writing: dict[int, Link] = {}
+    try:
+        for index, link in greeter.heads.items():
+            sel.register(link.fileno(), selectors.EVENT_READ, ("in", index))
+            if link.unread:  # read by the transport already (what an srun agent sent behind its first line)
+                data, link.unread = link.unread, b""
+                try:
+                    for kind, frame in greeter.streams[index].feed(data):
+                        greeter.frame(index, kind, frame)
+                except GreetingError as exc:
+                    greeter.fail(index, str(exc))
+        for index, link in list(greeter.heads.items()):
+            if not link.outbox:
+                continue
+            fd = link.write_fileno()
+            if fd is None:  # a link that takes a whole write (paramiko's channel)
+                link.send(bytes(link.outbox))
+                link.outbox.clear()
+            else:
+                writing[fd] = link
+                sel.register(fd, selectors.EVENT_WRITE, ("out", index))
+        while greeter.waiting():
+            now = time.monotonic()
+            late = [i for i in greeter.waiting() if greeter.deadlines[i] <= now]
+            for index in late:
+                link = greeter.links[index]
+                greeter.fail(index, link.last_words() or f"no answer in {link.patience:g} s")
+            left = [greeter.deadlines[i] for i in greeter.waiting()]
+            if not left:
+                break
+            for key, _ in sel.select(max(0.0, min(left) - now)):
+                way, index = key.data
+                if index not in greeter.heads:
+                    _forget(sel, key.fd)
+                elif way == "out":
+                    link = greeter.heads[index]
+                    if not link.write_outbox():
+                        _forget(sel, key.fd)
+                else:
+                    greeter.read(index)
+            for link in list(greeter.heads.values()):
+                link.read_diagnostics()  # a full stderr pipe would stall an ssh client
+    finally:
+        sel.close()
+        greeter.finish()
+        for result in results.values():
+            if result.error is not None and result.link is not None:
+                result.link.give_up()
+                result.link = None
+
+
+def _forget(sel: selectors.BaseSelector, fd: int) -> None:
+    try:
+        sel.unregister(fd)
+    except (KeyError, ValueError):
+        pass
+
+
+def start_agents(
+    transport: Transport, hosts: Mapping[int, object], checks: Callable[[int], bytes | None]
+) -> dict[int, HostResult]:
+    """One greeted agent on every host (or its error): started by transport, greeted here; a
+    host whose connection its sshd dropped before the banner (MaxStartups under a burst of
+    logins) is started again, up to RETRIES times, after a short random wait."""
+    results = transport.start(hosts)  # type: ignore[arg-type]
+    greet(results, checks)
+    for attempt in range(1, RETRIES + 1):
+        again = {i: hosts[i] for i, r in results.items() if r.error is not None and transport.retry(r.error)}
+        if not again:
+            break
+        import random  # a retry only: not on every start's path
+
+        time.sleep(random.uniform(0.05, 0.25) * attempt)
+        more = transport.start(again)  # type: ignore[arg-type]
+        greet(more, checks)
+        results.update(more)
+    return dict(sorted(results.items()))
