@@ -71,6 +71,7 @@ class Scenario:
             *front,
             *("--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d"),
             *("--rdzv-endpoint", self.endpoint, "--rdzv-conf", "last_call_timeout=1", "--max-restarts", "0"),
+            *("--log-dir", str(launcher.tmp_path / f"{who}-logs")),
             *(script, str(self.folder), str(want)),
         ]
         self.procs: list[subprocess.Popen] = []
@@ -153,10 +154,16 @@ def test_a_late_node_is_taken_in_at_a_restart_not_counted_as_torchrun_takes_it(l
     assert ours == theirs == ([2, 2, 3, 3, 3], [2, 2, 3, 3, 3], {"0"}, [0, 0, 0])
     line = f"mpilaunch: node at {socket.gethostname()} joined late: restarting the ranks with 3 nodes"
     for n in (0, 1):
-        assert scenario.said(n).splitlines() == [line], scenario.said(n)
-    assert scenario.said(2).splitlines() == [
+        said = [text for text in scenario.said(n).splitlines() if "rank output goes to" not in text]
+        assert said == [line], scenario.said(n)
+    assert [text for text in scenario.said(2).splitlines() if "rank output goes to" not in text] == [
         f"mpilaunch: the nodes' meeting at {scenario.endpoint} closed with 2 nodes before this one came: "
         "it waits to be taken in at their next restart"
+    ]
+    logs = launcher.tmp_path / "mpilaunch-logs"  # each start's tree, the late node's ranks beside the others'
+    assert sorted(str(p.relative_to(logs)) for p in logs.glob("**/stdout")) == [
+        *(f"1/rank.{r}/stdout" for r in range(2)),
+        *(f"attempt.1/1/rank.{r}/stdout" for r in range(3)),
     ]
 
 

@@ -45,6 +45,7 @@ class NumberedMeeting:
     is_host: bool | None
     nodes: int  # MAX, then the nodes that met
     fewest: int
+    most: int  # MAX
     last_call: float
     slot: int
     slots: list[int]
@@ -57,23 +58,17 @@ class NumberedMeeting:
     say: Callable[[str], None]
     where: str
 
-    def key(self, name: str) -> str:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # NodeRendezvous's
 
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def _open_store(self) -> tcpstore.StoreServer:
-        raise NotImplementedError
-
-    def _gone(self, exc: tcpstore.StoreError) -> LaunchError:
-        raise NotImplementedError
+        def key(self, name: str) -> str: ...
+        def close(self) -> None: ...
+        def _open_store(self) -> tcpstore.StoreServer: ...
+        def _gone(self, exc: tcpstore.StoreError) -> LaunchError: ...
 
     def _meet(self) -> None:
         """Served here if the endpoint is this machine and its port is free (now, or once the
         store of the round before went), else met there; met again, a round later, by a
         launcher that came too late for this one."""
-        most = self.nodes
         while True:
             deadline = time.monotonic() + self.timeout
             serve = ends_here(self.host) if self.is_host is None else self.is_host
@@ -85,7 +80,7 @@ class NumberedMeeting:
             slots, host = self._close(deadline) if client is None else self._arrive(client, deadline)
             if self.slot in slots:
                 break
-            self._wait_late(len(slots), most)
+            self._wait_late(len(slots), self.most)
         self.slots, self.nodes = slots, len(slots)
         self.node, self.host_rank = slots.index(self.slot), slots.index(host)
 
@@ -114,7 +109,7 @@ class NumberedMeeting:
                 last_call.clear()  # torchrun's deadline too starts again when MIN is reached again
             elif not last_call:
                 last_call.append(now + self.last_call)
-            return count >= self.nodes or (bool(last_call) and now >= last_call[0]) or now > deadline
+            return count >= self.most or (bool(last_call) and now >= last_call[0]) or now > deadline
 
         server.run(closed, 0.05)
         joined = self._joined()

@@ -216,11 +216,11 @@ def run_job(spec: JobSpec, here: LocalTransport | None = None) -> int:
         options = options._replace(output_filename=tempfile.mkdtemp(prefix="mpilaunch-logs-"))
         spec = spec._replace(options=options)
     LEAVES_WITH[:] = [1] if torch is not None else []  # a signal between attempts: torchrun's status
-    grows = torch is not None and torch.endpoint is not None and torch.node_rank is None
-    earlier: list[dict[str, object]] | None = [] if options.max_restarts or grows else None
+    grows = torch is not None and torch.endpoint is not None and 0 < torch.min_nodes < (torch.nnodes or 0)
+    earlier: list[dict[str, object]] | None = [] if options.max_restarts or grows else None  # late nodes restart
     turn = Turn()
     while True:
-        ended = run_attempt(spec_for_attempt(spec, turn.start), turn, earlier, here)
+        ended = run_attempt(spec, turn, earlier, here)
         turn = turn._replace(start=turn.start + 1, round=None if ended.round is None else ended.round + 1)
         if ended.regroup:  # a late node: the ranks start again with it at once, not counted (torchrun's way)
             here.prestart()
@@ -242,7 +242,7 @@ def run_job(spec: JobSpec, here: LocalTransport | None = None) -> int:
 class Turn(Record):
     """Which start of the ranks an attempt is."""
 
-    start: int = 0  # this launcher's starts before it: its log tree DIR/attempt.K, notes said at the first
+    start: int = 0  # this launcher's starts before it: its log tree DIR/attempt.K (else the meeting's round)
     restarts: int = 0  # the restarts --max-restarts counted (TORCHELASTIC_RESTART_COUNT)
     round: int | None = None  # the nodes' meeting's (torchrun's way); None, the first: the store's current
 
@@ -288,6 +288,7 @@ def run_attempt(spec: JobSpec, turn: Turn, earlier: list[dict[str, object]] | No
             if not turn.start:
                 say(options, f"the nodes' meeting numbers them: shown as node 0 of {torch.nnodes}")
             spec = spec._replace(options=options._replace(torch=torch._replace(node_rank=0)))
+        spec = spec_for_attempt(spec, turn.start if meeting is None else meeting.attempt)  # the nodes' round: one tree
         plan, source = build_plan(spec, os.environ, ThisMachine(), attempt=attempt)
         if not turn.start:
             for note in plan.notes:
