@@ -17,6 +17,7 @@ from mpilaunch.launcher.decide.events import (
     HardStop,
     HostLost,
     MpiFailure,
+    NodesRegroup,
     RankEnded,
     RankNotStarted,
     RankStarted,
@@ -348,3 +349,22 @@ def test_with_a_signal_grace_the_ranks_left_after_a_stop_signal_are_killed_then(
     assert decisions(out)[-1] == (4.0, Abort(0)) and policy.procs[1].killed and not policy.procs[0].killed
     policy, out = replay([*started(), (1.0, SignalReceived(signal.SIGTERM)), (9.0, TICK)], kill_timeout=30.0)
     assert decisions(out) == [(1.0, Forward(signal.SIGTERM))]  # the ranks have --kill-timeout to end on their own
+
+
+def test_a_late_node_stops_ranks_that_all_run_well_and_their_ends_are_no_failure() -> None:
+    """torchrun's elastic scale-up: the ranks get SIGTERM, SIGKILL after the grace, to start again
+    with the late node; a rank that dies of it is no failure, and the attempt's status is 0."""
+    history = [*started(), (1.0, NodesRegroup("node at n3 joined late")), (1.2, Exited(0, -15)), (1.3, Exited(1, 1))]
+    policy, out = replay(history, kill_timeout=2.0, torch=TORCH)
+    assert decisions(out) == [(1.0, Abort(2.0)), (1.3, FinishAgents(0.5))]
+    assert policy.regroup == "node at n3 joined late"
+    assert policy.first_failure is None and policy.exit_status() == 0
+
+
+def test_a_late_node_restarts_nothing_once_a_rank_failed() -> None:
+    """torchrun looks for waiting nodes only while its workers are healthy: a failure is restarted
+    as a failure (counted), and takes the late node in then."""
+    history = [*started(), (1.0, Exited(1, 3)), (1.1, NodesRegroup("node at n3 joined late"))]
+    policy, out = replay(history, kill_timeout=2.0, torch=TORCH)
+    assert policy.regroup is None and decisions(out) == [(1.0, Abort(2.0))]
+    assert policy.first_failure is policy.procs[1] and policy.exit_status() == 1

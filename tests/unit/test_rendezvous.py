@@ -7,9 +7,11 @@ is, each ready key's callback called with its descriptor."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +23,7 @@ import pytest
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import tcpstore
+from mpilaunch.launcher.meeting import late_nodes
 from mpilaunch.launcher.meeting.rendezvous import NodeRendezvous
 from mpilaunch.plan.spec import TorchRun
 
@@ -40,10 +43,19 @@ def node(rank: int, nodes: int, port: int, timeout: float = HANG, attempt: int =
     return NodeRendezvous(torch, attempt, timeout)
 
 
-def numbered(nodes: int, port: int, fewest: int = 0, last_call: float = 30.0, timeout: float = HANG) -> NodeRendezvous:
-    """A launcher under c10d without --node-rank: the meeting numbers it."""
+def numbered(
+    nodes: int,
+    port: int,
+    fewest: int = 0,
+    last_call: float = 30.0,
+    timeout: float = HANG,
+    attempt: int | None = 0,
+    said: list[str] | None = None,
+) -> NodeRendezvous:
+    """A launcher under c10d without --node-rank: the meeting numbers it (attempt None: its first
+    meeting, the store's round); what it says goes to `said`."""
     torch = TorchRun(nproc_per_node=1, nnodes=nodes, endpoint=(HOST, port), min_nodes=fewest, last_call=last_call)
-    return NodeRendezvous(torch, 0, timeout)
+    return NodeRendezvous(torch, attempt, timeout, said.append if said is not None else None)
 
 
 def meet_numbered(sides: list[NodeRendezvous]) -> tuple[NodeRendezvous, Loop]:
@@ -92,9 +104,13 @@ class Loop:
     def __init__(self) -> None:
         self.sel = selectors.DefaultSelector()
         self.heard: list[str] = []
+        self.regrouped: list[str] = []  # the lines that restart the ranks for a late node
 
     def lost(self, why: str) -> None:
         self.heard.append(why)
+
+    def regroup(self, line: str) -> None:
+        self.regrouped.append(line)
 
     def turn_until(self, done: Callable[[], bool]) -> None:
         deadline = time.monotonic() + HANG
@@ -429,16 +445,7 @@ def test_min_max_closes_with_max_at_once_and_with_min_after_the_last_call() -> N
     alone.join()
     assert time.monotonic() - started >= 0.3
     assert (alone.node, alone.nodes, alone.host_rank) == (0, 1, 0)
-    loop = Loop()
-    alone.watch_from(loop.sel, loop.lost)
-    late = Background(numbered(2, port, fewest=1, last_call=0.3).join)
-    loop.turn_until(late.done)
-    with pytest.raises(LaunchError) as caught:
-        late.value()
-    assert str(caught.value).startswith(f"the nodes' meeting at {HOST}:{port} closed with 1 nodes before this one")
-    assert loop.heard == []  # a late launcher is no node of the job: its going away stops nothing
     alone.close()
-    loop.sel.close()
 
 
 def test_fewer_than_min_nodes_is_said_by_every_launcher() -> None:
@@ -529,3 +536,151 @@ def test_an_endpoint_that_does_not_resolve_is_said_at_once_by_every_launcher() -
             "cannot reach the rendezvous store at nosuchhost.invalid:29400: no such host"
         )
         assert caught.value.status == 1
+
+
+# -- a node that comes after the meeting closed (torchrun's elastic scale-up) ---------------------------
+def meet_and_watch(sides: list[NodeRendezvous], joining: list[Background] | None = None) -> list[Loop]:
+    """Every launcher joins (or is joining); each then watches from a loop of its own, as its
+    controller's does, told of a late node's regroup too (the store's launcher serves the store
+    from its loop)."""
+    joining = joining or [Background(side.join) for side in sides]
+    loops = [Loop() for _ in sides]
+    loops[0].turn_until(lambda: any(j.done() and side.server is not None for j, side in zip(joining, sides)))
+    first = next(k for k, side in enumerate(sides) if side.server is not None)
+    order = [first, *(k for k in range(len(sides)) if k != first)]
+    for k in order:
+        sides[k].watch_from(loops[k].sel, loops[k].lost, loops[k].regroup)
+        loops[first].turn_until(lambda: all(j.done() for j in joining))
+    for j in joining:
+        j.value()
+    return loops
+
+
+@contextlib.contextmanager
+def serving(loop: Loop) -> Iterator[None]:
+    """The store's launcher's loop turned in a thread meanwhile, as in its own process: another
+    node's loop asks its store what a wake-up was about."""
+    stop = threading.Event()
+
+    def turn() -> None:
+        while not stop.is_set():
+            for key, _ in loop.sel.select(0.02):
+                key.data(key.fd)
+
+    thread = threading.Thread(target=turn, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(HANG)
+
+
+def end_all(sides: list[NodeRendezvous], loops: list[Loop]) -> None:
+    for side in sides:
+        side.close()
+    for loop in loops:
+        loop.sel.close()
+
+
+def test_where_a_late_node_waits_and_when_the_nodes_meet_again() -> None:
+    assert late_nodes.late_place(2, 3) == late_nodes.WAITING  # room: the nodes restart to take it in
+    assert late_nodes.late_place(3, 3) == late_nodes.SPARE  # MAX: torch's redundancy list
+    assert late_nodes.regroup_now(1, ended=False)
+    assert not late_nodes.regroup_now(0, ended=False)
+    assert not late_nodes.regroup_now(1, ended=True)  # a node's ranks failed or ended: no restart for it
+    # a late node's restart is no failure: torch 2.13 does not count it, even at --max-restarts 0
+    assert late_nodes.meets_again(regroup=True, failed=False, final=True)
+    assert late_nodes.meets_again(regroup=False, failed=True, final=False)  # a failure's, which takes it in too
+    assert not late_nodes.meets_again(regroup=True, failed=True, final=True)
+    assert not late_nodes.meets_again(regroup=False, failed=False, final=False)  # the job is over
+    assert late_nodes.regroup_words(["n3"], 3) == "node at n3 joined late: restarting the ranks with 3 nodes"
+    assert late_nodes.regroup_words(["n3", "n4"], 4).startswith("nodes at n3, n4 joined late: restarting")
+
+
+def test_a_late_node_waits_and_the_running_nodes_restart_their_ranks_to_take_it_in() -> None:
+    """--nnodes 2:3, two nodes run (round 2 of the store); a third launcher comes: it meets in the
+    store's round, finds the meeting closed and waits; the store's launcher sees it as its loop
+    serves the store, and every node hears the regroup; the nodes end their round well and meet
+    again, a round later, with it."""
+    port = free_port()
+    sides = [numbered(3, port, fewest=2, last_call=0.2, attempt=2) for _ in range(2)]
+    loops = meet_and_watch(sides)
+    first = next(k for k, side in enumerate(sides) if side.server is not None)
+    said: list[str] = []
+    late = numbered(3, port, fewest=2, last_call=HANG, attempt=None, said=said)  # the next meeting: MAX, at once
+    waiting = Background(late.join)
+    again: list[NodeRendezvous] = []  # the nodes as they meet again
+    try:
+        loops[first].turn_until(lambda: bool(loops[first].regrouped))
+        with serving(loops[first]):
+            loops[1 - first].turn_until(lambda: bool(loops[1 - first].regrouped))
+        line = f"node at {socket.gethostname()} joined late: restarting the ranks with 3 nodes"
+        assert [loop.regrouped for loop in loops] == [[line], [line]]
+        assert said == [
+            f"the nodes' meeting at {HOST}:{port} closed with 2 nodes before this one came: "
+            "it waits to be taken in at their next restart"
+        ]
+        assert [loop.heard for loop in loops] == [[], []]  # no node failed
+        ending = [Background(lambda side=side: side.finish(0, last=True)) for side in sides]  # --max-restarts 0
+        assert [e.value() for e in ending] == [True, True]
+        assert [side.regroup for side in sides] == [True, True]  # they meet again all the same: not counted
+        again += [numbered(3, port, fewest=2, last_call=HANG, attempt=3) for _ in range(2)]
+        loops += meet_and_watch([*again, late], [*(Background(side.join) for side in again), waiting])
+        assert late.attempt == 3 and [late.nodes, *(side.nodes for side in again)] == [3, 3, 3]
+        assert sorted([late.node, *(side.node for side in again)]) == [0, 1, 2]  # type: ignore[type-var]
+    finally:
+        end_all([*sides, late, *again], loops)
+
+
+def test_a_node_beyond_max_waits_as_a_spare_and_ends_with_the_job_in_one_line() -> None:
+    """--nnodes 1:2 and two nodes run: a third is a spare (torch's redundancy list), which nothing
+    restarts for; it ends with torchrun's status 1 when the job ends."""
+    port = free_port()
+    sides = [numbered(2, port, fewest=1, last_call=HANG) for _ in range(2)]
+    loops = meet_and_watch(sides)
+    first = next(k for k, side in enumerate(sides) if side.server is not None)
+    said: list[str] = []
+    spare = Background(numbered(2, port, fewest=1, attempt=None, said=said).join)
+    try:
+        loops[first].turn_until(lambda: bool(said))  # the store served all the spare wrote before it said so
+        assert said == [
+            f"the nodes' meeting at {HOST}:{port} closed with 2 of at most 2 nodes before this one came: "
+            "it waits as a spare, taken in only if a later meeting has room"
+        ]
+        assert [loop.regrouped for loop in loops] == [[], []]
+        ending = [Background(lambda side=side: side.finish(0)) for side in sides]
+        assert [e.value() for e in ending] == [False, False]
+        assert [side.regroup for side in sides] == [False, False]
+        with pytest.raises(LaunchError) as caught:
+            spare.value()
+        assert str(caught.value) == f"the job at {HOST}:{port} ended before this node was taken in"
+        assert caught.value.status == 1
+    finally:
+        end_all(sides, loops)
+
+
+def test_a_late_node_is_taken_in_by_the_restart_after_a_failure_which_counts() -> None:
+    """A node's ranks failed: no restart for the late node (torchrun's agents look for waiting
+    nodes only while their workers are healthy), but the failure's restart takes it in."""
+    port = free_port()
+    sides = [numbered(3, port, fewest=2, last_call=0.2) for _ in range(2)]
+    loops = meet_and_watch(sides)
+    first = next(k for k, side in enumerate(sides) if side.server is not None)
+    other = 1 - first
+    failing = Background(lambda: sides[other].finish(1))
+    loops[first].turn_until(lambda: bool(loops[first].heard))
+    said: list[str] = []
+    late = numbered(3, port, fewest=2, last_call=HANG, attempt=None, said=said)
+    waiting = Background(late.join)
+    again: list[NodeRendezvous] = []  # the nodes as they meet again
+    try:
+        loops[first].turn_until(lambda: bool(said))
+        assert [loop.regrouped for loop in loops] == [[], []]
+        assert sides[first].finish(143) is False and failing.value() is False  # another attempt, counted
+        assert [side.regroup for side in sides] == [False, False]
+        again += [numbered(3, port, fewest=2, last_call=HANG, attempt=1) for _ in range(2)]
+        loops += meet_and_watch([*again, late], [*(Background(side.join) for side in again), waiting])
+        assert [late.nodes, *(side.nodes for side in again)] == [3, 3, 3]
+    finally:
+        end_all([*sides, late, *again], loops)

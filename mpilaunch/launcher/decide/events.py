@@ -30,6 +30,13 @@ class NodesEnded(Record):
     why: str
 
 
+class NodesRegroup(Record):
+    """One launcher per node (torchrun's elastic scale-up): a node came after the nodes' meeting
+    closed; this node's ranks are stopped to start again with it (no failure, no restart counted)."""
+
+    why: str
+
+
 class Silent(Record):
     """No rank wrote any output for this many seconds (--hang-timeout)."""
 

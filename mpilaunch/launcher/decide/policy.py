@@ -20,6 +20,7 @@ from mpilaunch.launcher.decide.events import (
     HostLost,
     MpiFailure,
     NodesEnded,
+    NodesRegroup,
     RankEnded,
     RankNotStarted,
     RankStarted,
@@ -73,6 +74,7 @@ class Policy:
         self.first_failure: RankState | None = None
         self.failed: list[int] = []  # process ids, in the order they failed
         self.elsewhere: str | None = None  # why another node's job ended this one (torchrun's way)
+        self.regroup: str | None = None  # why the ranks stop to start again with a late node (torchrun's way)
         self.hydra = options.rules == "hydra"  # hydra's failure and signal rules, else Open MPI's
         self.inputs = {
             Started: self.started,
@@ -83,6 +85,7 @@ class Policy:
             SignalReceived: self.stops.take,
             HostLost: self.host_lost,
             NodesEnded: self.nodes_ended,
+            NodesRegroup: self.nodes_regroup,
             Silent: self.silent,
             StacksTaken: self.stacks_taken,
         }
@@ -162,6 +165,12 @@ class Policy:
     def nodes_ended(self, event: NodesEnded) -> None:
         if self.elsewhere is None and self.phase not in (FINISHING, DONE):
             self.elsewhere = event.why
+            self.abort(self.options.kill_timeout)
+
+    def nodes_regroup(self, event: NodesRegroup) -> None:
+        """Only ranks that all run well start again for a late node (torchrun's HEALTHY state)."""
+        if self.regroup is None and self.elsewhere is None and self.phase == RUNNING and not self.failed:
+            self.regroup = event.why
             self.abort(self.options.kill_timeout)
 
     def silent(self, event: Silent) -> None:
@@ -249,7 +258,7 @@ class Policy:
     def count_failure(self, state: RankState) -> None:
         if state.proc not in self.failed:
             self.failed.append(state.proc)
-        stopping = self.timed_out or self.stop_signal is not None or self.elsewhere is not None
+        stopping = self.timed_out or self.stop_signal is not None or self.elsewhere is not None or bool(self.regroup)
         if self.first_failure is None and (not stopping or state.abort_code is not None):
             self.first_failure = state  # after a signal, the timeout or another node's end: its effects
 

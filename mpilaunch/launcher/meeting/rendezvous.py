@@ -4,11 +4,8 @@
 With `--node-rank K` (static, or c10d with a fixed --nnodes N), node 0's launcher serves a
 TCPStore there (host/tcpstore.py); each launcher writes `mpilaunch/joined/K` and waits until
 every node's is there. Under c10d without a node rank (or with --nnodes MIN:MAX), the meeting
-numbers the nodes, as torchrun's c10d rendezvous does: the launcher on the endpoint's machine
-(the first there to bind its port; `--rdzv-conf is_host=` decides otherwise) serves the store;
-each launcher takes an arrival number and writes `joined/<arrival>` (host and pid); the store's
-launcher closes the meeting when MAX joined, or MIN and then `last_call` seconds passed, and
-writes the node order (by host, then pid: torch's order) to `nodes`. Either way the store is
+numbers the nodes, as torchrun's c10d rendezvous does, and takes in a node that comes late at
+the next restart (meeting/numbered_meeting.py, meeting/late_nodes.py). Either way the store is
 also the ranks' (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's agent's is.
 
 While the ranks run, a node that ends badly says so (`mpilaunch/failed`), which stops every other
@@ -28,9 +25,6 @@ every address.
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import os
 import selectors
 import socket
 import sys
@@ -38,7 +32,8 @@ import time
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import tcpstore
-from mpilaunch.launcher.meeting import store_reach
+from mpilaunch.launcher.meeting import late_nodes, store_reach
+from mpilaunch.launcher.meeting.numbered_meeting import NumberedMeeting
 from mpilaunch.launcher.meeting.store_reach import STATUS, endpoint
 from mpilaunch.plan.spec import TorchRun
 
@@ -50,20 +45,26 @@ JOIN_TIMEOUT = 600.0  # seconds a launcher waits for the other nodes' (torchrun'
 PREFIX = "mpilaunch/"
 
 
-class NodeRendezvous:
-    """This node's side of the meeting: one launcher serves the store, the others are its clients."""
+class NodeRendezvous(NumberedMeeting):
+    """This node's side of the meeting: one launcher serves the store, the others are its clients.
+    attempt: the round of the meeting, the same on every node; None, a launcher's first: round 0,
+    or under c10d's numbering the store's current round."""
 
     def __init__(
-        self, torch: TorchRun, attempt: int = 0, timeout: float | None = None, say: Callable[[str], None] | None = None
+        self,
+        torch: TorchRun,
+        attempt: int | None = 0,
+        timeout: float | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         assert torch.nnodes is not None and torch.endpoint is not None
         self.node, self.nodes = torch.node_rank, torch.nnodes  # node None: the meeting numbers it
-        self.fewest = torch.min_nodes or torch.nnodes
+        self.fewest, self.most = torch.min_nodes or torch.nnodes, torch.nnodes
         self.last_call = torch.last_call
         self.is_host = torch.is_host
         self.host, self.port = torch.endpoint
         self.timeout = torch.join_timeout if timeout is None else timeout
-        self.attempt = attempt
+        self.attempt, self.adopt = attempt or 0, attempt is None and self.node is None
         self.slots = list(range(self.nodes))  # each node's arrival number, by node rank
         self.slot = -1 if self.node is None else self.node  # this node's
         self.host_rank = 0  # the node whose launcher serves the store
@@ -75,6 +76,9 @@ class NodeRendezvous:
         self.over = False
         self.elsewhere = ""  # after finish: why the job failed on another node while this one's ended well
         self.say = say or _stderr  # a note for the user, one line
+        self.late = late_nodes.LateWatch(self.key) if self.node is None else None  # c10d's numbering: late nodes
+        self.grows = self.fewest < self.most  # a late node may be taken in (--nnodes MIN:MAX)
+        self.regroup = False  # after finish: the nodes meet again for a late node (no failure, not counted)
 
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"
@@ -120,93 +124,10 @@ class NodeRendezvous:
         before anyone is served."""
         server = tcpstore.StoreServer(None, tcpstore.listen_host(self.host), self.port, on_close=self._closed)
         server.set(store_reach.serves(self.attempt), "1")
-        self.server = server
+        if self.late is not None:  # c10d's numbering: a launcher's first meeting is the store's round
+            server.set(store_reach.ROUND, str(self.attempt))
+        self.server, self.adopt = server, False
         return server
-
-    def _meet(self) -> None:
-        """c10d's meeting, which numbers the nodes: served here if the endpoint is this machine
-        and its port is free (now, or once the store of the attempt before went), else met there."""
-        deadline = time.monotonic() + self.timeout
-        serve = ends_here(self.host) if self.is_host is None else self.is_host
-        client = None
-        if not (serve and self._take_store()):
-            take = self._take_store if serve else None
-            client = store_reach.reach(self.host, self.port, self.attempt, deadline, self.say, take, self.timeout)
-        slots, host = self._close(deadline) if client is None else self._arrive(client, deadline)
-        if self.slot not in slots:
-            self.close()
-            raise LaunchError(
-                f"the nodes' meeting at {self.where} closed with {len(slots)} nodes before this one "
-                "joined (a node that comes late is not taken in)",
-                STATUS,
-            )
-        self.slots, self.nodes = slots, len(slots)
-        self.node, self.host_rank = slots.index(self.slot), slots.index(host)
-
-    def _take_store(self) -> bool:
-        """Serve the meeting's store; False if another launcher of this machine already does."""
-        try:
-            self._open_store()
-            return True
-        except OSError as exc:
-            if self.is_host:
-                raise LaunchError(f"cannot serve the rendezvous on port {self.port}: {exc.strerror}", STATUS) from None
-            return False
-
-    def _close(self, deadline: float) -> tuple[list[int], int]:
-        """The store's side: close the meeting with MAX nodes, or MIN after the last call."""
-        server = self.server
-        assert server is not None
-        self.slot = server.add(self.key("arrivals"), 1) - 1
-        server.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
-        last_call: list[float] = []
-
-        def closed() -> bool:
-            count = len(self._joined())
-            now = time.monotonic()
-            if count < self.fewest:
-                last_call.clear()  # torchrun's deadline too starts again when MIN is reached again
-            elif not last_call:
-                last_call.append(now + self.last_call)
-            return count >= self.nodes or (bool(last_call) and now >= last_call[0]) or now > deadline
-
-        server.run(closed, 0.05)
-        joined = self._joined()
-        if len(joined) < self.fewest:
-            self.close()
-            raise LaunchError(
-                f"{len(joined)} of at least {self.fewest} nodes joined at {self.where} within {self.timeout:g} s",
-                STATUS,
-            )
-        slots = sorted(joined, key=lambda slot: (joined[slot][0], int(joined[slot][1]), slot))
-        server.set(self.key("nodes"), json.dumps({"slots": slots, "host": self.slot}))
-        return slots, self.slot
-
-    def _joined(self) -> dict[int, list[str]]:
-        """The launchers that arrived and are still there (arrival: host and pid)."""
-        assert self.server is not None
-        arrived = int(self.server.get(self.key("arrivals")) or 0)
-        values = {slot: self.server.get(self.key(f"joined/{slot}")) for slot in range(arrived)}
-        return {slot: value.decode().split() for slot, value in values.items() if value is not None}
-
-    def _arrive(self, client: tcpstore.StoreClient, deadline: float) -> tuple[list[int], int]:
-        """A client's side: arrive, and read the nodes' order once the meeting closed."""
-        self.client = client
-        try:
-            self.watcher = tcpstore.StoreClient(self.host, self.port, self.timeout, patience=0)
-            self.slot = client.add(self.key("arrivals"), 1) - 1
-            client.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
-            said = json.loads(client.get(self.key("nodes"), max(deadline - time.monotonic(), 0.1)))
-            return [int(slot) for slot in said["slots"]], int(said["host"])
-        except tcpstore.StoreTimeout:
-            self.close()
-            raise LaunchError(
-                f"the nodes' meeting at {self.where} did not close within {self.timeout:g} s (fewer "
-                f"than {self.fewest} nodes joined)",
-                STATUS,
-            ) from None
-        except tcpstore.StoreError as exc:
-            raise self._gone(exc) from None
 
     def _join_as_client(self, keys: list[str]) -> list[int]:
         """The nodes missing at the timeout."""
@@ -229,13 +150,19 @@ class NodeRendezvous:
         return store_reach.gone(self.host, self.port, exc)
 
     # -- while the ranks run ------------------------------------------------------------------
-    def watch_from(self, sel: selectors.BaseSelector, lost: Callable[[str], None]) -> None:
+    def watch_from(
+        self, sel: selectors.BaseSelector, lost: Callable[[str], None], regroup: Callable[[str], None] | None = None
+    ) -> None:
         """From now on `lost(why)` is called, once, when another node's job ended badly or its
-        launcher went away: the controller's loop serves the store (its launcher) or waits on it."""
+        launcher went away, and `regroup(line)` when the ranks are to start again with a late
+        node: the controller's loop serves the store (its launcher) or waits on it."""
         self.lost, self.sel = lost, sel
+        if self.late is not None and regroup is not None and self.grows:
+            self.late.watch_from(sel, regroup, self.server)
         if self.server is not None:
             self.server.set(self.key("running"), "1")
             sel.register(self.server.sel, selectors.EVENT_READ, lambda fd: self._serve())
+            self._look()  # a late node may have come before the ranks started
             return
         watcher = self.watcher
         assert watcher is not None  # opened as this node joined, while the store served the meeting
@@ -252,6 +179,11 @@ class NodeRendezvous:
         failed = self.server.get(self.key("failed"))
         if failed is not None:
             self._lose(failed.decode(errors="replace"))
+        self._look()
+
+    def _look(self) -> None:
+        if self.late is not None and self.server is not None and not self.over:
+            self.late.look(self.server, self.slots, self.most)
 
     def _woken(self) -> None:
         """The watching connection spoke: another node failed, or the store's launcher is gone."""
@@ -268,7 +200,11 @@ class NodeRendezvous:
         """The store's launcher: a connection closed; one that said a node joined is that node's
         launcher. While the nodes still meet, that node has not joined after all: the others
         wait for it again (another launcher of that node may come) and, at the timeout, name it."""
-        if self.server is None or self.over:
+        if self.server is None:
+            return
+        if self.late is not None:
+            self.late.closed(self.server, peer)
+        if self.over:
             return
         if self.lost is None:  # meeting (the store is served only then before watch_from)
             for key in peer.wrote:
@@ -295,13 +231,13 @@ class NodeRendezvous:
         no node). A node waits until the job has ended everywhere, or failed somewhere and the
         store's launcher has said whether that was the last attempt; the store stays until every
         other node's launcher has hung up. So a node whose ranks ended well learns in `elsewhere`
-        that the job failed on another, and starts the next attempt with it. Whether any node
-        said it was the last."""
+        that the job failed on another, and starts the next attempt with it; and in `regroup`
+        that the nodes meet again for a late node. Whether any node said it was the last."""
         self.over = True
         why = f"node {self.node}'s job ended with status {status}"
         final, failed = self.key("final"), self.key("failed")
         keys = [self.key(f"done/{k}") for k in range(self.nodes)]
-        said_last = last
+        said_last, regroup = last, False
         told: bytes | None = None
         try:
             if self.server is not None:
@@ -315,6 +251,10 @@ class NodeRendezvous:
                 self.server.run(lambda: not any(peer.wrote & nodes for peer in self.server.peers.values()), 0.05)
                 said_last = self.server.get(final) is not None
                 told = self.server.get(failed)
+                regroup = self.server.get(self.key("regroup")) is not None
+                if self.late is not None:  # and the late nodes hear whether the nodes meet again
+                    again = late_nodes.meets_again(regroup, told is not None, said_last)
+                    self.late.say_after(self.server, again, self.slots)
             elif self.client is not None:
                 if last:
                     self.client.set(final, "1")
@@ -325,6 +265,8 @@ class NodeRendezvous:
                     time.sleep(0.05)  # the others still run: the store answers while they do
                 said_last = said_last or self.client.check([final])
                 told = self.client.get(failed) if self.client.check([failed]) else None
+                regroup = self.client.check([self.key("regroup")])
+            self.regroup = regroup and told is None
             if not status and told is not None:
                 self.elsewhere = told.decode(errors="replace")
         except (tcpstore.StoreError, OSError) as exc:
@@ -340,31 +282,13 @@ class NodeRendezvous:
     def close(self) -> None:
         if self.server is not None and self.server.refusals():
             self.say(f"the rendezvous store at {self.where} {self.server.refusals()}")
-        for thing in (self.watcher, self.client, self.server):
+        for thing in (self.watcher, self.client, self.server, self.late):
             if thing is not None:
                 try:
                     thing.close()
                 except OSError:
                     pass
         self.watcher = self.client = self.server = None
-
-
-def ends_here(host: str) -> bool:
-    """Whether the endpoint is this machine, as torch's c10d backend decides whether it hosts
-    the store: localhost, a loopback address, this machine's name or one of its addresses."""
-    if host == "localhost" or host in (socket.gethostname(), socket.gethostname().split(".")[0]):
-        return True
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return True
-    except ValueError:
-        pass
-    try:
-        theirs = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
-        ours = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)}
-    except (OSError, UnicodeError):
-        return False
-    return bool(theirs & ours)
 
 
 def _stderr(note: str) -> None:

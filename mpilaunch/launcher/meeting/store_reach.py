@@ -5,7 +5,9 @@ A store that refuses the connection may not be up yet (its launcher starts later
 again until the join timeout, said once after NOTICE_AFTER seconds. A host that does not resolve,
 or has no route to it, is said at once. The store of the attempt before may still be up, waiting
 for the other nodes to hang up: its launcher writes `mpilaunch/<attempt>/serves` before it
-serves anyone, so a launcher of the next attempt waits for it to go rather than join there.
+serves anyone, so a launcher of the next attempt waits for it to go rather than join there;
+a launcher's first meeting under c10d's numbering is whichever round the store serves
+(`mpilaunch/round`), so that one that comes late meets the nodes where they are.
 Once a launcher joined its attempt's store, that store going away is the end of the meeting.
 """
 
@@ -21,6 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+ROUND = "mpilaunch/round"  # the round the store serves, for a launcher's first meeting under c10d's numbering
 NOTICE_AFTER = 5.0  # seconds a store that refuses is tried before the wait is said
 STATUS = 1  # torchrun's, for a rendezvous that failed (RendezvousConnectionError, ...Timeout)
 
@@ -55,15 +58,16 @@ def gone(host: str, port: int, exc: tcpstore.StoreError) -> LaunchError:
 def reach(
     host: str,
     port: int,
-    attempt: int,
+    attempt: int | None,
     deadline: float,
     say: Callable[[str], None],
     take: Callable[[], bool] | None = None,
     timeout: float | None = None,
 ) -> tcpstore.StoreClient | None:
-    """A connection to the store of this attempt's meeting, once it is up (LaunchError at the
-    deadline, or at once when no connection can be made); None if `take()`, tried whenever
-    there is no such store yet, took the store here. `timeout`: the deadline's, as said."""
+    """A connection to the store of this attempt's meeting (None: of any round), once it is up
+    (LaunchError at the deadline, or at once when no connection can be made); None if `take()`,
+    tried whenever there is no such store yet, took the store here. `timeout`: the deadline's,
+    as said."""
     where = endpoint(host, port)
     total = deadline - time.monotonic() if timeout is None else timeout
     said = total < 2 * NOTICE_AFTER  # a wait that short is not worth a line
@@ -92,7 +96,7 @@ def reach(
                 )
             continue
         try:
-            if client.check([serves(attempt)]):
+            if client.check([ROUND if attempt is None else serves(attempt)]):
                 return client
         except tcpstore.StoreError:  # it closed as this one came: the store of the attempt before
             pass

@@ -84,7 +84,7 @@ class JsonReport:
         death = state.death
         known = {"death": death_fields(death)} if death is not None else {}
         return {
-            "attempt": self.plan.attempt,
+            "attempt": len(self.earlier) if self.earlier is not None else self.plan.attempt,  # which start of the ranks
             "job": state.job,
             "rank": state.rank.rank,
             "app": state.rank.app,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
-from mpilaunch.launcher.decide.events import NodesEnded
+from mpilaunch.launcher.decide.events import NodesEnded, NodesRegroup
 from mpilaunch.launcher.decide.signal_table import LEAVES_WITH
 from mpilaunch.launcher.output.sink import Console, OutputSink
 from mpilaunch.launcher.start.greeting import start_agents
@@ -21,6 +21,7 @@ from mpilaunch.plan.finalize import Facts, asks_families, finalize, refuses_open
 from mpilaunch.plan.rank_env import inherited, prefixed_paths
 from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
+from mpilaunch.protocol.record import Record
 from mpilaunch.protocol.wire import STDERR, STDOUT
 from mpilaunch.transport.base import HostResult, Link, Transport, host_problems, transport_class
 from mpilaunch.transport.local import LocalTransport, raise_fd_limit
@@ -215,21 +216,45 @@ def run_job(spec: JobSpec, here: LocalTransport | None = None) -> int:
         options = options._replace(output_filename=tempfile.mkdtemp(prefix="mpilaunch-logs-"))
         spec = spec._replace(options=options)
     LEAVES_WITH[:] = [1] if torch is not None else []  # a signal between attempts: torchrun's status
-    earlier: list[dict[str, object]] | None = [] if options.max_restarts else None
-    attempt = 0
+    grows = torch is not None and torch.endpoint is not None and 0 < torch.min_nodes < (torch.nnodes or 0)
+    earlier: list[dict[str, object]] | None = [] if options.max_restarts or grows else None  # late nodes restart
+    turn = Turn()
     while True:
-        status, stopped = run_attempt(spec_for_attempt(spec, attempt), attempt, earlier, here)
-        if status in (0, None) or stopped or attempt >= options.max_restarts:
+        ended = run_attempt(spec, turn, earlier, here)
+        turn = turn._replace(start=turn.start + 1, round=None if ended.round is None else ended.round + 1)
+        if ended.regroup:  # a late node: the ranks start again with it at once, not counted (torchrun's way)
+            here.prestart()
+            continue
+        status, restarts = ended.status, turn.restarts
+        if status in (0, None) or ended.stopped or restarts >= options.max_restarts:
             return status or 0
         delay = options.restart_delay
         say(
             options,
-            f"attempt {attempt} ended with status {status}: the job starts again in {delay:g} s "
-            f"(attempt {attempt + 1} of {options.max_restarts + 1})",
+            f"attempt {restarts} ended with status {status}: the job starts again in {delay:g} s "
+            f"(attempt {restarts + 1} of {options.max_restarts + 1})",
         )
         here.prestart()  # the next attempt's agent sets itself up during the delay
         time.sleep(delay)  # Ctrl-C or SIGTERM meanwhile leaves at once, as before a run (entry.main)
-        attempt += 1
+        turn = turn._replace(restarts=restarts + 1)
+
+
+class Turn(Record):
+    """Which start of the ranks an attempt is."""
+
+    start: int = 0  # this launcher's starts before it: its log tree DIR/attempt.K (else the meeting's round)
+    restarts: int = 0  # the restarts --max-restarts counted (TORCHELASTIC_RESTART_COUNT)
+    round: int | None = None  # the nodes' meeting's (torchrun's way); None, the first: the store's current
+
+
+class Ended(Record):
+    """How an attempt ended: its status (None: a dry run), whether the user stopped it (no
+    restart then), whether the nodes meet again for a late node, and its meeting's round."""
+
+    status: int | None
+    stopped: bool
+    regroup: bool = False
+    round: int | None = None
 
 
 def spec_for_attempt(spec: JobSpec, attempt: int) -> JobSpec:
@@ -243,12 +268,10 @@ def spec_for_attempt(spec: JobSpec, attempt: int) -> JobSpec:
     return spec._replace(options=spec.options._replace(output_filename=tree))
 
 
-def run_attempt(
-    spec: JobSpec, attempt: int, earlier: list[dict[str, object]] | None, here: LocalTransport
-) -> tuple[int | None, bool]:
-    """One attempt of the run: (its status, whether the user stopped it: no restart then); a
-    dry run's status is None."""
+def run_attempt(spec: JobSpec, turn: Turn, earlier: list[dict[str, object]] | None, here: LocalTransport) -> Ended:
+    """One attempt of the run, and how it ended."""
     options = spec.options
+    attempt = turn.restarts
     plan = None
     meeting = None
     torch = options.torch
@@ -256,24 +279,25 @@ def run_attempt(
         if torch is not None and torch.endpoint is not None and not options.dry_run:  # one launcher per node
             from mpilaunch.launcher.meeting.rendezvous import NodeRendezvous
 
-            meeting = NodeRendezvous(torch, attempt, say=lambda note: say(options, note))
+            meeting = NodeRendezvous(torch, turn.round, say=lambda note: say(options, note))
             meeting.join()  # every node's launcher is there before any rank starts
             if torch.node_rank is None:  # c10d's meeting numbered the nodes
                 torch = torch._replace(node_rank=meeting.node, nnodes=meeting.nodes)
                 spec = spec._replace(options=options._replace(torch=torch))
         elif torch is not None and torch.endpoint is not None and torch.node_rank is None:
-            if not attempt:
+            if not turn.start:
                 say(options, f"the nodes' meeting numbers them: shown as node 0 of {torch.nnodes}")
             spec = spec._replace(options=options._replace(torch=torch._replace(node_rank=0)))
+        spec = spec_for_attempt(spec, turn.start if meeting is None else meeting.attempt)  # the nodes' round: one tree
         plan, source = build_plan(spec, os.environ, ThisMachine(), attempt=attempt)
-        if not attempt:
+        if not turn.start:
             for note in plan.notes:
                 say(options, note)
             if options.dry_run or options.display_map or options.display_allocation or options.print_rank_map:
                 show_plan(plan, source)
         if options.dry_run:
-            return None, True
-        controller = execute(plan, notes=not attempt, here=here)
+            return Ended(None, True)
+        controller = execute(plan, notes=not turn.start, here=here)
     except LaunchError as exc:
         if meeting is not None:
             meeting.finish(exc.status)
@@ -289,7 +313,12 @@ def run_attempt(
             say(options, f"{why}: this node's ranks are stopped")
             policy.handle(NodesEnded(why))
 
-        meeting.watch_from(controller.sel, ended_elsewhere)
+        def regroup(line: str) -> None:
+            policy.handle(NodesRegroup(line))
+            if policy.regroup == line:  # its ranks all ran: they start again with the late node
+                say(options, line)
+
+        meeting.watch_from(controller.sel, ended_elsewhere, regroup)
     report = None
     if options.report_json:
         from mpilaunch.launcher.report.json_report import JsonReport
@@ -319,7 +348,9 @@ def run_attempt(
         status, stopped = 2, True  # not run again for it: the ranks' work is done
     if earlier is not None and report is not None and report.last is not None:
         earlier.append(report.last)
-    return status, stopped
+    if meeting is None:
+        return Ended(status, stopped)
+    return Ended(status, stopped, meeting.regroup, meeting.attempt)  # regroup: no failure, no signal anywhere
 
 
 def launcher_command() -> list[str]:
