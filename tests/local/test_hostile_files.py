@@ -250,6 +250,10 @@ while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:  # the te
 """
 
 
+def _text_or_empty(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 def test_a_second_job_on_one_log_tree_is_refused_naming_the_first(launcher: Launcher, tmp_path: Path) -> None:
     """Two jobs writing one --output-filename tree lost lines silently. The second job (by the
     same name, by an absolute name, through a link to the tree) is refused in one line that names
@@ -261,17 +265,18 @@ def test_a_second_job_on_one_log_tree_is_refused_naming_the_first(launcher: Laun
         "-n", "2", "--output-filename", "logs", PY, script, str(lines), str(done), stdout=subprocess.DEVNULL
     )  # fmt: skip
     lock = tmp_path / "logs" / ".mpilaunch.lock"
+    first_line = tmp_path / "logs" / "1" / "rank.0" / "stdout"
     deadline = time.monotonic() + 30
-    while not (lock.exists() and lock.read_text().count(" ") == 1):
+    while not (lock.exists() and lock.read_text().count(" ") == 1 and "\n" in _text_or_empty(first_line)):
         assert time.monotonic() < deadline and first.poll() is None, "the first job never took its tree"
         time.sleep(0.02)
+    job_id = first_line.read_text().split("\n", 1)[0]
     (tmp_path / "link").symlink_to(tmp_path / "logs")
     try:
         for name in ("logs", str(tmp_path / "logs"), "link"):
             proc = launcher.run("-n", "1", "--output-filename", name, "echo", "second", timeout=30)
             err = proc.stderr.decode()
             assert proc.returncode == 2 and proc.stdout == b"", err
-            job_id = (tmp_path / "logs" / "1" / "rank.0" / "stdout").read_text().split("\n", 1)[0]
             assert err == (
                 f"mpilaunch: --output-filename {name}: job {job_id} (mpilaunch, pid {first.pid}) is writing its rank "
                 "output there; two jobs in one log tree lose lines: wait for it to end, or give another directory\n"

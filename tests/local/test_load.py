@@ -199,9 +199,20 @@ JOBS = [
 ]
 
 
+def _open_fds() -> dict[str, str]:
+    """This process's descriptors and what each is open on (a reused number is a new one)."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the listing's own descriptor
+            pass
+    return fds
+
+
 def test_500_short_jobs_in_one_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capfd) -> None:
     """The controller of 500 jobs in a row runs in this process (mpilaunch's main, as the command
-    runs it): afterwards this process has the same descriptors, no new child and no zombie,
+    runs it): afterwards this process has no descriptor it did not have, no new child and no zombie,
     the same signal handlers, and no process of any job is left."""
     tag = uuid.uuid4().hex
     monkeypatch.chdir(tmp_path)
@@ -216,7 +227,7 @@ def test_500_short_jobs_in_one_process(monkeypatch: pytest.MonkeyPatch, tmp_path
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
     for args, expected in JOBS:  # the first jobs open what stays open for good (module imports, caches)
         run(args, expected)
-    fds = sorted(os.listdir("/proc/self/fd"))
+    fds = _open_fds()
     children = _children_of_self()
     handlers = [signal.getsignal(s) for s in handled]
     wakeup = signal.set_wakeup_fd(-1)
@@ -229,7 +240,8 @@ def test_500_short_jobs_in_one_process(monkeypatch: pytest.MonkeyPatch, tmp_path
     elapsed = time.monotonic() - started
     out = capfd.readouterr()
     assert "Traceback" not in out.err
-    assert sorted(os.listdir("/proc/self/fd")) == fds
+    leaked = {fd: what for fd, what in _open_fds().items() if fds.get(fd) != what}
+    assert not leaked  # one the first jobs left open (a garbage-collected socket) may close meanwhile
     now = _children_of_self()
     assert not [pid for pid, state in now.items() if state == "Z"]
     assert set(now) <= set(children)

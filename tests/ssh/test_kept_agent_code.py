@@ -118,7 +118,8 @@ def test_a_cache_that_cannot_be_written_leaves_nothing(launcher: Launcher, bed, 
     dead.write_bytes(b"partial")
     notes = _job(launcher, bed, cache)
     assert notes == [f"mpilaunch: the kept agent code {kept} was a directory, not a file: built and kept again"]
-    assert os.listdir(cache / "mpilaunch") == [kept.name] and kept.is_file()
+    kept_there = [n for n in os.listdir(cache / "mpilaunch") if not n.startswith("hwloc-")]  # the topology's own
+    assert kept_there == [kept.name] and kept.is_file()
     assert _job(launcher, bed, cache) == []
 
 
