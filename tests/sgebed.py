@@ -32,22 +32,19 @@ the class.
 
 from __future__ import annotations
 
-import argparse
 import os
-import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from tests.procs import Leftovers, kill_and_wait, pid_alive, signal_quietly, tagged_processes
+from tests.daemonbed import DaemonBed, bed_fixtures, time_by_hand
+from tests.procs import tagged_processes
 
 TAG_VAR = "SGEBED_TAG"
 LIB = Path("/usr/lib/gridengine")  # Debian's binaries: the daemons, the clients and the spool tools
@@ -57,7 +54,6 @@ CLIENTS = ("qsub", "qrsh", "qdel", "qstat", "qconf", "qacct", "spoolinit", "spoo
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 # Inherited from a job around the test run, these would make a client act for that job or cell.
 CLIENT_VARS = ("SGE_", "JOB_ID", "JOB_NAME", "PE_HOSTFILE", "PE", "NSLOTS", "NHOSTS", "NQUEUES", "ARC", "QUEUE")
-_BIND_ERRORS = ("Address already in use", "can't bind socket")
 
 
 def sge_available() -> tuple[bool, str]:
@@ -73,22 +69,7 @@ def sge_available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def _can_bind(port: int) -> bool:
-    """Whether the TCP port is free on every address, the way the daemons bind it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-class _PortClash(RuntimeError):
-    """A daemon could not bind its port: someone took it between our check and its bind."""
-
-
-class SgeBed(Leftovers):
+class SgeBed(DaemonBed):
     """sge_qmaster + sge_execd for one host (this one), a PE `mpi`, a queue `all.q`, client env.
 
     `start()` (or `with`) writes the cell, starts the qmaster, loads the host, PE, queue and
@@ -99,8 +80,13 @@ class SgeBed(Leftovers):
     `slots`: the queue's slots on this host (a PE job asks for up to that many).
     """
 
+    CONTROLLER = "sge_qmaster"
+    STOP_ORDER = ("sge_execd", "sge_qmaster")
+    BIND_ERRORS = ("Address already in use", "can't bind socket")
+    GRACE = 1.5
+
     def __init__(self, base: str | os.PathLike[str], slots: int = 4) -> None:
-        self.base = Path(base).resolve()
+        super().__init__(base)
         self.tag = uuid.uuid4().hex
         self.slots = slots
         self.root = self.base / "root"
@@ -109,72 +95,40 @@ class SgeBed(Leftovers):
         self.node = ""
         self.qmaster_port = 0
         self.execd_port = 0
-        self.env: dict[str, str] = {}
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._every_pid: set[int] = set()
-        self._started = False
-        self.start_seconds = 0.0
-        self.close_seconds = 0.0
 
     # -- life cycle -------------------------------------------------------------------------
 
-    def __enter__(self) -> SgeBed:
-        return self.start()
+    def available(self) -> tuple[bool, str]:
+        return sge_available()
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
-    def start(self, timeout: float = 50.0) -> SgeBed:
+    def _start(self, timeout: float) -> None:
         """The cell's files, then the qmaster (until it answers), its configuration, and the
         execd (until the queue instance takes jobs)."""
-        ok, reason = sge_available()
-        if not ok:
-            raise RuntimeError(f"SgeBed cannot run here: {reason}")
-        began = time.monotonic()
-        self._started = True
-        try:
-            for attempt in range(6):
-                self.qmaster_port, self.execd_port = self._free_ports()
-                self.env = {
-                    "SGE_ROOT": str(self.root),
-                    "SGE_CELL": "default",
-                    "SGE_QMASTER_PORT": str(self.qmaster_port),
-                    "SGE_EXECD_PORT": str(self.execd_port),
-                }
-                self._write_cell()
-                try:
-                    self._start_daemons(timeout)
-                    break
-                except _PortClash:
-                    self._stop(["sge_execd", "sge_qmaster"])
-                    if attempt == 5:
-                        raise RuntimeError("no two free ports for the qmaster and the execd after 6 tries") from None
-        except BaseException:
-            self.close()
-            raise
-        self.start_seconds = time.monotonic() - began
-        return self
+        self._on_free_ports(
+            lambda qmaster, execd: self._start_cell(qmaster, execd, timeout),
+            self.STOP_ORDER,
+            "ports for the qmaster and the execd",
+        )
 
-    def close(self, grace: float = 1.5) -> None:
-        """Delete the bed's jobs, kill what they left by pid, stop the daemons by pid, check they are gone."""
-        if not self._started:
-            return
-        began = time.monotonic()
-        try:
-            if self.is_running("sge_qmaster"):
-                self.delete_all()
-                left = self.wait_clean(10.0)
-            else:
-                left = self.leftover_pids()
-            kill_and_wait(left)
-        finally:
-            self._stop(["sge_execd", "sge_qmaster"], grace)
-            kill_and_wait(self.leftover_pids())
-            self._started = False
-            self.close_seconds = time.monotonic() - began
-        alive = [pid for pid in self._every_pid if pid_alive(pid)]
-        if alive:
-            raise RuntimeError(f"SgeBed daemons still alive after close: {alive}")
+    def _start_cell(self, qmaster_port: int, execd_port: int, timeout: float) -> None:
+        self.qmaster_port, self.execd_port = qmaster_port, execd_port
+        self.env = {
+            "SGE_ROOT": str(self.root),
+            "SGE_CELL": "default",
+            "SGE_QMASTER_PORT": str(self.qmaster_port),
+            "SGE_EXECD_PORT": str(self.execd_port),
+        }
+        self._write_cell()
+        self._start_daemons(timeout)
+
+    def remove_jobs(self) -> None:
+        """qdel every job of the cell (all are this user's)."""
+        ids = self.job_ids()
+        if ids:
+            self.run(["qdel", "-f", *ids], timeout=15)
+
+    def _daemon_output(self, name: str) -> str:
+        return self.messages(name)
 
     # -- what tests use ---------------------------------------------------------------------
 
@@ -185,25 +139,6 @@ class SgeBed(Leftovers):
         env.update(self.env)
         env.update(extra or {})
         return env
-
-    def run(
-        self, argv: Sequence[str], *, timeout: float = 60.0, env: dict[str, str] | None = None, **kw: Any
-    ) -> subprocess.CompletedProcess[str]:
-        """Run a client command (qsub, qstat, qconf...) against the cell; text output captured."""
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("capture_output", "stdout" not in kw and "stderr" not in kw)
-        kw.setdefault("text", True)
-        kw.setdefault("cwd", self.base)
-        return subprocess.run(list(argv), timeout=timeout, env=self.client_env(env), **kw)
-
-    def popen(self, argv: Sequence[str], *, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
-        """Start a client command against the cell without waiting (a qsub -sync y to qdel later)."""
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("stdout", subprocess.PIPE)
-        kw.setdefault("stderr", subprocess.PIPE)
-        kw.setdefault("text", True)
-        kw.setdefault("cwd", self.base)
-        return subprocess.Popen(list(argv), env=self.client_env(env), **kw)
 
     def job_ids(self) -> list[str]:
         """Ids of the jobs the qmaster still lists (pending, running, or being deleted)."""
@@ -238,29 +173,6 @@ class SgeBed(Leftovers):
                 {"hostname": fields[1], "failed": fields[11], "exit_status": fields[12], "pe_taskid": fields[-4]}
             )
         return records
-
-    def delete_all(self) -> None:
-        """qdel every job of the cell (all are this user's)."""
-        ids = self.job_ids()
-        if ids:
-            self.run(["qdel", "-f", *ids], timeout=15)
-
-    def wait_no_jobs(self, timeout: float = 10.0) -> list[str]:
-        """Poll until qstat lists no job; the ids still there."""
-        deadline = time.monotonic() + timeout
-        ids = self.job_ids()
-        while ids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            ids = self.job_ids()
-        return ids
-
-    def daemon_pids(self) -> dict[str, int]:
-        """The running daemons by name: sge_qmaster, sge_execd."""
-        return {name: proc.pid for name, proc in self._procs.items() if proc.poll() is None}
-
-    def is_running(self, name: str) -> bool:
-        proc = self._procs.get(name)
-        return proc is not None and proc.poll() is None
 
     def leftover_pids(self) -> list[int]:
         """Live processes of the cell other than its daemons: shepherds, jobs, their tasks and
@@ -415,9 +327,7 @@ class SgeBed(Leftovers):
                 start_new_session=True,
                 close_fds=True,
             )
-        self._procs[name] = proc
-        self._every_pid.add(proc.pid)
-        return proc
+        return self._record(name, proc)
 
     def _qconf(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.run([str(LIB / "qconf"), *args], timeout=30)
@@ -440,45 +350,6 @@ class SgeBed(Leftovers):
         out = self.run(["qstat", "-f", "-q", f"all.q@{self.node}"], timeout=15).stdout
         rows = [line.split() for line in out.splitlines() if line.startswith("all.q@")]
         return bool(rows) and len(rows[0]) == 5  # queuename qtype resv/used/tot load arch, no states column
-
-    def _wait(self, name: str, proc: subprocess.Popen[bytes], timeout: float, ready: Any) -> None:
-        """Poll `ready()` until true; a daemon that exits first fails the start (a port clash: retry)."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if proc.poll() is not None:
-                text = self.messages(name)
-                if any(err in text for err in _BIND_ERRORS):
-                    raise _PortClash(text)
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{text}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not ready within {timeout}s:\n{self.messages(name)}")
-            time.sleep(0.1)
-
-    def _stop(self, names: Sequence[str], grace: float = 3.0) -> None:
-        """SIGTERM the daemons by pid in this order, SIGKILL what is left at the deadline, reap."""
-        for name in names:
-            proc = self._procs.get(name)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                signal_quietly(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                signal_quietly(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-    @staticmethod
-    def _free_ports() -> tuple[int, int]:
-        """Two distinct free ports below the kernel's ephemeral range."""
-        ports: list[int] = []
-        for _ in range(400):
-            port = random.randint(20000, 32000)
-            if port not in ports and _can_bind(port):
-                ports.append(port)
-                if len(ports) == 2:
-                    return ports[0], ports[1]
-        raise RuntimeError("no two free ports in 20000..32000")
 
 
 _LIMITS = ("s_rt", "h_rt", "s_cpu", "h_cpu", "s_fsize", "h_fsize", "s_data", "h_data", "s_stack", "h_stack")
@@ -534,77 +405,32 @@ def job_id_of(qsub_output: str) -> str:
 
 def sgebed_fixtures(name: str = "sgebed", settle: float = 10.0, **options: Any):  # type: ignore[no-untyped-def]
     """A test module's `sge` (an SgeBed started once for the module) and its autouse
-    `clean_sge`: a test fails if a job process or a job is still there `settle` seconds after
-    it, and what was left is deleted and killed by pid. The module is skipped where Grid Engine
-    cannot run. Use: `sge, clean_sge = sgebed_fixtures()`."""
-    import pytest
-
-    @pytest.fixture(scope="module")
-    def sge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SgeBed]:
-        ok, reason = sge_available()
-        if not ok:
-            pytest.skip(reason)
-        with SgeBed(tmp_path_factory.mktemp(name), **options) as bed:
-            yield bed
-
-    @pytest.fixture(autouse=True)
-    def clean_sge(sge: SgeBed) -> Iterator[None]:
-        yield
-        jobs = sge.wait_no_jobs(settle)
-        left = sge.wait_clean(settle)
-        if jobs:
-            sge.delete_all()
-            left = sorted(set(left) | set(sge.wait_clean(settle)))
-        sge.kill_leftovers()
-        assert not left and not jobs, f"left by the test: processes {left}, jobs {jobs}"
-
-    return sge, clean_sge
+    `clean_sge` (tests/daemonbed.py's `bed_fixtures`). Use: `sge, clean_sge = sgebed_fixtures()`."""
+    return bed_fixtures(lambda folder: SgeBed(folder, **options), "sge", name, settle)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Time a cell's start-up and shutdown, and run one parallel job through it."""
-    import tempfile
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--dir", help="bed directory (kept); default: a temporary one")
-    parser.add_argument("--keep", action="store_true", help="print the env and wait for Enter before closing")
-    args = parser.parse_args(argv)
-    ok, reason = sge_available()
-    if not ok:
-        print(f"unavailable: {reason}")
-        return 2
-    with tempfile.TemporaryDirectory(prefix="sgebed-") as tmp:
-        bed = SgeBed(args.dir or tmp).start()
-        ready = time.monotonic()
-        try:
-            argv_ = [
-                "qsub",
-                "-pe",
-                "mpi",
-                str(bed.slots),
-                "-sync",
-                "y",
-                "-b",
-                "y",
-                "-j",
-                "y",
-                "-o",
-                "/dev/null",
-                "true",
-            ]
-            out = bed.run(argv_, timeout=60)
-            first_job = time.monotonic() - ready
-            print(out.stdout.strip(), out.stderr.strip())
-            if args.keep:
-                print(" ".join(f"{k}={v}" for k, v in bed.env.items()))
-                input("Enter to close ")
-        finally:
-            bed.close()
-    print(
-        f"host {bed.node}, {bed.slots} slots: start {bed.start_seconds:.2f}s, first job {first_job:.2f}s, "
-        f"close {bed.close_seconds:.2f}s"
+    return time_by_hand(
+        argv,
+        SgeBed,
+        lambda bed: [
+            "qsub",
+            "-pe",
+            "mpi",
+            str(bed.slots),
+            "-sync",
+            "y",
+            "-b",
+            "y",
+            "-j",
+            "y",
+            "-o",
+            "/dev/null",
+            "true",
+        ],
+        "Grid Engine cell",
     )
-    return out.returncode
 
 
 if __name__ == "__main__":

@@ -21,11 +21,9 @@ Run `python -m tests.slurmbed` to time a start-up by hand. Stdlib only, no pytes
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import pwd
-import random
 import re
 import shutil
 import signal
@@ -33,15 +31,12 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from types import TracebackType
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tests.daemonbed import DaemonBed, bed_fixtures, time_by_hand
 from tests.procs import (
-    Leftovers,
     below,
-    kill_and_wait,
     parent_pid,
     pid_alive,
     process_name,
@@ -57,7 +52,6 @@ CLIENTS = ("srun", "salloc", "sbatch", "scancel", "scontrol", "sinfo", "squeue",
 CLIENT_PREFIXES = ("SLURM_", "SRUN_", "SALLOC_", "SBATCH_", "SQUEUE_", "SINFO_", "SCANCEL_", "SCONTROL_")
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
 _PR_SET_PDEATHSIG = 1
-_BIND_ERRORS = ("Address already in use",)
 
 
 def _find(tool: str) -> str | None:
@@ -77,17 +71,6 @@ def slurm_available() -> tuple[bool, str]:
     if os.geteuid() != 0:
         return False, "slurmd must run as root to start jobs (SlurmdUser=root)"
     return True, "ok"
-
-
-def _can_bind(port: int) -> bool:
-    """Whether the TCP port is free on every address, the way slurmctld/slurmd bind it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def ancestors(pid: int, limit: int = 64) -> list[tuple[int, str]]:
@@ -125,11 +108,7 @@ def parse_keyvalues(text: str) -> dict[str, str]:
     return dict(pairs)
 
 
-class _PortClash(RuntimeError):
-    """slurmctld or slurmd could not bind its port: someone took it between our check and its bind."""
-
-
-class SlurmBed(Leftovers):
+class SlurmBed(DaemonBed):
     """munged + slurmctld + slurmd for one node (this host), a `debug` partition, and client env.
 
     `start()` (or `with`) writes the key and slurm.conf, starts the daemons in order and returns
@@ -159,7 +138,7 @@ class SlurmBed(Leftovers):
         debug: str = "info",
         extra_conf: str = "",
     ) -> None:
-        self.base = Path(base).resolve()
+        super().__init__(base, workdir="jobs")
         self.tag = uuid.uuid4().hex
         self.node = socket.gethostname().split(".")[0]
         self.cpus = cpus or os.cpu_count() or 1
@@ -175,29 +154,21 @@ class SlurmBed(Leftovers):
         self.munge_socket = self.base / "munge" / "munge.socket"
         self.ctld_port = 0
         self.slurmd_port = 0
-        self.env: dict[str, str] = {}
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._helpers: dict[str, int] = {}  # slurmscriptd: forked by slurmctld, not by us
-        self._every_pid: set[int] = set()  # daemons of earlier tries (a port clash) too
         self._topology = ""
-        self._started = False
-        self.start_seconds = 0.0
-        self.close_seconds = 0.0
+
+    CONTROLLER = "slurmctld"
+    STOP_ORDER = ("slurmd", "slurmctld", "munged")
+    NEVER_CLASHES = frozenset({"munged"})
+    GRACE = 5.0
 
     # -- life cycle -------------------------------------------------------------------------
 
-    def __enter__(self) -> SlurmBed:
-        return self.start()
+    def available(self) -> tuple[bool, str]:
+        return slurm_available()
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
-    def start(self, timeout: float = 60.0) -> SlurmBed:
+    def _start(self, timeout: float) -> None:
         """Key, config, then munged, slurmctld (until it answers) and slurmd (until the node is idle)."""
-        ok, reason = slurm_available()
-        if not ok:
-            raise RuntimeError(f"SlurmBed cannot run here: {reason}")
-        began = time.monotonic()
         for sub in ("munge", "state", "spool", "log", "run", "jobs"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         (self.base / "munge").chmod(0o700)
@@ -206,45 +177,21 @@ class SlurmBed(Leftovers):
         (self.base / "plugstack.conf").write_text("")  # not /etc/slurm/plugstack.conf's SPANK plugins
         self.env = {"SLURM_CONF": str(self.conf), TAG_VAR: self.tag}
         self._topology = self._hardware_topology()
-        self._started = True
-        try:
-            self._start_munged(timeout)
-            for attempt in range(6):
-                self.ctld_port, self.slurmd_port = self._free_ports()
-                self.conf.write_text(self.slurm_conf())
-                try:
-                    self._start_slurm(timeout)
-                    break
-                except _PortClash:
-                    self._stop(["slurmd", "slurmctld"])
-                    if attempt == 5:
-                        raise RuntimeError("no free SlurmctldPort/SlurmdPort after 6 tries") from None
-        except BaseException:
-            self.close()
-            raise
-        self.start_seconds = time.monotonic() - began
-        return self
+        self._start_munged(timeout)
+        self._on_free_ports(
+            lambda ctld, slurmd: self._start_slurm(ctld, slurmd, timeout),
+            ("slurmd", "slurmctld"),
+            "SlurmctldPort/SlurmdPort",
+        )
 
-    def close(self, grace: float = 5.0) -> None:
-        """Cancel the bed's jobs, kill what they left by pid, stop the daemons by pid, check they are gone."""
-        if not self._started:
-            return
-        began = time.monotonic()
-        try:
-            if self.is_running("slurmctld"):
-                self.cancel_all()
-                left = self.wait_clean(self.kill_wait + 3.0)
-            else:
-                left = self.leftover_pids()
-            kill_and_wait(left)
-        finally:
-            self._stop(["slurmd", "slurmctld", "munged"], grace)
-            kill_and_wait(self.leftover_pids())
-            self._started = False
-            self.close_seconds = time.monotonic() - began
-        alive = [pid for pid in self.recorded_pids() if pid_alive(pid)]
-        if alive:
-            raise RuntimeError(f"SlurmBed processes still alive after close: {alive}")
+    def remove_jobs(self) -> None:
+        """scancel every job of the bed (all are this user's)."""
+        ids = self.job_ids()
+        if ids:
+            self.run(["scancel", *ids], timeout=15)
+
+    def job_settle(self) -> float:
+        return self.kill_wait + 3.0
 
     # -- what tests use ---------------------------------------------------------------------
 
@@ -255,25 +202,6 @@ class SlurmBed(Leftovers):
         env.update(self.env)
         env.update(extra or {})
         return env
-
-    def run(
-        self, argv: Sequence[str], *, timeout: float = 60.0, env: dict[str, str] | None = None, **kw: Any
-    ) -> subprocess.CompletedProcess[str]:
-        """Run a client command (srun, sbatch, sinfo...) against the bed; text output captured."""
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("capture_output", "stdout" not in kw and "stderr" not in kw)
-        kw.setdefault("text", True)
-        kw.setdefault("cwd", self.base / "jobs")
-        return subprocess.run(list(argv), timeout=timeout, env=self.client_env(env), **kw)
-
-    def popen(self, argv: Sequence[str], *, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
-        """Start a client command against the bed without waiting (an srun to scancel later)."""
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("stdout", subprocess.PIPE)
-        kw.setdefault("stderr", subprocess.PIPE)
-        kw.setdefault("text", True)
-        kw.setdefault("cwd", self.base / "jobs")
-        return subprocess.Popen(list(argv), env=self.client_env(env), **kw)
 
     def node_state(self) -> str:
         """The node's state as `sinfo %t` prints it: idle, alloc, mix, down*, unk*..."""
@@ -309,34 +237,15 @@ class SlurmBed(Leftovers):
             info = self.job(job_id)
         return info
 
-    def wait_no_jobs(self, timeout: float = 10.0) -> list[str]:
-        """Poll until squeue lists no job (a finished one is COMPLETING for a moment); those left."""
-        deadline = time.monotonic() + timeout
-        ids = self.job_ids()
-        while ids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            ids = self.job_ids()
-        return ids
-
-    def cancel_all(self) -> None:
-        """scancel every job of the bed (all are this user's)."""
-        ids = self.job_ids()
-        if ids:
-            self.run(["scancel", *ids], timeout=15)
-
     def daemon_pids(self) -> dict[str, int]:
         """Running daemons by name: munged, slurmctld, slurmd, and slurmctld's helper slurmscriptd."""
-        pids = {name: proc.pid for name, proc in self._procs.items() if proc.poll() is None}
+        pids = super().daemon_pids()
         pids.update((name, pid) for name, pid in self._helpers.items() if pid_alive(pid))
         return pids
 
     def recorded_pids(self) -> list[int]:
         """Every daemon pid this bed ever started (alive or not), to check after close()."""
         return sorted(self._every_pid | set(self._helpers.values()))
-
-    def is_running(self, name: str) -> bool:
-        proc = self._procs.get(name)
-        return proc is not None and proc.poll() is None
 
     def stepd_pids(self) -> list[int]:
         """Live slurmstepd processes of this bed (tagged through slurmd's environment)."""
@@ -455,11 +364,9 @@ class SlurmBed(Leftovers):
                 preexec_fn=child_setup,
                 close_fds=True,
             )
-        self._procs[name] = proc
-        self._every_pid.add(proc.pid)
-        return proc
+        return self._record(name, proc)
 
-    def _output(self, name: str) -> str:
+    def _daemon_output(self, name: str) -> str:
         try:
             out = (self.base / "log" / f"{name}.out").read_text(errors="replace")
         except OSError:
@@ -491,8 +398,10 @@ class SlurmBed(Leftovers):
             ),
         )
 
-    def _start_slurm(self, timeout: float) -> None:
+    def _start_slurm(self, ctld_port: int, slurmd_port: int, timeout: float) -> None:
         """slurmctld first (until `scontrol ping` says UP), then slurmd: it registers at once."""
+        self.ctld_port, self.slurmd_port = ctld_port, slurmd_port
+        self.conf.write_text(self.slurm_conf())
         ctld = self._spawn("slurmctld", [_find("slurmctld") or "slurmctld", "-D", "-c", "-f", str(self.conf)])
         self._wait("slurmctld", ctld, timeout, lambda: "is UP" in self.run(["scontrol", "ping"], timeout=15).stdout)
         for entry in os.listdir("/proc"):  # slurmctld forks slurmscriptd before it answers; it ends with slurmctld
@@ -500,33 +409,6 @@ class SlurmBed(Leftovers):
                 self._helpers["slurmscriptd"] = int(entry)
         slurmd = self._spawn("slurmd", [_find("slurmd") or "slurmd", "-D", "-f", str(self.conf), "-N", self.node])
         self._wait("slurmd", slurmd, timeout, lambda: self.node_state() == "idle")
-
-    def _wait(self, name: str, proc: subprocess.Popen[bytes], timeout: float, ready: Any) -> None:
-        """Poll `ready()` until true; a daemon that exits first fails the start (a port clash: retry)."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if proc.poll() is not None:
-                text = self._output(name)
-                if name != "munged" and any(err in text for err in _BIND_ERRORS):
-                    raise _PortClash(text)
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{text}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not ready within {timeout}s:\n{self._output(name)}")
-            time.sleep(0.05)
-
-    def _stop(self, names: Sequence[str], grace: float = 5.0) -> None:
-        """SIGTERM the daemons by pid in this order, SIGKILL what is left at the deadline, reap."""
-        for name in names:
-            proc = self._procs.get(name)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                signal_quietly(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                signal_quietly(proc.pid, signal.SIGKILL)
-                proc.wait()
 
     def _kill_stale(self) -> None:
         """Kill daemons left from an earlier bed in this directory (a run killed with -9), by pid file."""
@@ -542,73 +424,18 @@ class SlurmBed(Leftovers):
                 signal_quietly(pid, signal.SIGKILL)
             pidfile.unlink(missing_ok=True)
 
-    @staticmethod
-    def _free_ports() -> tuple[int, int]:
-        """Two distinct free ports below the kernel's ephemeral range (srun's own ports come from there)."""
-        ports: list[int] = []
-        for _ in range(400):
-            port = random.randint(20000, 32000)
-            if port not in ports and _can_bind(port):
-                ports.append(port)
-                if len(ports) == 2:
-                    return ports[0], ports[1]
-        raise RuntimeError("no two free ports in 20000..32000")
-
 
 def slurmbed_fixtures(name: str = "slurmbed", settle: float = 5.0, **options: Any):  # type: ignore[no-untyped-def]
     """A test module's `slurm` (a SlurmBed started once for the module) and its autouse
-    `clean_slurm`: a test fails if a job process or a job is still there `settle` seconds after
-    it, and what was left is cancelled and killed by pid. The module is skipped where Slurm
-    cannot run. Use: `slurm, clean_slurm = slurmbed_fixtures()`."""
-    import pytest
-
-    @pytest.fixture(scope="module")
-    def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmBed]:
-        ok, reason = slurm_available()
-        if not ok:
-            pytest.skip(reason)
-        with SlurmBed(tmp_path_factory.mktemp(name), **options) as bed:
-            yield bed
-
-    @pytest.fixture(autouse=True)
-    def clean_slurm(slurm: SlurmBed) -> Iterator[None]:
-        yield
-        left = slurm.wait_clean(settle)
-        jobs = slurm.wait_no_jobs(settle)
-        if jobs:
-            slurm.cancel_all()
-            left = sorted(set(left) | set(slurm.wait_clean(slurm.kill_wait + 3.0)))
-        slurm.kill_leftovers()
-        assert not left and not jobs, f"left by the test: processes {left}, jobs {jobs}"
-
-    return slurm, clean_slurm
+    `clean_slurm` (tests/daemonbed.py's `bed_fixtures`). Use: `slurm, clean_slurm = slurmbed_fixtures()`."""
+    return bed_fixtures(lambda folder: SlurmBed(folder, **options), "slurm", name, settle)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Time a bed's start-up and shutdown, and run one srun through it."""
-    import tempfile
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--dir", help="bed directory (kept); default: a temporary one")
-    parser.add_argument("--keep", action="store_true", help="print the env and wait for Enter before closing")
-    args = parser.parse_args(argv)
-    ok, reason = slurm_available()
-    if not ok:
-        print(f"unavailable: {reason}")
-        return 2
-    with tempfile.TemporaryDirectory(prefix="slurmbed-") as tmp:
-        bed = SlurmBed(args.dir or tmp).start()
-        try:
-            out = bed.run(["srun", "-n", str(bed.cpus), "hostname"], timeout=30)
-            print(out.stdout.strip(), out.stderr.strip())
-            if args.keep:
-                print(" ".join(f"{k}={v}" for k, v in bed.env.items()))
-                input("Enter to close ")
-        finally:
-            bed.close()
-    print(f"node {bed.node}, {bed.cpus} CPUs: start {bed.start_seconds:.2f}s, close {bed.close_seconds:.2f}s")
+    status = time_by_hand(argv, SlurmBed, lambda bed: ["srun", "-n", str(bed.cpus), "hostname"], "Slurm node")
     print("slurm processes left on the machine:", system_slurm_pids())
-    return out.returncode
+    return status
 
 
 if __name__ == "__main__":
