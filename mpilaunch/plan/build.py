@@ -168,6 +168,12 @@ def with_slots(hosts: list[Host], source: str, options: Options) -> list[Host]:
     return hostlib.with_core_counts(hosts, {h.name: os.cpu_count() or 1 for h in hosts})
 
 
+def torchrun_slots(hosts: list[Host], per_node: int) -> list[Host]:
+    """torchrun has no slots: under its words every host takes --nproc-per-node ranks, whatever
+    -H, a hostfile or the allocation says of its slots (more slots stay, unused)."""
+    return [h._replace(slots=max(h.slots or 0, per_node), max_slots=None) for h in hosts]
+
+
 class Here:
     """What the planner asks of this machine. The launcher gives the real answers
     (launcher/start/here.py); planning itself starts no process and opens no socket."""
@@ -567,6 +573,8 @@ def build_plan(
             options = options._replace(launcher="sge")
         if options.launcher == "sge" and engine_starts_here(options, env):
             options = options._replace(engine_starts_here=True)
+        if torch is not None and options.npernode is not None and source != LOCAL_SOURCE:
+            hosts = torchrun_slots(hosts, options.npernode)
         hosts = with_slots(hosts, source, options)
     if options.nolocal:
         kept = [i for i, host in enumerate(hosts) if hostlib.needs_ssh(host)]

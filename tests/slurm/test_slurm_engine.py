@@ -219,3 +219,15 @@ def _cmdline(pid: int) -> str:
             return handle.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_torchruns_ranks_per_node_inside_an_allocation_of_fewer_cpus(slurm: SlurmBed, tmp_path: Path) -> None:
+    """torchrun runs --nproc-per-node ranks on a node whatever Slurm gave it; so does mpilaunch
+    under torchrun's words: 3 ranks in an allocation of one CPU, all inside the step."""
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    argv = ["salloc", "-N1", "-n1", *_mpilaunch("--nproc-per-node", "3", str(script))]
+    proc = slurm.run(argv, env=_env(slurm), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = sorted(line for line in proc.stdout.splitlines() if line.strip())
+    assert rows == sorted(f"{r} 3 {r} {r} 3 0 True False" for r in range(3)), proc.stdout

@@ -59,3 +59,33 @@ def test_a_two_host_torch_job_restarts_on_both_hosts(launcher: Launcher, bed: Ss
         (1, "node1"),
         (1, "node2"),
     ]
+
+
+TRAIN = """
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+names = "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"
+print(*(os.environ[n] for n in names), dist.get_rank(), dist.get_world_size(), os.environ["SSH_CONNECTION"].split()[2])
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("hosts", ["-H", "--hostfile"])
+def test_the_guides_torchrun_line_runs_nproc_per_node_on_each_host(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, hosts: str
+) -> None:
+    """The user guide's `mpilaunch -H node1,node2 --nproc-per-node 2 train.py` (and a hostfile of
+    `slots=1` lines): torchrun has no slots, so 2 ranks on each host, one torch job of 4 (before,
+    issue "Drop-in II": refused, -H's one slot per host capping torchrun's ranks per node)."""
+    script = write_script(tmp_path, "train.py", TRAIN)
+    (tmp_path / "hosts").write_text("node1 slots=1\nnode2 slots=1\n")
+    where = ["-H", "node1,node2"] if hosts == "-H" else ["--hostfile", "hosts"]
+    proc = launcher.run("--ssh-config", str(bed.config), *where, "--nproc-per-node", "2", script, timeout=240)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err[-3000:]
+    node1, node2 = bed.address("node1"), bed.address("node2")
+    assert sorted(proc.stdout.decode().splitlines()) == [
+        f"{r} {r % 2} 4 2 {r // 2} {r} 4 {(node1, node2)[r // 2]}" for r in range(4)
+    ], err

@@ -152,3 +152,24 @@ def test_omp_num_threads_as_torchrun_sets_it() -> None:
     envs = plan_envs(["--nproc-per-node", "2", "--no-python", "true"], {"OMP_NUM_THREADS": "3"})
     assert {e["OMP_NUM_THREADS"] for e in envs} == {"3"}
     assert plan_envs(["-n", "1", "true"])[0]["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("hosts", ["-H node1,node2", "-H node1:1,node2:1", "hostfile slots=1", "hostfile slots=4"])
+def test_torchruns_words_put_nproc_per_node_on_every_host_whatever_its_slots(tmp_path, hosts: str) -> None:  # type: ignore[no-untyped-def]
+    """torchrun has no slots: `-H node1,node2 --nproc-per-node 2` (one slot each, as Open MPI
+    reads -H) is 2 ranks on each host, as a hostfile whose lines say fewer or more slots."""
+    if hosts.startswith("hostfile"):
+        (tmp_path / "hosts").write_text("".join(f"{name} {hosts.split()[1]}\n" for name in ("node1", "node2")))
+        words = ["--hostfile", str(tmp_path / "hosts")]
+    else:
+        words = hosts.split()
+    plan, _ = build_plan(parse_args([*words, "--nproc-per-node", "2", "train.py"]), {"PATH": os.defpath}, ThisMachine())
+    placed = [(plan.hosts[r.host].name, r.rank, r.local_rank) for r in plan.job.ranks]
+    assert placed == [("node1", 0, 0), ("node1", 1, 1), ("node2", 2, 0), ("node2", 3, 1)]
+    envs = list(plan.job.rank_envs())
+    assert [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["WORLD_SIZE"], e["GROUP_RANK"]) for e in envs] == [
+        ("0", "0", "2", "4", "0"),
+        ("1", "1", "2", "4", "0"),
+        ("2", "0", "2", "4", "1"),
+        ("3", "1", "2", "4", "1"),
+    ]
