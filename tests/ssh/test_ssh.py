@@ -583,6 +583,11 @@ def test_a_silent_network_cut_is_detected_on_both_sides(
             os.kill(pid, signal.SIGCONT)
 
 
+def agents_of(bed: SshBed, name: str) -> list[int]:
+    """The remote agents of one host of the bed, found by the address its sshd was reached at."""
+    return [p for p in bed.leftover_pids() if is_remote_agent(p) and f" {bed.address(name)} " in environ_text(p)]
+
+
 def _ranks_running(script: str) -> list[int]:
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -629,14 +634,22 @@ def test_ctrl_c_while_a_host_hangs_leaves_at_once(launcher: Launcher, bed: SshBe
     config = tmp_path / "ssh_config"
     port = silent.getsockname()[1]
     config.write_text(f"Host mute\n    HostName 127.0.0.9\n    Port {port}\n\n{bed.config.read_text()}")
+    silent.settimeout(30)
+    hanging = None
     try:
         proc = launcher.popen("--ssh-config", str(config), "-H", "node1:1,mute:1", "-n", "2", "true")
-        time.sleep(1.5)  # node1 is connected by now; mute never answers (10 s timeout)
+        hanging, _ = silent.accept()  # mute's connection, never answered (10 s timeout)
+        deadline = time.monotonic() + 30
+        while not agents_of(bed, "node1"):  # node1 is connected: its agent runs
+            assert time.monotonic() < deadline, "node1's agent never started"
+            time.sleep(0.02)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         assert time.monotonic() - started < 2, err
     finally:
+        if hanging is not None:
+            hanging.close()
         silent.close()
     assert proc.returncode == 130, err
 
