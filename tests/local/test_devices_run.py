@@ -1,4 +1,5 @@
-"""--devices-per-rank, OMP_NUM_THREADS and --rank-table end to end: real ranks report their variables."""
+"""--devices-per-rank, OMP_NUM_THREADS and --rank-table end to end: real ranks report their variables;
+and what a host says of its GPUs, from the nvidia-smi it runs (here a script in its place)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mpilaunch.host import hostinfo
 from tests.conftest import ROOT, SEED_IPS, Launcher, fake_smi, write_script
 
 DUMP = str(ROOT / "tests" / "ranks" / "dump_env.py")
@@ -151,3 +153,27 @@ def test_an_unwritable_rank_table_is_status_2_before_any_rank_starts(bare: Launc
     proc = bare.run("-n", "1", "--rank-table", "file/rt.json", "echo", "started")
     assert proc.returncode == 2 and proc.stdout == b""
     assert f"mpilaunch: --rank-table: cannot write {tmp_path / 'file' / 'rt.json'}: File exists" in proc.stderr.decode()
+
+
+# -- what a host says about itself (hostinfo: stdlib, also run by remote agents) -----------------
+def test_gpus_are_counted_by_nvidia_smi_l(tmp_path: Path) -> None:
+    listing = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\\n"
+        "  MIG 1g.5gb     Device  0: (UUID: MIG-1)\\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2)\\n"
+        "GPU 2: NVIDIA A100-SXM4-40GB (UUID: GPU-3)\\n"
+    )
+    path = fake_smi(tmp_path, f'[ "$1" = -L ] && printf "{listing}"')
+    assert hostinfo.count_gpus(path) == {"count": 3}
+    assert hostinfo.count_gpus(str(tmp_path / "none")) == {"count": None}
+    broken = fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate' >&2; exit 9")
+    assert hostinfo.count_gpus(broken) == {
+        "count": None,
+        "error": "nvidia-smi -L failed: NVIDIA-SMI has failed because it could not communicate",
+    }
+
+
+def test_probe_answers_only_what_is_asked(tmp_path: Path) -> None:
+    assert hostinfo.probe(False, None, "") == {"cpus": len(os.sched_getaffinity(0))}
+    got = hostinfo.probe(True, str(tmp_path / "none"), fake_smi(tmp_path, "echo 'GPU 0: X'"))
+    assert got["gpus"] == {"count": 1} and "error" in got["hccn"]

@@ -30,6 +30,29 @@ def tree_size(records: Path) -> int:
     return len(list(records.iterdir()))
 
 
+def wait_for_tree(records: Path, size: int) -> None:
+    """Until `size` processes of the trees marked themselves in records."""
+    deadline = time.monotonic() + 20
+    while tree_size(records) < size and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tree_size(records) >= size, "the ranks never made their trees"
+
+
+def told_the_guardian(agent: int) -> set[int]:
+    """The pids the agent's guardian would kill if the agent died: its table, a nameless file on
+    the guardian's descriptor 4 (agent/reaper.Guardian: records of "pid start-time")."""
+    from tests.procs import parent_pid
+
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if parent_pid(int(entry)) == agent and b"mpilaunch-guardian" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                table = Path(f"/proc/{entry}/fd/4").read_bytes()
+                return {int(record.split()[0]) for record in table.splitlines() if record.strip()}
+        except (OSError, ValueError):
+            continue
+    return set()
+
+
 def run_until(launcher: Launcher, tmp_path: Path, shape: str, moment: str, env: dict) -> tuple[int, float]:
     """Run 2 ranks that each leave a tree, end the job at `moment`; return the launcher's status
     and when the job ended (monotonic)."""
@@ -41,13 +64,10 @@ def run_until(launcher: Launcher, tmp_path: Path, shape: str, moment: str, env: 
         options = ["--timeout", "2", *options]
     argv = [*options, PY, ESCAPE, shape, actions[0], str(records), ":", "-n", "1", PY, ESCAPE, shape, actions[1]]
     proc = launcher.popen(*argv, env=env)
-    if moment == "kill9_at_start":
-        time.sleep(0.15)  # the agent is up, the ranks are making their trees
+    if moment == "kill9_at_start":  # once the first process of rank 0's tree is up: the trees are being made
+        wait_for_tree(records, 1)
     elif moment in ("sigterm", "kill9"):
-        deadline = time.monotonic() + 20
-        while tree_size(records) < TREE_SIZE[shape] and time.monotonic() < deadline:  # rank 0's whole tree
-            time.sleep(0.02)
-        assert tree_size(records) == TREE_SIZE[shape], "the rank never made its tree"
+        wait_for_tree(records, TREE_SIZE[shape])  # rank 0's whole tree
     if moment == "sigterm":
         proc.send_signal(signal.SIGTERM)
     elif moment.startswith("kill9"):
@@ -104,13 +124,15 @@ def test_the_guardian_ends_the_trees_when_the_agent_is_killed(
     records.mkdir()
     options = ["--oversubscribe", "-n", "2", PY, ESCAPE, shape, "sleep", str(records)]
     proc = launcher.popen(*options, env={"MPILAUNCH_CGROUP": "1" if cgroup == "cgroup" else "0"})
-    deadline = time.monotonic() + 20
-    while tree_size(records) < 2 * TREE_SIZE[shape] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert tree_size(records) == 2 * TREE_SIZE[shape], "the ranks never made their trees"
-    time.sleep(1.2)  # the agent tells its guardian what is below its ranks twice a second
+    wait_for_tree(records, 2 * TREE_SIZE[shape])
+    assert tree_size(records) == 2 * TREE_SIZE[shape], "the ranks made more than their trees"
     agent = [p for p in tagged_pids(launcher.tag) if parent_pid(p) == proc.pid]
     assert len(agent) == 1, agent
+    trees = {int(name) for name in os.listdir(records)}
+    deadline = time.monotonic() + 20  # the agent tells its guardian what is below its ranks twice a second
+    while not trees <= told_the_guardian(agent[0]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert trees <= told_the_guardian(agent[0]), "the agent never told its guardian of the trees"
     os.kill(agent[0], signal.SIGKILL)
     killed = time.monotonic()
     _, err = proc.communicate(timeout=30)

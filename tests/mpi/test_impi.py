@@ -3,7 +3,7 @@
 Intel MPI and MPICH share libmpi.so.12, so a launcher that serves one serves the other; these
 tests hold that to be true with Intel's own library, in a venv of its own (mpi4py there loads the
 venv's <prefix>/lib/libmpi.so first), built once and kept between runs (tests/venvs.py:
-~/.cache/mpilaunch-tests/impi). Without PyPI they skip, saying why.
+.cache/mpilaunch-tests/impi). Without PyPI they skip, saying why.
 
 impi-rt 2021.19 needs the `libfabric` wheel, which this project's package index does not have;
 2021.18.1 bundles its libfabric, so it is pinned, with the impi-devel (headers) of the same version.

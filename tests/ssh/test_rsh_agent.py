@@ -64,9 +64,12 @@ def test_plm_rsh_agent_starts_each_host_through_the_wrapper(
 
 def test_plm_rsh_args_alone_reach_the_bed(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
     """`-mca plm_rsh_args "-F CONFIG"` with no --ssh-config: ssh reads the bed's config from it;
-    without it node1 is no host ssh knows."""
+    without it node1 is no host ssh knows. (Without, ssh is given an empty config: with none it
+    would read the machine's own ~/.ssh/config, where node1 may be a host.)"""
     script = write_script(tmp_path, "where.py", WHERE)
     proc = launcher.run("-mca", "plm_rsh_args", f"-F {bed.config}", "-H", "node1:1,node2:1", "-n", "2", PY, script)
     two_hosts(proc, bed)
-    without = launcher.run("-H", "node1:1,node2:1", "-n", "2", PY, script)
+    empty = tmp_path / "empty_ssh_config"
+    empty.write_text("")
+    without = launcher.run("--ssh-config", str(empty), "-H", "node1:1,node2:1", "-n", "2", PY, script)
     assert without.returncode != 0 and "node1" in without.stderr.decode(), without.stderr.decode()[-3000:]

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import (
@@ -52,39 +53,68 @@ def ssh(launcher: Launcher, bed: SshBed, *args: str, config: Path | None = None,
     return launcher.run("--ssh-client", "paramiko", "--ssh-config", str(config or bed.config), *args, **kw)
 
 
-def test_four_hosts_allreduce_and_logs(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
-    script = write_script(tmp_path, "allreduce.py", ALLREDUCE)
-    proc = ssh(
-        launcher, bed, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", "--output-filename", "logs", PY, script
-    )
-    out, err = proc.stdout.decode(), proc.stderr.decode()
-    assert proc.returncode == 0, err
-    lines = sorted(line for line in out.splitlines() if line.startswith("rank"))
-    assert len(lines) == 8
+CLIENTS = ["openssh", "paramiko"]  # what a test of both runs its jobs with (--ssh-client)
+SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(120)\n"
+KEY_FAILED = "Host key verification failed."  # ssh's words
+
+
+def client_args(bed: SshBed, client: str, *rest: str, config: Path | None = None) -> list[str]:
+    """A job's words with this client and the bed's config (or another)."""
+    return ["--ssh-client", client, "--ssh-config", str(config or bed.config), *rest]
+
+
+def wait_up(proc: subprocess.Popen, count: int) -> None:
+    """Until `count` ranks said `up`."""
+    assert proc.stdout is not None
+    for _ in range(count):
+        assert proc.stdout.readline().startswith(b"up")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_four_hosts_allreduce_and_logs(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
+    """Eight mpi4py ranks on four hosts. With OpenSSH, one `ssh` child per host: the launcher
+    itself holds no TCP connection and never loads paramiko's cryptography."""
+    script = write_script(tmp_path, "allreduce.py", ALLREDUCE + "import time\nprint('up', flush=True)\ntime.sleep(1)\n")
+    hosts = "node1:2,node2:2,node3:2,node4:2"
+    proc = launcher.popen(*client_args(bed, client, "-H", hosts, "-n", "8", "--output-filename", "logs", PY, script))
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().decode() for _ in range(16)]
+    if client == "openssh":
+        me = psutil.Process(proc.pid)
+        assert sorted(c.name() for c in me.children()) == ["ssh"] * 4
+        assert [c for c in me.net_connections(kind="inet")] == []
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "cryptography" not in maps and "nacl" not in maps
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    text = "".join(lines) + out.decode()
+    assert len([line for line in text.splitlines() if line.startswith("rank")]) == 8
     for rank in range(8):
         host = bed.address(f"node{rank // 2 + 1}")
-        assert f"rank {rank} of 8 sum 28 host {host}" in out
+        assert f"rank {rank} of 8 sum 28 host {host}" in text
         assert (tmp_path / "logs" / "1" / f"rank.{rank}" / "stdout").read_text().startswith(f"rank {rank} of 8")
 
 
-def test_local_and_remote_ranks_share_one_job(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_local_and_remote_ranks_share_one_job(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
     script = write_script(
         tmp_path,
         "where.py",
         "import os, sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
-        "print(c.rank, c.allreduce(1), os.environ.get('SSH_CONNECTION', 'local').split()[-2:], "
-        "os.environ['MASTER_ADDR'], sys.executable, flush=True)\n",
+        "print(c.rank, c.allreduce(1), os.environ['MASTER_ADDR'], sys.executable, flush=True)\n",
     )
-    proc = ssh(launcher, bed, "-H", "localhost:1,node1:1,node2:1", "-n", "3", PY, script)
+    proc = launcher.run(*client_args(bed, client, "-H", "localhost:1,node1:1,node2:1", "-n", "3", PY, script))
     assert proc.returncode == 0, proc.stderr.decode()
-    out = proc.stdout.decode()
-    assert out.count(" 3 ") == 3, out
     # rank 0 runs here: remote ranks reach it at the address their host was reached from
-    assert "127.0.0.1" in out and PY in out
+    assert sorted(proc.stdout.decode().split("\n")[:3]) == [f"{rank} 3 127.0.0.1 {PY}" for rank in range(3)]
 
 
-def test_remote_rank_zero_gets_master_addr_and_a_free_port(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
-    proc = ssh(launcher, bed, "-H", "node2:2", "-n", "2", "sh", "-c", "echo $RANK $MASTER_ADDR $MASTER_PORT")
+@pytest.mark.parametrize("client", CLIENTS)
+def test_remote_rank_zero_gets_master_addr_and_a_free_port(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, client: str
+) -> None:
+    show = ("sh", "-c", "echo $RANK $MASTER_ADDR $MASTER_PORT")
+    proc = launcher.run(*client_args(bed, client, "-H", "node2:2", "-n", "2", *show))
     assert proc.returncode == 0, proc.stderr.decode()
     lines = sorted(proc.stdout.decode().split("\n")[:2])
     addr, port = lines[0].split()[1:]
@@ -93,7 +123,8 @@ def test_remote_rank_zero_gets_master_addr_and_a_free_port(launcher: Launcher, b
         probe.bind((addr, int(port)))
 
 
-def test_failure_on_node3_aborts_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_failure_on_node3_aborts_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
     script = write_script(
         tmp_path,
         "fail.py",
@@ -101,7 +132,7 @@ def test_failure_on_node3_aborts_every_host(launcher: Launcher, bed: SshBed, tmp
         "time.sleep(60)\n",
     )
     started = time.monotonic()
-    proc = ssh(launcher, bed, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", PY, script, timeout=60)
+    proc = launcher.run(*client_args(bed, client, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", PY, script))
     err = proc.stderr.decode()
     assert proc.returncode == 3, err
     assert "Rank:      5" in err and "Host:      node3" in err and "bad" in err
@@ -109,17 +140,11 @@ def test_failure_on_node3_aborts_every_host(launcher: Launcher, bed: SshBed, tmp
     assert not bed.wait_clean(3.0)
 
 
-def test_kill_9_of_the_launcher_cleans_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
-    script = write_script(tmp_path, "sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
-    hosts = "node1:2,node2:2,node3:2,node4:2"
-    proc = launcher.popen("--ssh-config", str(bed.config), "-H", hosts, "-n", "8", PY, script)
-    assert proc.stdout is not None
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < 8 and time.monotonic() < deadline:
-        if proc.stdout.readline().startswith(b"up"):
-            seen += 1
-    assert seen == 8
+@pytest.mark.parametrize("client", CLIENTS)
+def test_kill_9_of_the_launcher_cleans_every_host(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
+    script = write_script(tmp_path, "sleep.py", SLEEPER)
+    proc = launcher.popen(*client_args(bed, client, "-H", "node1:2,node2:2,node3:2,node4:2", "-n", "8", PY, script))
+    wait_up(proc, 8)
     assert len(bed.leftover_pids()) >= 8
     kill_launcher_expecting_clean_hosts(proc, bed, 2.0)
 
@@ -143,12 +168,13 @@ def test_lost_host_aborts_the_job_naming_it(launcher: Launcher, bed: SshBed, tmp
     assert "lost the agent of host node2" in err.decode()
 
 
-def test_killed_agent_aborts_the_job_naming_its_host(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
-    script = write_script(tmp_path, "sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
-    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node4:1", "-n", "2", PY, script)
-    assert proc.stdout is not None
-    for _ in range(2):
-        assert proc.stdout.readline().startswith(b"up")
+@pytest.mark.parametrize("client", CLIENTS)
+def test_killed_agent_aborts_the_job_naming_its_host(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, client: str
+) -> None:
+    script = write_script(tmp_path, "sleep.py", SLEEPER)
+    proc = launcher.popen(*client_args(bed, client, "-H", "node1:1,node4:1", "-n", "2", PY, script))
+    wait_up(proc, 2)
     agents = [p for p in bed.leftover_pids() if is_remote_agent(p)]
     assert len(agents) == 2
     node4 = [p for p in agents if bed.address("node4") in environ_text(p)]
@@ -212,43 +238,65 @@ def test_missing_working_directory_is_refused_before_launch(launcher: Launcher, 
     assert proc.returncode == 2 and "node3: working directory '/nonexistent/dir' does not exist" in err
 
 
-def test_unknown_host_key_is_refused_then_accepted_on_request(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_unknown_host_key_is_refused_then_accepted_on_request(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, client: str
+) -> None:
     known = bed.write_known_hosts(tmp_path / "known_hosts", without=["node2"])
     config = bed.write_ssh_config(known, tmp_path / "ssh_config")
-    proc = ssh(launcher, bed, "-H", "node2:1", "-n", "1", "true", config=config)
+    job = ("-H", "node2:1", "-n", "1", "true")
+    proc = launcher.run(*client_args(bed, client, *job, config=config))
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
-    assert "host key of node2" in err and "is unknown" in err and "--ssh-accept-new" in err
-    assert len(err.strip().splitlines()) == 1
-    proc = ssh(launcher, bed, "--ssh-accept-new", "-H", "node2:1", "-n", "1", "true", config=config)
+    lines = err.strip().splitlines()
+    if client == "openssh":  # ssh's own words, and what to do
+        assert lines == [f"mpilaunch: node2: {KEY_FAILED} (its key is unknown: --ssh-accept-new records it)"]
+    else:
+        assert len(lines) == 1 and "host key of node2" in err and "is unknown" in err and "--ssh-accept-new" in err
+    proc = launcher.run(*client_args(bed, client, "--ssh-accept-new", *job, config=config))
     assert proc.returncode == 0, proc.stderr.decode()
     assert bed.host_key("node2").split()[1] in known.read_text()
-    proc = ssh(launcher, bed, "-H", "node2:1", "-n", "1", "true", config=config)  # now known
+    proc = launcher.run(*client_args(bed, client, *job, config=config))  # now known
     assert proc.returncode == 0, proc.stderr.decode()
 
 
-def test_changed_host_key_is_always_refused(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_changed_host_key_is_always_refused(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
     known = bed.write_known_hosts(tmp_path / "known_hosts", wrong=["node3"])
     before = known.read_text()
     config = bed.write_ssh_config(known, tmp_path / "ssh_config")
     for extra in ([], ["--ssh-accept-new"]):
-        proc = ssh(launcher, bed, *extra, "-H", "node1:1,node3:1", "-n", "2", "true", config=config)
+        proc = launcher.run(
+            *client_args(bed, client, *extra, "-H", "node1:1,node3:1", "-n", "2", "true", config=config)
+        )
         err = proc.stderr.decode()
         assert proc.returncode == 2, err
-        assert "host key of node3" in err and "CHANGED" in err and "ssh-keygen -R" in err
+        if client == "openssh":
+            assert f"mpilaunch: node3: {KEY_FAILED} (its key has CHANGED: always refused" in err
+        else:
+            assert "host key of node3" in err and "CHANGED" in err and "ssh-keygen -R" in err
+        assert "node1" not in err
+        assert "Traceback" not in err
     assert known.read_text() == before
 
 
-def test_unreachable_hosts_are_named(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_unreachable_hosts_are_named(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
     bed.stop_host("node4")
     try:
-        proc = ssh(launcher, bed, "-H", "node1:1,node4:1,nowhere-host:1", "-n", "3", "true")
+        proc = launcher.run(*client_args(bed, client, "-H", "node1:1,node4:1,nowhere-host:1", "-n", "3", "true"))
     finally:
         bed.start_host("node4")
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
-    assert f"node4: connection refused by {bed.address('node4')}" in err
-    assert "nowhere-host: cannot resolve" in err
+    node4 = bed.address("node4")
+    if client == "openssh":  # in ssh's words
+        assert f"mpilaunch: node4: ssh: connect to host {node4} port {bed.port}: Connection refused" in err
+        assert "mpilaunch: nowhere-host: ssh: Could not resolve hostname nowhere-host" in err
+    else:
+        assert f"node4: connection refused by {node4}" in err
+        assert "nowhere-host: cannot resolve" in err
+    assert len(err.strip().splitlines()) == 2 and "Traceback" not in err
 
 
 def test_host_that_never_speaks_ssh_times_out_named(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
@@ -470,7 +518,8 @@ def test_connections_dropped_before_the_banner_are_retried(
     assert proc.stdout.decode() == "through\n" and len(accepted) == 3
 
 
-def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
     script = write_script(
         tmp_path,
         "trap.py",
@@ -478,7 +527,7 @@ def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: P
         "signal.signal(signal.SIGUSR1, lambda *a: (print('usr1', flush=True), sys.exit(5)))\n"
         "print('up', flush=True)\ntime.sleep(60)\n",
     )
-    proc = launcher.popen("--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script)
+    proc = launcher.popen(*client_args(bed, client, "-H", "node1:1,node2:1", "-n", "2", PY, script))
     assert proc.stdout is not None
     for _ in range(2):
         assert proc.stdout.readline() == b"up\n"
@@ -488,29 +537,33 @@ def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: P
     assert proc.returncode == 5
 
 
-def test_stdin_reaches_a_remote_rank_zero(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_stdin_reaches_a_remote_rank_zero(launcher: Launcher, bed: SshBed, tmp_path: Path, client: str) -> None:
     data = b"".join(b"line %d\n" % i for i in range(20000))
     proc = subprocess.run(
-        launcher.argv("--ssh-config", str(bed.config), "-H", "node2:2", "-n", "2", "sh", "-c", "wc -c"),
+        launcher.argv(*client_args(bed, client, "-H", "node2:2", "-n", "2", "sh", "-c", "wc -c")),
         input=data, capture_output=True, env=launcher.env, cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
     assert sorted(proc.stdout.decode().split()) == ["0", str(len(data))]
 
 
-def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_silent_network_cut_is_detected_on_both_sides(
+    launcher: Launcher, bed: SshBed, tmp_path: Path, client: str
+) -> None:
     """SIGSTOP of node2's sshd sessions: the TCP connection stays up and carries nothing, as in a
     network cut without a reset. The launcher declares node2 lost after the heartbeat timeout,
     and node2's agent, hearing nothing either, kills its ranks on its own."""
-    script = write_script(tmp_path, "quiet.py", "import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    script = write_script(tmp_path, "quiet.py", SLEEPER)
     proc = launcher.popen(
-        "--ssh-config", str(bed.config), "-H", "node1:1,node2:1", "-n", "2", PY, script,
+        *client_args(bed, client, "-H", "node1:1,node2:1", "-n", "2", PY, script),
         env={"MPILAUNCH_HEARTBEAT_TIMEOUT": "2"},
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     for _ in range(2):
         assert proc.stdout.readline() == b"up\n"
-    time.sleep(2.5)  # longer than the timeout: the pings keep a healthy job alive
+    time.sleep(2.5)  # what is tested: a healthy job outlives the timeout, the pings keep it alive
     assert proc.poll() is None
     stopped = sshd_of_sessions(bed, "node2")
     for pid in stopped:
@@ -528,6 +581,11 @@ def test_a_silent_network_cut_is_detected_on_both_sides(launcher: Launcher, bed:
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
+
+
+def agents_of(bed: SshBed, name: str) -> list[int]:
+    """The remote agents of one host of the bed, found by the address its sshd was reached at."""
+    return [p for p in bed.leftover_pids() if is_remote_agent(p) and f" {bed.address(name)} " in environ_text(p)]
 
 
 def _ranks_running(script: str) -> list[int]:
@@ -576,14 +634,22 @@ def test_ctrl_c_while_a_host_hangs_leaves_at_once(launcher: Launcher, bed: SshBe
     config = tmp_path / "ssh_config"
     port = silent.getsockname()[1]
     config.write_text(f"Host mute\n    HostName 127.0.0.9\n    Port {port}\n\n{bed.config.read_text()}")
+    silent.settimeout(30)
+    hanging = None
     try:
         proc = launcher.popen("--ssh-config", str(config), "-H", "node1:1,mute:1", "-n", "2", "true")
-        time.sleep(1.5)  # node1 is connected by now; mute never answers (10 s timeout)
+        hanging, _ = silent.accept()  # mute's connection, never answered (10 s timeout)
+        deadline = time.monotonic() + 30
+        while not agents_of(bed, "node1"):  # node1 is connected: its agent runs
+            assert time.monotonic() < deadline, "node1's agent never started"
+            time.sleep(0.02)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         assert time.monotonic() - started < 2, err
     finally:
+        if hanging is not None:
+            hanging.close()
         silent.close()
     assert proc.returncode == 130, err
 

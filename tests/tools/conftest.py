@@ -1,5 +1,5 @@
 """What the tests of real tools share: the shims on PATH, the environment a tool runs in, and
-the venvs the tools are installed in (built once, kept in ~/.cache/mpilaunch-tests)."""
+the venvs the tools are installed in (built once, kept: tests/venvs.py)."""
 
 from __future__ import annotations
 

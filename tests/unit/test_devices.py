@@ -1,6 +1,7 @@
 """Devices, threads and the rank table: the pure functions (devices, ranktable, hostinfo).
 
-End-to-end runs with real ranks are in test_devices_run.py; over SSH in test_clients_ssh.py.
+End-to-end runs with real ranks, and the GPUs counted by running nvidia-smi, are in
+tests/local/test_devices_run.py; over SSH in test_clients_ssh.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mpilaunch.plan import devices
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.placement import place
 from mpilaunch.plan.ranktable import build_rank_table, format_rank_table, job_rank_table
-from tests.conftest import SEED_IPS, fake_smi
+from tests.conftest import SEED_IPS
 
 # MindSpore's rank_table_8pcs.json as the seed (MindSpore r1.7 "train_ascend") shows it.
 SAMPLE_8PCS = """{ "version": "1.0", "server_count": "1", "server_list": [ { "server_id": "10.*.*.*", "device": [
@@ -206,23 +207,6 @@ def test_what_hosts_are_asked() -> None:
 # -- what a host says about itself (hostinfo: stdlib, also run by remote agents) -----------------
 
 
-def test_gpus_are_counted_by_nvidia_smi_l(tmp_path: Path) -> None:
-    listing = (
-        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\\n"
-        "  MIG 1g.5gb     Device  0: (UUID: MIG-1)\\n"
-        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-2)\\n"
-        "GPU 2: NVIDIA A100-SXM4-40GB (UUID: GPU-3)\\n"
-    )
-    path = fake_smi(tmp_path, f'[ "$1" = -L ] && printf "{listing}"')
-    assert hostinfo.count_gpus(path) == {"count": 3}
-    assert hostinfo.count_gpus(str(tmp_path / "none")) == {"count": None}
-    broken = fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate' >&2; exit 9")
-    assert hostinfo.count_gpus(broken) == {
-        "count": None,
-        "error": "nvidia-smi -L failed: NVIDIA-SMI has failed because it could not communicate",
-    }
-
-
 def test_device_ips_come_from_hccn_conf(tmp_path: Path) -> None:
     text = "address_0=192.1.27.6\nnetmask_0=255.255.255.0\naddress_1 = 192.2.27.6\n# address_2=1.1.1.1\n"
     text += "address_07=9.9.9.9\n"
@@ -233,12 +217,6 @@ def test_device_ips_come_from_hccn_conf(tmp_path: Path) -> None:
     assert hostinfo.read_hccn(str(tmp_path / "no.conf")) == {
         "error": f"cannot read {tmp_path / 'no.conf'}: No such file or directory"
     }
-
-
-def test_probe_answers_only_what_is_asked(tmp_path: Path) -> None:
-    assert hostinfo.probe(False, None, "") == {"cpus": len(os.sched_getaffinity(0))}
-    got = hostinfo.probe(True, str(tmp_path / "none"), fake_smi(tmp_path, "echo 'GPU 0: X'"))
-    assert got["gpus"] == {"count": 1} and "error" in got["hccn"]
 
 
 def test_files_are_replaced_whole_and_errors_say_why(tmp_path: Path) -> None:

@@ -1,17 +1,14 @@
-"""Hostfile and -H parsing: grammar, errors with file and line, and fuzzing."""
+"""Hostfile and -H parsing: grammar, errors with file and line, and fuzzing (through the command:
+tests/local/test_dry_runs.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.hosts import Host, merge_consecutive, parse_host_list, parse_hostfile
-from tests.conftest import ROOT
 
 
 def test_openmpi_grammar_with_comments_and_blank_lines() -> None:
@@ -131,40 +128,3 @@ def test_fuzz_host_list_only_raises_launch_errors(value: str) -> None:
         assert "\n" not in str(exc)
         return
     assert all(h.slots and h.slots >= 1 and not h.name.startswith("-") for h in hosts)
-
-
-def dry_run(*options: str) -> subprocess.CompletedProcess:
-    """`mpilaunch --dry-run OPTIONS -n 1 true` in a bare environment; it must never print a traceback."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpilaunch", "--dry-run", *options, "-n", "1", "true"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
-        timeout=60,
-    )
-    assert "Traceback" not in proc.stderr
-    return proc
-
-
-@given(st.binary(max_size=200))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_fuzz_hostfile_through_the_command(tmp_path_factory, data: bytes) -> None:
-    """Any hostfile bytes: exit 0 (dry run) or exit 2 with one line naming the file; never a traceback."""
-    directory = tmp_path_factory.mktemp("hf")
-    path = directory / "hostfile"
-    path.write_bytes(data)
-    proc = dry_run("--oversubscribe", "--hostfile", str(path))
-    if proc.returncode != 0:
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and str(path) in lines[0], proc.stderr
-
-
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=30))
-@settings(max_examples=25, deadline=None)
-def test_fuzz_host_option_through_the_command(value: str) -> None:
-    proc = dry_run("-H", value)
-    assert proc.returncode in (0, 2), proc.stderr
-    if proc.returncode == 2:
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

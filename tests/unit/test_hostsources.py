@@ -1,12 +1,10 @@
 """Hosts from the environment (MLP_MPI_*, Slurm, Grid Engine, PBS, LSF, Open MPI's default hostfile): parsers,
-their order, MLP_MPI_NP, and what --display-map says; bad values are one line naming the variable."""
+their order, MLP_MPI_NP; through the command (what --display-map says, bad values in one line) in
+tests/local/test_dry_runs.py."""
 
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,6 @@ from mpilaunch.plan.hostsources import (
     slurm_hosts,
 )
 from mpilaunch.plan.spec import Options
-from tests.conftest import ROOT
 
 # ---- Slurm hostlists ---------------------------------------------------------------------------
 
@@ -303,74 +300,6 @@ def test_file_sources_name_the_variable(tmp_path: Path) -> None:
     binary.write_bytes(b"n1\n\xff\n")
     with pytest.raises(LaunchError, match=rf"^PBS_NODEFILE: {binary}:2: not UTF-8 text$"):
         from_environment({"PBS_NODEFILE": str(binary)})
-
-
-# ---- through the command -----------------------------------------------------------------------
-
-CLEAN = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMPI_ALLOW_RUN_AS_ROOT": "1"}
-CLEAN["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-if "PYTHONPATH" in os.environ:
-    CLEAN["PYTHONPATH"] = os.environ["PYTHONPATH"]
-
-
-def mpilaunch(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpilaunch", *args],
-        capture_output=True,
-        text=True,
-        env={**CLEAN, **env},
-        cwd=cwd,
-        timeout=60,
-    )
-    assert "Traceback" not in proc.stderr
-    return proc
-
-
-def map_lines(stdout: str) -> list[str]:
-    return [line.strip() for line in stdout.splitlines() if "hosts from" in line or "Data for node" in line]
-
-
-def test_display_map_names_the_source() -> None:
-    proc = mpilaunch("--dry-run", "true", env={"MLP_MPI_HOSTS": "worker0:2,worker1:2", "MLP_MPI_NP": "3"})
-    assert proc.returncode == 0, proc.stderr
-    assert map_lines(proc.stdout) == [
-        "hosts from: MLP_MPI_HOSTS, -n 3 from MLP_MPI_NP; 4 slots",
-        "Data for node: worker0\tNum slots: 2\tMax slots: 0\tNum procs: 2",
-        "Data for node: worker1\tNum slots: 2\tMax slots: 0\tNum procs: 1",
-    ]
-    env = {"SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)", "MLP_MPI_NP": "1"}
-    proc = mpilaunch("--dry-run", "--map-by", "node", "true", env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert map_lines(proc.stdout) == [  # MLP_MPI_NP goes with MLP_MPI_HOSTS only
-        "hosts from: Slurm allocation (SLURM_JOB_NODELIST); 4 slots",
-        "Data for node: node01\tNum slots: 2\tMax slots: 0\tNum procs: 2",
-        "Data for node: node02\tNum slots: 2\tMax slots: 0\tNum procs: 2",
-    ]
-    proc = mpilaunch("--dry-run", "-n", "2", "true", env={"MLP_MPI_HOSTS": "worker0:4", "MLP_MPI_NP": "4"})
-    assert map_lines(proc.stdout)[0] == "hosts from: MLP_MPI_HOSTS; 4 slots"  # -n wins over MLP_MPI_NP
-
-
-@pytest.mark.parametrize(
-    ("env", "message"),
-    [
-        ({"MLP_MPI_HOSTS": "w0:2,,w1"}, "mpilaunch: MLP_MPI_HOSTS='w0:2,,w1': empty host name"),
-        ({"MLP_MPI_HOSTS": "w0:2", "MLP_MPI_NP": "eight"}, "mpilaunch: MLP_MPI_NP='eight': expected a number of ranks"),
-        ({"SLURM_JOB_NODELIST": "node[01-"}, "mpilaunch: SLURM_JOB_NODELIST='node[01-': unclosed '['"),
-        (
-            {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x)"},
-            "mpilaunch: SLURM_TASKS_PER_NODE='2(x)': expected N or N(xM), not '2(x)'",
-        ),
-        ({"LSB_MCPU_HOSTS": "h1 4 h2"}, "mpilaunch: LSB_MCPU_HOSTS='h1 4 h2': expected pairs"),
-        ({"PBS_NODEFILE": "/nonexistent/nodefile"}, "mpilaunch: PBS_NODEFILE: /nonexistent/nodefile: cannot read"),
-        ({"MLP_MPI_HOSTS": "w0", "MLP_MPI_NP": "4"}, "mpilaunch: There are not enough slots available"),
-    ],
-)
-def test_bad_values_one_line_status_2(env: dict[str, str], message: str) -> None:
-    proc = mpilaunch("--dry-run", "true", env=env)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(message), lines
 
 
 class _Recording(dict):

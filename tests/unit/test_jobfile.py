@@ -1,11 +1,8 @@
 """Job files (--config job.yaml): keys from the command's options, types, errors naming the line,
-merging under the command line, fuzzing, and real runs through the command."""
+merging under the command line, and fuzzing (through the command: tests/local/test_dry_runs.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -19,7 +16,6 @@ from mpilaunch.cli.jobfile import FileApp, option_keys, parse_job_file
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import AppContext
-from tests.conftest import ROOT
 
 PARAMS = run_command().params
 
@@ -294,26 +290,3 @@ def test_fuzz_job_files_through_parse_args(tmp_path: Path, data: dict) -> None:
     assert all(isinstance(h, str) for h in options.hosts)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in options.mca)
     assert spec.apps[0].np is None or spec.apps[0].np >= 1
-
-
-# ---- through the command ---------------------------------------------------------------------------
-
-
-@given(st.binary(max_size=120))
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_fuzz_job_file_bytes_through_the_command(tmp_path_factory, data: bytes) -> None:
-    """Any bytes: exit 0 (dry run) or 2 with one line naming the file; never a traceback."""
-    path = tmp_path_factory.mktemp("jf") / "job.yaml"
-    path.write_bytes(data)
-    env = {"PATH": os.environ["PATH"], "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpilaunch", "--dry-run", "--config", str(path), "-n", "1", "true"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
-    )  # fmt: skip
-    assert "Traceback" not in proc.stderr
-    assert proc.returncode in (0, 2), proc.stderr
-    if proc.returncode == 2:
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and str(path) in lines[0], proc.stderr

@@ -6,11 +6,18 @@
 3. On the launcher's side, only transport/local.py imports agent/.
 4. launcher/'s parts import each other only downwards (LAUNCHER_PARTS).
 And no two modules import each other, directly or in a circle (TYPE_CHECKING imports count).
+And of the tests: a unit test starts no process (tests/unit/conftest.py refuses it).
 """
 
 from __future__ import annotations
 
+import _posixsubprocess
 import ast
+import multiprocessing
+import os
+import pty
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -264,3 +271,53 @@ def test_launchers_parts_import_each_other_only_downwards() -> None:
     for part in LAUNCHER_PARTS:
         doc = ast.get_docstring(ast.parse((PACKAGE / "launcher" / part / "__init__.py").read_text()))
         assert doc and len(doc) > 80, f"launcher/{part}/__init__.py says what the part holds"
+
+
+# Every way the standard library starts a process, as the guard of tests/unit/conftest.py must refuse it.
+PROCESS_STARTS = {
+    "subprocess.run": lambda: subprocess.run(["true"], check=False),
+    "subprocess.Popen by posix_spawn": lambda: subprocess.Popen(["/bin/true"], close_fds=False),
+    "os.fork": lambda: os.fork(),
+    "os.posix_spawn": lambda: os.posix_spawn("/bin/true", ["true"], {}),
+    "os.posix_spawnp": lambda: os.posix_spawnp("true", ["true"], {}),
+    "os.system": lambda: os.system("true"),
+    "os.popen": lambda: os.popen("true"),
+    "os.spawnv": lambda: os.spawnv(os.P_WAIT, "/bin/true", ["true"]),
+    "os.execv": lambda: os.execv("/bin/true", ["true"]),
+    "pty.fork": lambda: pty.fork(),
+    "multiprocessing, fork": lambda: multiprocessing.get_context("fork").Process(target=print).start(),
+    "multiprocessing, spawn": lambda: multiprocessing.get_context("spawn").Process(target=print).start(),
+}
+# The calls those go through: each must be the guard's before any way above is tried (an os.fork
+# not refused would fork this very test run).
+GUARD_POINTS = [(os, n) for n in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "execv", "execve")]
+GUARD_POINTS += [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec")]
+
+
+def test_a_unit_test_starts_no_process() -> None:
+    """Issue "House III": the `unit` marker means no process is started. It is given to tests/unit
+    alone, whose conftest refuses, while a test is set up, run and torn down (and its module
+    imported), every way to start one: tried here, under that guard."""
+    from tests.conftest import FOLDER_MARKS
+    from tests.unit import conftest as guard
+
+    assert [folder for folder, mark in FOLDER_MARKS.items() if mark == "unit"] == ["unit"]
+    marked = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("*.py")
+        if path.parent.name != "unit" and re.search(r"mark\.unit\b|add_marker\(\W*unit\W", path.read_text())
+    ]
+    assert not marked, f"tests outside tests/unit marked unit: {marked}"
+    unguarded = [
+        f"{module.__name__}.{name}" for module, name in GUARD_POINTS if getattr(module, name).__name__ != "refused"
+    ]
+    assert not unguarded, f"not refused in a unit test: {unguarded}"
+    started = []
+    for way, start in PROCESS_STARTS.items():
+        try:
+            start()
+        except guard.StartedAProcess:
+            continue
+        started.append(way)
+    guard.TRIED.clear()  # each was refused as it should be: this test passes
+    assert not started, f"a unit test could start a process by {started}"

@@ -1,6 +1,6 @@
 """torchrun's launchers per node meeting (launcher/meeting/rendezvous.py), over real loopback sockets
 to mpilaunch's own TCPStore server (host/tcpstore.py): each node's NodeRendezvous in a thread of
-this process, or, where a launcher is killed, in a child process killed by its pid.
+this process (where a launcher is killed, in a child process: tests/local/test_rendezvous_killed.py).
 
 Each node's controller loop is stood in for by `Loop`: a selector turned as the controller's
 is, each ready key's callback called with its descriptor."""
@@ -10,11 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import signal
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -325,91 +321,6 @@ def test_last_from_node_one_reaches_node_zero(meeting: tuple[NodeRendezvous, Nod
     assert finishing.value() is True
 
 
-NODE = textwrap.dedent(
-    """\
-    import selectors, sys, time
-    from mpilaunch.launcher.meeting.rendezvous import NodeRendezvous
-    from mpilaunch.plan.spec import TorchRun
-
-    rank, nodes, port, timeout = map(int, sys.argv[1:5])
-    torch = TorchRun(nproc_per_node=1, nnodes=nodes, node_rank=rank, endpoint=("127.0.0.1", port))
-    here = NodeRendezvous(torch, 0, timeout)
-    here.join()
-    sel = selectors.DefaultSelector()
-    here.watch_from(sel, lambda why: None)
-    while True:
-        for key, _ in sel.select(1.0):
-            key.data(key.fd)
-    """
-)
-
-
-def start_node(rank: int, nodes: int, port: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", NODE, str(rank), str(nodes), str(port), str(int(HANG))],
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(HANG)
-
-
-def test_node_ones_launcher_killed_while_running_is_told_to_node_zero() -> None:
-    port = free_port()
-    zero = node(0, 2, port)
-    child = start_node(1, 2, port)
-    try:
-        zero.join()
-        loop = Loop()
-        zero.watch_from(loop.sel, loop.lost)
-        loop.turn_until(lambda: zero.server is not None and len(zero.server.peers) == 2)  # its watcher too
-        os.kill(child.pid, signal.SIGKILL)
-        loop.turn_until(lambda: bool(loop.heard))
-        assert loop.heard == ["node 1's launcher went away"]
-    finally:
-        kill(child)
-        zero.close()
-
-
-def test_a_node_killed_before_the_others_joined_has_not_joined() -> None:
-    """Node 1 joins, then its launcher is killed while node 2's is still on its way: the others
-    wait for node 1 again, naming it, rather than start ranks that would never meet its; a
-    node 1 started again joins them."""
-    port = free_port()
-    zero = node(0, 3, port)
-    waiting = Background(zero.join)
-    child = start_node(1, 3, port)
-    try:
-        with tcpstore.StoreClient(HOST, port, HANG) as look:
-            look.wait(["mpilaunch/0/joined/1"])
-            kill(child)
-            deadline = time.monotonic() + HANG
-            while look.check(["mpilaunch/0/joined/1"]) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert not look.check(["mpilaunch/0/joined/1"]), "node 1's launcher is gone, its key stayed"
-        with pytest.raises(LaunchError) as caught:
-            node(2, 3, port, timeout=0.5).join()
-        assert str(caught.value) == f"node 2: nodes 1 of 3 did not join at {HOST}:{port} within 0.5 s"
-        assert not waiting.done()
-        again, two = node(1, 3, port), node(2, 3, port)
-        joining = [Background(again.join), Background(two.join)]
-        waiting.value()  # node 0 met them
-        loop = Loop()
-        zero.watch_from(loop.sel, loop.lost)
-        loop.turn_until(lambda: all(j.done() for j in joining))
-        for j in joining:
-            j.value()
-        for side in (again, two):
-            side.close()
-        loop.sel.close()
-    finally:
-        kill(child)
-        zero.close()
-
-
 def test_c10d_without_node_ranks_numbers_the_nodes_and_one_serves_the_store() -> None:
     """The first to bind the endpoint's port serves; every launcher learns its node rank (torch's
     order: host, then pid, here the arrival) and which node serves; then they run as numbered."""
@@ -449,36 +360,16 @@ def test_min_max_closes_with_max_at_once_and_with_min_after_the_last_call() -> N
 
 
 def test_fewer_than_min_nodes_is_said_by_every_launcher() -> None:
-    port = free_port()
-    sides = [numbered(4, port, fewest=3, timeout=0.5) for _ in range(2)]
+    port = free_port()  # 2 s: both must have joined by then on a busy machine
+    sides = [numbered(4, port, fewest=3, timeout=2.0) for _ in range(2)]
     joining = [Background(side.join) for side in sides]
     said = []
     for j in joining:
         with pytest.raises(LaunchError) as caught:
             j.value()
         said.append(str(caught.value))
-    assert f"2 of at least 3 nodes joined at {HOST}:{port} within 0.5 s" in said
-    assert any(s.startswith(f"the nodes' meeting at {HOST}:{port} did not close within 0.5 s") for s in said), said
-
-
-def test_the_store_killed_while_the_nodes_meet_ends_a_joined_launchers_meeting_at_once() -> None:
-    """Node 0 serves, node 1 joined, node 2 is still on its way: node 0's launcher is killed.
-    Node 1 says so at once, with torchrun's status, rather than wait for a store to come back."""
-    port = free_port()
-    child = start_node(0, 3, port)
-    one = node(1, 3, port, timeout=10.0)
-    try:
-        joining = Background(one.join)
-        with tcpstore.StoreClient(HOST, port, HANG) as look:
-            look.wait(["mpilaunch/0/joined/1"])
-        kill(child)
-        with pytest.raises(LaunchError) as caught:
-            joining.value()
-        assert str(caught.value).startswith(f"the rendezvous store at {HOST}:{port} went away while the nodes met (")
-        assert caught.value.status == 1
-    finally:
-        kill(child)
-        one.close()
+    assert f"2 of at least 3 nodes joined at {HOST}:{port} within 2 s" in said
+    assert any(s.startswith(f"the nodes' meeting at {HOST}:{port} did not close within 2 s") for s in said), said
 
 
 def test_a_launcher_of_the_next_attempt_waits_for_the_store_of_the_one_before_to_go() -> None:

@@ -6,10 +6,7 @@ these are what is run there."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,6 @@ from mpilaunch.plan.hostsources import parse_pe_hostfile, sge_nslots
 from mpilaunch.plan.spec import Options
 from mpilaunch.transport.sge import qrsh_command, qrsh_program
 from mpilaunch.transport.stage1 import SECRET_VAR, connect_back_line
-from tests.conftest import ROOT
 
 PE_FILE = "n2 2 all.q@n2 UNDEFINED\nn1 1 all.q@n1 0,1\n\nn2 1 gpu.q@n2 UNDEFINED\n"
 
@@ -111,41 +107,6 @@ def test_the_jobs_own_qrsh_is_used(tmp_path: Path) -> None:
     assert qrsh_program({"SGE_ROOT": root, "ARC": "lx-x86", "PATH": str(on_path)}) == str(on_path / "qrsh")
     with pytest.raises(LaunchError, match=r"^--launcher sge: no `qrsh` found in \$SGE_ROOT/bin/\$ARC or on PATH$"):
         qrsh_program({"SGE_ROOT": root, "ARC": "lx-x86", "PATH": str(tmp_path)})
-
-
-def _dry_run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpilaunch", "--dry-run", *args],
-        capture_output=True,
-        text=True,
-        env={**clean, **env},
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert "Traceback" not in proc.stderr
-    return proc
-
-
-def test_the_jobs_slots_are_its_ranks_without_n(tmp_path: Path) -> None:
-    hostfile = tmp_path / "pe_hostfile"
-    hostfile.write_text(PE_FILE)
-    job = {"PE_HOSTFILE": str(hostfile), "NSLOTS": "3", "JOB_ID": "5", "SGE_ROOT": str(tmp_path)}
-    proc = _dry_run("true", env=job)
-    assert proc.returncode == 0, proc.stderr
-    assert f"hosts from: Grid Engine job's PE_HOSTFILE {hostfile}, -n 3 from NSLOTS; 4 slots" in proc.stdout
-    assert proc.stdout.count("\tRank ") == 3
-    given = _dry_run("-n", "2", "true", env=job)
-    assert given.stdout.count("\tRank ") == 2
-    bad = _dry_run("true", env={**job, "NSLOTS": "three"})
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "mpilaunch: NSLOTS='three': expected the job's number of slots (a whole number, at least 1)"
-    ]
-    hostfile.write_text("n1\n")
-    broken = _dry_run("true", env=job)
-    assert broken.returncode == 2 and broken.stderr.strip().splitlines() == [
-        f"mpilaunch: PE_HOSTFILE: {hostfile}:1: expected `host slots queue range`, not 'n1'"
-    ]
 
 
 def test_bootstrap_sge_is_the_engine_not_a_note() -> None:

@@ -66,24 +66,6 @@ def test_the_step_starts_early_only_where_the_job_surely_runs_in_it() -> None:
     assert early_start(["true"], {**salloc, "SLURM_JOB_NUM_NODES": "x"}) == 0
 
 
-def test_an_agent_sent_away_ends_with_status_0() -> None:
-    """An agent of a node the job leaves without ranks (a step over the whole allocation) is
-    sent a program that ends it: status 0, which --kill-on-bad-exit leaves alone."""
-    import socket
-    import subprocess
-    import sys
-
-    from mpilaunch.transport.connect_back import send_away
-    from mpilaunch.transport.stage1 import STAGE1
-
-    ours, theirs = socket.socketpair()
-    with theirs:
-        agent = subprocess.Popen([sys.executable, "-S", "-c", STAGE1], stdin=theirs, stdout=theirs)
-    assert ours.recv(64) == b"\0mpilaunch-agent\0"
-    send_away(ours)
-    assert agent.wait(timeout=30) == 0
-
-
 def test_auto_is_slurm_only_inside_an_allocation_whose_hosts_are_used() -> None:
     inside = {"SLURM_JOB_ID": "12"}
     assert in_slurm_allocation(inside, "Slurm allocation (SLURM_JOB_NODELIST)")

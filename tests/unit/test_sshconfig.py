@@ -4,13 +4,12 @@ client cannot honour named."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.transport.sshconfig import expand_includes, not_honoured, paramiko_settings, parse_dump, resolver
+from mpilaunch.transport.sshconfig import expand_includes, not_honoured, paramiko_settings, parse_dump
 
 
 def test_include_globs_relative_paths_and_blocks(tmp_path: Path) -> None:
@@ -46,13 +45,3 @@ def test_ssh_dump_is_read_and_what_paramiko_ignores_is_named() -> None:
     assert "connecttimeout" not in settings and settings["stricthostkeychecking"] == "yes"
     assert not_honoured(settings) == ["ProxyCommand", "ControlMaster"]
     assert not_honoured(parse_dump("host n\ncontrolmaster false\nproxycommand none\n")) == []
-
-
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
-def test_ssh_g_follows_include_and_match(tmp_path: Path) -> None:
-    inner = tmp_path / "inner"
-    inner.write_text("Host n*\n  HostName 10.1.1.1\nMatch host m1\n  Port 2300\n")
-    outer = tmp_path / "config"
-    outer.write_text(f"Include {inner}\n")
-    lookup = resolver(str(outer), shutil.which("ssh"))
-    assert lookup("n7")["hostname"] == "10.1.1.1" and lookup("m1")["port"] == "2300"
