@@ -34,6 +34,7 @@ def run_report(args: list[str]) -> int:
 
         data = render(document).encode("utf-8")
     write(target, data)
+    print(f"mpilaunch report: wrote {os.path.abspath(target)}")
     return 0
 
 

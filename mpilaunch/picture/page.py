@@ -16,16 +16,20 @@ import shlex
 
 from mpilaunch.picture.reading import (
     FAILED,
+    ODD,
     OUTCOMES,
     Row,
+    cause_of,
     death_words,
     duration,
     integer,
     label,
     listed,
     mapping,
+    mark_text,
+    marks,
     number,
-    odd_ones,
+    odd_sets,
     rank_set,
     rows,
     seconds_of,
@@ -50,7 +54,7 @@ pre{background:#f6f6f6;padding:8px;margin:4px 0;white-space:pre-wrap;word-break:
 .badge.timeout,.badge.interrupted{background:#f0a030}
 .failure{border:2px solid #d62f2f;border-left-width:8px;background:#fff5f5;padding:8px 14px;margin:14px 0}
 .failure h2{margin-top:4px;color:#a01818}.failure pre{background:#fff;border:1px solid #f0c8c8}
-.standout li{margin:2px 0}
+.standout li{margin:2px 0}.mark{color:#a01818;font-size:12px}.marks{color:#666;font-size:12px}
 .legend span{display:inline-block;margin-right:14px}.legend i{display:inline-block;width:14px;height:10px;
 margin-right:4px;vertical-align:middle;border-radius:2px}
 table.ranks{border-collapse:collapse;width:100%;table-layout:fixed}
@@ -97,7 +101,10 @@ def escape(text: str, quote: bool = True) -> str:
     return html.escape(shown(text), quote)
 
 
-LONG = ' <span class="mark" title="ran much longer than most ranks">◆</span>'
+MARKS_SAID = (
+    f"◆ marks a failed rank and a rank that stands out: its run time (slow), CPU seconds (CPU) or peak memory "
+    f"(memory) {ODD:g} times the median of the ranks or more"
+)
 STYLE += "".join(f".bar.{name},.legend i.{name}{{background:{colour}}}\n" for name, (_, colour) in OUTCOMES.items())
 
 
@@ -108,7 +115,11 @@ def render(document: Mapping) -> str:
     parts = [header(document, drawn), failure(document, window)]
     parts += [standouts(drawn, window), timeline(document, drawn, window)]
     parts += [stacks(document, window), attempts(document, window), footer(document)]
-    title = f"mpilaunch: {text(document.get('outcome')) or 'run'}, {len(drawn)} ranks"
+    title = f"mpilaunch: {text(document.get('outcome')) or 'run'}"
+    first = mapping(document.get("first_failure"))
+    if first:
+        title += f", rank {integer(first.get('rank'))}: {cause_of(first)}"
+    title += f" ({len(drawn)} ranks)"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>\n" + "\n".join(p for p in parts if p)
@@ -166,7 +177,9 @@ def failure(document: Mapping, window: tuple[float, float] | None) -> str:
         who = f"job {integer(first.get('job'), 1)} {who}"
     if listed(document.get("attempts")):  # a run that restarted
         who += f" (attempt {integer(first.get('attempt'))})"
-    what = [status_of(first)]
+    what = [cause_of(first)]
+    if what[0] != status_of(first):
+        what.append(f"ended by {status_of(first)}")
     if number(first.get("abort_code")) is not None:
         what.append(f"abort code {int(number(first.get('abort_code')))}")  # type: ignore[arg-type]
     if first.get("reason"):
@@ -185,15 +198,6 @@ def failure(document: Mapping, window: tuple[float, float] | None) -> str:
         + (f'<p>last stderr lines:</p><pre class="stderr">{escape(tail)}</pre>' if tail else "<p>(no stderr)</p>")
         + "</section>"
     )
-
-
-def odd_sets(drawn: Sequence[Row], window: tuple[float, float] | None) -> dict[str, set[int]]:
-    """Which rows stand out in time, CPU and memory (indices into drawn)."""
-    end = window[1] if window else 0.0
-    times = {i: s for i, r in enumerate(drawn) if (s := seconds_of(r, end)) is not None}
-    cpu = {i: r.cpu for i, r in enumerate(drawn) if r.cpu is not None}
-    rss = {i: r.rss for i, r in enumerate(drawn) if r.rss is not None}
-    return {"time": odd_ones(times, 0.5), "cpu": odd_ones(cpu, 0.2), "rss": odd_ones(rss, 16 << 20)}  # type: ignore[arg-type]
 
 
 def standouts(drawn: Sequence[Row], window: tuple[float, float] | None) -> str:
@@ -257,6 +261,7 @@ def timeline(document: Mapping, drawn: Sequence[Row], window: tuple[float, float
     slots = {text(mapping(h).get("name")): mapping(h).get("slots") for h in listed(document.get("hosts"))}
     failed_at = number(mapping(document.get("first_failure")).get("ended"))
     odd = odd_sets(drawn, window)
+    marked = marks(drawn, window)
     top_cpu = max((r.cpu for r in drawn if r.cpu is not None), default=0.0)
     top_rss = max((r.rss for r in drawn if r.rss is not None), default=0.0)
     axis = ""
@@ -264,7 +269,7 @@ def timeline(document: Mapping, drawn: Sequence[Row], window: tuple[float, float
         ticks = [window[0] + (window[1] - window[0]) * k / 4 for k in range(5)]
         axis = "".join(f'<span style="left:{percent(t, window):.0f}%">{escape(when(t, window))}</span>' for t in ticks)
     out = [
-        f'<section id="ranks"><h2>Ranks</h2><p class="legend">{legend}</p>',
+        f'<section id="ranks"><h2>Ranks</h2><p class="legend">{legend}</p><p class="marks">{escape(MARKS_SAID)}</p>',
         '<table class="ranks"><colgroup><col style="width:10em"><col><col style="width:13em">'
         '<col style="width:11em"><col style="width:11em"></colgroup>',
         f'<thead><tr><th>rank</th><th><div class="axis">{axis}</div></th><th>ended by</th>'
@@ -288,10 +293,13 @@ def timeline(document: Mapping, drawn: Sequence[Row], window: tuple[float, float
         if mapping(row.entry.get("death")).get("oom"):
             ended_by += ", OOM"
         long = " long" if i in odd["time"] else ""
+        words = marked.get(i, [])
+        mark = f' <span class="mark">{escape(mark_text(words))}</span>' if words else ""
         out.append(
             f'<tr class="rank {row.outcome}{long}" data-job="{row.job}" data-rank="{row.rank}" '
-            f'data-attempt="{row.attempt}" data-outcome="{row.outcome}" data-host="{escape(row.host)}">'
-            f"<td>{escape(label(row, several))}{LONG if long else ''}</td>{bar(row, window, failed_at)}"
+            f'data-attempt="{row.attempt}" data-outcome="{row.outcome}" data-host="{escape(row.host)}" '
+            f'data-marks="{escape(" ".join(words))}">'
+            f"<td>{escape(label(row, several))}{mark}</td>{bar(row, window, failed_at)}"
             f'<td title="{escape("; ".join(extra))}">{escape(ended_by)}{" *" if extra else ""}</td>'
             + meter(row.cpu, top_cpu, duration(row.cpu), i in odd["cpu"])
             + meter(row.rss, top_rss, size(row.rss), i in odd["rss"])

@@ -9,6 +9,7 @@ import math
 import time
 
 from mpilaunch.launcher.report.report_text import ranges
+from mpilaunch.launcher.report.report_text import size as byte_size
 from mpilaunch.protocol.record import Record
 
 TYPE_CHECKING = False
@@ -184,14 +185,8 @@ def rank_set(pairs: object) -> str:
 
 
 def size(value: float | None) -> str:
-    """Bytes for people: 96.0 MiB."""
-    if value is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return ""  # not reached
+    """Bytes for people (report_text.size), `?` when unknown."""
+    return "?" if value is None else byte_size(int(value))
 
 
 def utc(moment: float) -> str:
@@ -228,3 +223,54 @@ def death_words(death: Mapping) -> list[str]:
     if death.get("core"):
         words.append(f"core file: {text(death.get('core'))}")
     return words
+
+
+CAUSE_WIDTH = 110  # characters of an exception's first line kept in a title
+
+
+def cause_of(first: Mapping) -> str:
+    """The first failure in a few words, for the titles: its Python exception when the report
+    found one, else the out-of-memory killer, its signal, MPI_Abort's code, or its exit status."""
+    exception = mapping(first.get("exception"))
+    if exception.get("type"):
+        message = text(exception.get("message")).strip().split("\n", 1)[0]
+        said = f"{text(exception.get('type'))}: {message}" if message else text(exception.get("type"))
+        return said if len(said) <= CAUSE_WIDTH else said[: CAUSE_WIDTH - 3] + "..."
+    if mapping(first.get("death")).get("oom"):
+        return "killed by the out-of-memory killer"
+    if first.get("signal") and number(first.get("exit_code")) is None:
+        return f"killed by {text(first.get('signal'))}"
+    if number(first.get("abort_code")) is not None:
+        return f"MPI_Abort with code {int(number(first.get('abort_code')))}"  # type: ignore[arg-type]
+    return status_of(first)
+
+
+MARKS = {"time": "slow", "cpu": "CPU", "rss": "memory"}  # what stands out: the mark's word
+
+
+def odd_sets(drawn: Sequence[Row], window: tuple[float, float] | None) -> dict[str, set[int]]:
+    """Which rows stand out in run time, CPU seconds and peak memory (indices into drawn):
+    ODD times the median or more, and more than a floor above it (0.5 s, 0.2 s, 16 MiB)."""
+    end = window[1] if window else 0.0
+    times = {i: s for i, r in enumerate(drawn) if (s := seconds_of(r, end)) is not None}
+    cpu = {i: r.cpu for i, r in enumerate(drawn) if r.cpu is not None}
+    rss = {i: r.rss for i, r in enumerate(drawn) if r.rss is not None}
+    return {"time": odd_ones(times, 0.5), "cpu": odd_ones(cpu, 0.2), "rss": odd_ones(rss, 16 << 20)}  # type: ignore[arg-type]
+
+
+def marks(drawn: Sequence[Row], window: tuple[float, float] | None) -> dict[int, list[str]]:
+    """The one rule both drawings (page and chart) mark ranks by: each marked row (index into
+    drawn) with its words, `failed` and what stands out (`slow`, `CPU`, `memory`)."""
+    odd = odd_sets(drawn, window)
+    found: dict[int, list[str]] = {}
+    for i, row in enumerate(drawn):
+        words = ["failed"] if row.outcome == FAILED else []
+        words += [word for key, word in MARKS.items() if i in odd[key]]
+        if words:
+            found[i] = words
+    return found
+
+
+def mark_text(words: Sequence[str]) -> str:
+    """A mark as both drawings write it beside the rank: `◆ slow, CPU`."""
+    return "◆ " + ", ".join(words)

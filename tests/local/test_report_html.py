@@ -79,7 +79,7 @@ def test_the_page_of_a_failed_job_in_chromium(launcher: Launcher, tmp_path: Path
     report = failed_job(launcher, tmp_path)
     page_file = tmp_path / "report.html"
     made = launcher.run("report", str(report), "-o", str(page_file))
-    assert (made.returncode, made.stdout, made.stderr) == (0, b"", b"")
+    assert (made.returncode, made.stdout, made.stderr) == (0, f"mpilaunch report: wrote {page_file}\n".encode(), b"")
     no_network(parse(page_file.read_text()))
 
     dom = chromium(launcher, tmp_path, "--dump-dom", page_file.as_uri()).decode()
@@ -97,7 +97,7 @@ def test_the_page_of_a_failed_job_in_chromium(launcher: Launcher, tmp_path: Path
     assert len(rows[3].find_all("div", "bar")) == 1 and len(rows[6].find_all("div", "bar")) == 1
 
     failure = page.find("section", id="failure")
-    assert failure.find("h2").text() == "First failure: rank 3 on node1: exit 3"
+    assert failure.find("h2").text() == "First failure: rank 3 on node1: exit 3"  # a shell: no exception known
     assert failure.find("pre", "stderr").text() == "rank 3: loading data\nrank 3: data/shard-3.bin not found"
     long = [r.attrs["data-rank"] for r in rows if "long" in r.classes]
     assert "6" in long and "3" in long  # ran 2 s where most ran 0.3 s
@@ -120,12 +120,41 @@ def test_the_png_timeline(launcher: Launcher, tmp_path: Path) -> None:
     report = failed_job(launcher, tmp_path)
     made = launcher.run("report", str(report), "-o", "report.png")
     assert (made.returncode, made.stderr) == (0, b"")
+    assert made.stdout.decode() == f"mpilaunch report: wrote {tmp_path / 'report.png'}\n"  # where, absolute
     picture = (tmp_path / "report.png").read_bytes()
     width, height = png_size(picture)
     assert width == 1200 and height > 200
     colours = png_colours(picture)
     for colour in (GREEN, RED, ORANGE):
         assert colours.get(colour, 0) > 100, colour
+
+
+PYTHON_RANKS = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    time.sleep(0.5)
+    open("data.csv")
+"""
+
+
+def test_the_page_names_the_python_exception_in_chromium(launcher: Launcher, tmp_path: Path) -> None:
+    """A rank that dies of FileNotFoundError: the page's title and its first failure's heading,
+    as Chromium renders them, name the exception, not `exit 1` (issue "The front door")."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium here (Debian's `chromium` package)")
+    (tmp_path / "ranks.py").write_text(PYTHON_RANKS)
+    report = tmp_path / "run.json"
+    proc = launcher.run("-n", "2", "--report-json", str(report), launcher.argv()[0], "ranks.py", timeout=60)
+    assert proc.returncode == 1, proc.stderr.decode()
+    assert launcher.run("report", str(report), "-o", "report.html").returncode == 0
+    page = parse(chromium(launcher, tmp_path, "--dump-dom", (tmp_path / "report.html").as_uri()).decode())
+    cause = "FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'"
+    assert page.find("title").text() == f"mpilaunch: failed, rank 1: {cause} (2 ranks)"
+    assert page.find("section", id="failure").find("h2").text() == f"First failure: rank 1 on localhost: {cause}"
+    assert "ended by exit 1" in page.find("section", id="failure").text()
+    shot = tmp_path / "shot.png"
+    chromium(launcher, tmp_path, f"--screenshot={shot}", "--window-size=1200,900", (tmp_path / "report.html").as_uri())
+    assert png_size(shot.read_bytes()) == (1200, 900) and png_colours(shot.read_bytes()).get(RED, 0) > 1000
 
 
 def minimal_report(tmp_path: Path) -> Path:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,7 +88,7 @@ def test_attempts_and_the_ranks_of_each() -> None:
     cells = [td.text() for td in attempts[0].find_all("td")]
     assert cells[:2] == ["0", "+0 s"] and cells[4:6] == ["137", "failed"]
     assert cells[6] == (
-        "rank 2 on node2: SIGKILL; killed by the out-of-memory killer (limit 100.0 MiB; peak RSS 96.0 MiB); "
+        "rank 2 on node2: SIGKILL; killed by the out-of-memory killer (limit 100 MiB; peak RSS 96 MiB); "
         "core file: /var/crash/core.4242"
     )
     heads = [h.text() for h in page.find_all("tr", "host")]
@@ -107,16 +106,18 @@ def test_attempts_and_the_ranks_of_each() -> None:
 def test_the_oom_death_is_named_in_the_failure_and_its_row() -> None:
     page = parse(render(restarted_run()))
     failure = page.find("section", id="failure")
-    assert failure.find("h2").text() == "First failure: rank 2 (attempt 0) on node2: SIGKILL"
+    assert failure.find("h2").text() == "First failure: rank 2 (attempt 0) on node2: killed by the out-of-memory killer"
+    assert "ended by SIGKILL" in failure.text()
+    assert page.find("title").text() == "mpilaunch: success, rank 2: killed by the out-of-memory killer (8 ranks)"
     text = failure.text()
-    assert "killed by the out-of-memory killer (limit 100.0 MiB; peak RSS 96.0 MiB)" in text
+    assert "killed by the out-of-memory killer (limit 100 MiB; peak RSS 96 MiB)" in text
     assert "core file: /var/crash/core.4242" in text
     assert failure.find("pre", "stderr").text() == "loading shard 2\nKilled"
     oom_row = rows(page)[2]
     assert oom_row.find_all("td")[2].text() == "SIGKILL, OOM *"
     assert "killed by the out-of-memory killer" in oom_row.find_all("td")[2].attrs["title"]
     assert [li.text() for li in page.find("section", id="standout").find_all("li")] == [
-        "rank 2 on node2 failed: SIGKILL, killed by the out-of-memory killer (limit 100.0 MiB; peak RSS 96.0 MiB), "
+        "rank 2 on node2 failed: SIGKILL, killed by the out-of-memory killer (limit 100 MiB; peak RSS 96 MiB), "
         "core file: /var/crash/core.4242"
     ]
 
@@ -137,11 +138,14 @@ def test_the_odd_rank_stands_out() -> None:
     cells = [(r.attrs["data-rank"], i, td) for r in rows(page) for i, td in enumerate(r.find_all("td"))]
     marked = {(number, i) for number, i, td in cells if "odd" in td.classes}
     assert marked == {("6", 3), ("2", 4)}
+    marks = {r.attrs["data-rank"]: r.find("span", "mark").text() for r in rows(page) if r.find_all("span", "mark")}
+    assert marks == {"5": "◆ slow", "6": "◆ CPU", "2": "◆ memory"}  # each mark says what it marks
+    assert "1.5 times the median" in page.find("p", "marks").text()
     lines = [li.text() for li in page.find("section", id="standout").find_all("li")]
     assert lines == [
         "rank 5 on node2 ran 24.9 s, more than the others",
         "rank 6 on node2 used 9.00 s of CPU, more than the others",
-        "rank 2 on node1 held 900.0 MiB, more than the others",
+        "rank 2 on node1 held 900 MiB, more than the others",
     ]
     assert not parse(render(eight_ranks())).find_all("section", "standout")  # nothing odd: no list
 
@@ -217,18 +221,6 @@ def test_no_document_makes_it_fail(document: dict, ranks: list) -> None:
     assert page.endswith("</body></html>\n") and "<script" not in page
 
 
-def test_the_png_of_any_document() -> None:
-    """The PNG timeline (where matplotlib is installed) of the documents above and of an empty one."""
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'mpilaunch[report]')")
-    from mpilaunch.picture.chart import png
-    from tests.pagedom import png_size
-
-    odd_text = eight_ranks(r1={"host": "$\\frac{"}, r2={"state": "planned", "started": None, "ended": None})
-    odd_text["outcome"] = "$x^$ \udcff"  # matplotlib's math notation, and a byte that was not UTF-8
-    for document in (restarted_run(), odd_text, {}):
-        assert png_size(png(document))[0] == 1200
-
-
 def test_control_characters_of_a_rank_are_shown_not_copied() -> None:
     """A rank's colours, bell, backspaces and a right-to-left override reached the page as raw
     bytes (issue 35, "Never silent, never wrong"): the browser drew nothing for them, a bidi
@@ -248,3 +240,26 @@ def test_control_characters_of_a_rank_are_shown_not_copied() -> None:
     (row,) = [r for r in rows(page) if r.attrs["data-rank"] == "3"]
     assert row.attrs["data-host"] == "node\\x1b]0;title\\x07"
     assert "printf" in page.find("header").text() and "\\x1b[2J" in page.find("header").text()
+
+
+def test_the_title_names_the_cause_the_report_found() -> None:
+    """The first failure's title names its Python exception (first line, shortened), else the
+    signal, MPI_Abort's code or the exit status (before, issue "The front door": `exit 1` where
+    the rank died of FileNotFoundError)."""
+    failed = {"state": "failed", "exit_code": 1}
+    cases = [
+        ({"type": "FileNotFoundError", "message": "[Errno 2] No such file or directory: 'data.csv'\nmore"},
+         {}, "FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'"),
+        ({"type": "ValueError", "message": "x" * 300}, {}, "ValueError: " + "x" * 95 + "..."),
+        (None, {"exit_code": None, "signal": "SIGSEGV"}, "killed by SIGSEGV"),
+        (None, {"abort_code": 7}, "MPI_Abort with code 7"),
+        (None, {}, "exit 1"),
+    ]  # fmt: skip
+    for exception, fields, cause in cases:
+        document = eight_ranks(r3={**failed, **fields})
+        first = {**document["ranks"][3], "exception": exception}
+        document.update(outcome="failed", exit_status=1, first_failure=first)
+        page = parse(render(document))
+        assert page.find("title").text() == f"mpilaunch: failed, rank 3: {cause} (8 ranks)"
+        assert page.find("section", id="failure").find("h2").text() == f"First failure: rank 3 on node1: {cause}"
+        assert page.find("tr", "failed").find("span", "mark").text().startswith("◆ failed")
