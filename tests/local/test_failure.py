@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -183,6 +184,22 @@ def test_closed_console_pipe_loses_no_file_output(launcher: Launcher, tmp_path: 
     for r in range(2):
         data = (tmp_path / "logs" / "1" / f"rank.{r}" / "stdout").read_bytes()
         assert data.count(b"\n") == 50000
+
+
+def test_a_console_closed_after_the_first_note_stops_nothing(launcher: Launcher, tmp_path: Path) -> None:
+    """`mpilaunch -n 5 ... 2>&1 | grep -q 'take turns'`: the reader leaves after the launcher's first
+    note; the next note met a closed pipe and the job was never started (status 141). Now the job
+    runs, its files get every line, and the status is the ranks' (found by the user guide's test)."""
+    env = {k: v for k, v in launcher.env.items() if k != "OMP_NUM_THREADS"}  # a second note follows the first
+    command = shlex.join(launcher.argv("-np", "5", "--output-filename", "logs", "sh", "-c", "echo rank $RANK"))
+    shell = subprocess.run(
+        ["bash", "-c", f"{command} 2>&1 | head -1; echo status=${{PIPESTATUS[0]}}"],
+        capture_output=True, cwd=tmp_path, env=env, timeout=120,
+    )  # fmt: skip
+    lines = shell.stdout.decode().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("mpilaunch: ") and lines[1] == "status=0", shell.stderr
+    for r in range(5):
+        assert (tmp_path / "logs" / "1" / f"rank.{r}" / "stdout").read_text() == f"rank {r}\n"
 
 
 def test_agent_killed_aborts_the_job(launcher: Launcher, tmp_path: Path) -> None:

@@ -442,7 +442,13 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
 def say(options: Options, note: str) -> None:
     """One of mpilaunch's own notes on stderr, unless it is empty or -q asked for none."""
     if note and not options.quiet:
-        sys.stderr.write(f"mpilaunch: {note}\n")  # one write: the line stays whole beside the ranks' output
+        try:
+            sys.stderr.write(f"mpilaunch: {note}\n")  # one write: the line stays whole beside the ranks' output
+            sys.stderr.flush()
+        except BrokenPipeError:  # the console went away (`| head -1`): the job runs on, as with its ranks' output
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
 
 
 def probe(plan: LaunchPlan, here: LocalTransport) -> tuple[dict[int, Link], Facts]:
