@@ -1,11 +1,45 @@
-"""After every MPI test: nothing of Open MPI's or of a PMIx server left in /dev/shm."""
+"""After every MPI test: nothing of Open MPI's or of a PMIx server left in /dev/shm. And the
+Pythons whose mpi4py is each MPI family's, for the tests run with every family."""
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, whose python3-mpi4py is built for Open MPI 4.1
+FAMILIES = ["mpich", "openmpi"]  # the mpich wheel's mpi4py (the tests' own Python), Debian's on Open MPI
+
+
+@functools.cache
+def _has_mpi4py(python: str) -> bool:
+    if not os.path.exists(python):
+        return False
+    return subprocess.run([python, "-c", "import mpi4py.MPI"], capture_output=True).returncode == 0
+
+
+def family_python(family: str) -> str:
+    """A Python whose mpi4py uses that MPI: MPICH (the tests' own, with the mpich wheel), Debian's
+    Open MPI 4.1, or the Open MPI 5.0 wheel (`openmpi5`, in a venv of its own); the test is
+    skipped, saying why, where there is none."""
+    if family == "mpich":
+        pytest.importorskip("mpi4py")
+        return sys.executable
+    if family == "openmpi":
+        if not _has_mpi4py(SYSTEM_PYTHON):
+            pytest.skip("needs Debian's python3-mpi4py")
+        return SYSTEM_PYTHON
+    from tests.venvs import cached_venv
+
+    python, why = cached_venv("ompi5", ["openmpi==5.0.*", "mpi4py>=4"])  # test_openmpi_wheel.py's venv
+    if python is None:
+        pytest.skip(why)
+    return str(python)
+
 
 OPEN_MPI_SHM = ("mpilaunch-pmix-", "vader", "sm_segment", "pmix")
 

@@ -4,20 +4,18 @@ ranks are ended after the grace, for both MPI families (issue "Never silent, nev
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Launcher, tagged_pids, write_script
+from tests.mpi.conftest import FAMILIES, family_python
 from tests.terminal import Terminal
 
 pytest.importorskip("mpi4py")
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (Debian: tmux)")
-FAMILIES = {"mpich": sys.executable, "openmpi": "/usr/bin/python3"}  # the mpich wheel's, Debian's on Open MPI
 # Rank 0 waits for a message nobody sends, the others in a barrier rank 0 never reaches.
 STUCK = """\
 from mpi4py import MPI
@@ -30,11 +28,9 @@ else:
 """
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_one_ctrl_c_ends_ranks_stuck_in_mpi(launcher: Launcher, tmp_path: Path, family: str) -> None:
-    python = FAMILIES[family]
-    if not os.path.exists(python):
-        pytest.skip(f"needs {python}")
+    python = family_python(family)
     script = write_script(tmp_path, "stuck.py", STUCK)
     argv = launcher.argv("--bind-to", "none", "--oversubscribe", "-n", "3", "--kill-timeout", "1", python, script)
     with Terminal(tmp_path, launcher.env) as term:

@@ -1,4 +1,5 @@
-"""Real MPI: mpi4py ranks over the `mpich` wheel get one COMM_WORLD from mpilaunch's PMI-1 server."""
+"""Real MPI: mpi4py ranks over the `mpich` wheel get one COMM_WORLD from mpilaunch's PMI-1 server
+(and the collectives, over Debian's Open MPI too, from its PMIx server)."""
 
 from __future__ import annotations
 
@@ -15,29 +16,25 @@ from hypothesis import strategies as st
 
 from mpilaunch.host.mpi_family import needed_libraries
 from tests.conftest import ROOT, Launcher, tagged_pids, write_script
+from tests.mpi.conftest import family_python
 
 pytest.importorskip("mpi4py")
 PY = sys.executable
 RAW = str(ROOT / "tests" / "ranks" / "pmi_raw.py")
 
-COLLECTIVES = """
-from mpi4py import MPI
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-assert comm.allreduce(rank + 1) == size * (size + 1) // 2
-data = comm.bcast({"from": 0, "size": size} if rank == 0 else None, root=0)
-assert data == {"from": 0, "size": size}
-gathered = comm.gather(rank * rank, root=0)
-if rank == 0:
-    assert gathered == [r * r for r in range(size)], gathered
-    print("collectives ok", size, flush=True)
-"""
+COLLECTIVES = str(ROOT / "tests" / "ranks" / "collectives.py")
 
 
-@pytest.mark.parametrize("np", [1, 2, 4, 8, 16])
-def test_collectives_see_the_whole_job(launcher: Launcher, tmp_path: Path, np: int) -> None:
-    script = write_script(tmp_path, "coll.py", COLLECTIVES)
-    proc = launcher.run("--oversubscribe", "-n", str(np), PY, script, timeout=180)
+# The job sizes tried for each family, and the words it is served with: MPICH's PMI-1 by default,
+# Open MPI's PMIx as asked (its default is tests/mpi/test_pmix.py's).
+SIZES = [("mpich", np) for np in (1, 2, 4, 8, 16)] + [("openmpi", np) for np in (1, 2, 4, 8)]
+SERVED = {"mpich": (), "openmpi": ("--mpi", "pmix")}
+
+
+@pytest.mark.parametrize(("family", "np"), SIZES)
+def test_collectives_see_the_whole_job(launcher: Launcher, family: str, np: int) -> None:
+    python = family_python(family)
+    proc = launcher.run(*SERVED[family], "--oversubscribe", "-n", str(np), python, COLLECTIVES, timeout=180)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert proc.stdout.decode().splitlines() == [f"collectives ok {np}"]
 
@@ -240,7 +237,8 @@ def test_a_failing_child_aborts_the_whole_run(launcher: Launcher, tmp_path: Path
 
 
 def test_pmi_over_tcp(launcher: Launcher, tmp_path: Path) -> None:
-    script = write_script(tmp_path, "coll.py", "import os\nassert 'PMI_FD' not in os.environ\n" + COLLECTIVES)
+    no_fd = "import os\nassert 'PMI_FD' not in os.environ\n"
+    script = write_script(tmp_path, "coll.py", no_fd + Path(COLLECTIVES).read_text())
     proc = launcher.run("--pmi-tcp", "--oversubscribe", "-n", "4", PY, script, timeout=180)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert proc.stdout.decode().splitlines() == ["collectives ok 4"]

