@@ -253,7 +253,9 @@ MCA_VALUES = {  # ... and the options that take their value
     "rmaps_base_mapping_policy": "map_by",
     "rmaps_base_ranking_policy": "rank_by",
     "hwloc_base_binding_policy": "bind_to",
+    "plm_rsh_num_concurrent": "ssh_concurrent",
 }
+MCA_COUNTS = {"plm_rsh_num_concurrent"}  # ... of them, those whose value is a count from 1
 MCA_GIVEN = {  # what on the command line wins over each of them
     "oversubscribe": {"oversubscribe", "nooversubscribe"},
     "map_by": {"map_by", "bynode", "byslot", "npersocket"},
@@ -272,7 +274,9 @@ def mca_defaults(
         value = last_mca(mca, key, env)
         if value is None or given & MCA_GIVEN.get(name, {name}):
             continue
-        if key in MCA_VALUES:
+        if key in MCA_COUNTS:
+            values[name] = mca_count(key, value)
+        elif key in MCA_VALUES:
             values[name] = value
         elif value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
             values[name] = value.strip().lower() in TRUE_WORDS
@@ -280,6 +284,13 @@ def mca_defaults(
             raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
         out.add(name)
     return out
+
+
+def mca_count(key: str, value: str) -> int:
+    """An MCA parameter's count from 1, or one line saying what it got."""
+    if not value.strip().isdigit() or not 1 <= int(value) <= 65536:
+        raise LaunchError(f"MCA parameter {key}={value!r}: expected a whole number from 1 to 65,536")
+    return int(value)
 
 
 def remote_shell(

@@ -123,6 +123,7 @@ class Options(Record):
     ssh_accept_new: bool = False  # add unknown host keys to known_hosts (changed keys are always refused)
     ssh_client: str = "auto"  # openssh (an `ssh` process per host), paramiko (in the launcher), auto: openssh if found
     ssh_tree_width: int | None = None  # tree spawn: the launcher and each agent start at most this many hosts
+    ssh_concurrent: int | None = None  # hosts' connections set up at once (plm_rsh_num_concurrent); None: WINDOW
     quiet: bool = False  # -q: none of mpilaunch's own notes
     prefix: str | None = None  # Open MPI's --prefix: DIR/bin and DIR/lib first on remote ranks' paths
     rsh_agent: tuple[str, ...] = ()  # in place of `ssh` (plm_rsh_agent, -bootstrap-exec)

@@ -45,3 +45,23 @@ def test_tree_spawn_with_openssh_heads(launcher: Launcher, bed: SshBed, tmp_path
     text = "".join(lines) + out.decode()
     for rank in range(4):
         assert f"rank {rank} of 4 sum 6 host {bed.address(f'node{rank + 1}')}" in text
+
+
+def test_a_start_slowed_by_its_machine_is_slow_not_failed(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """Four hosts whose connections take turns at one slow resource (each holds it 6 s, as a
+    busy machine's CPU is shared by hundreds of logins): all at once, the fourth answered after
+    24 s, past the 20 s patience, and the job failed ("no answer in 20 s"). Two at a time
+    (Open MPI's plm_rsh_num_concurrent), each host's patience counts from its own start: the job
+    runs (issue "Grid Engine": hundreds of hosts without false failures)."""
+    lock = tmp_path / "turns"
+    shell = tmp_path / "slow-ssh"
+    shell.write_text(f'#!/bin/sh\nflock "{lock}" sleep 6\nexec ssh -F "{bed.config}" "$@"\n')
+    shell.chmod(0o755)
+    hosts = "node1:1,node2:1,node3:1,node4:1"
+    proc = launcher.run(
+        "-mca", "plm_rsh_agent", str(shell), "-mca", "plm_rsh_num_concurrent", "2", "-H", hosts, "-n", "4",
+        "sh", "-c", "echo rank $RANK", timeout=120,
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert sorted(proc.stdout.decode().splitlines()) == [f"rank {r}" for r in range(4)]

@@ -97,7 +97,7 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
-    from mpilaunch.launcher.start.greeting import start_agents
+    from mpilaunch.launcher.start.greeting import WINDOW, start_agents
     from mpilaunch.transport.base import transport_class
     from mpilaunch.transport.sshcommon import ssh_client
 
@@ -112,7 +112,7 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
     check = encode(Check(apps=apps, carried=carried, mpi=False, port=port))
     ssh = SshOptions(config=options.ssh_config, accept_new=options.ssh_accept_new)
     transport = transport_class(ssh_client(options.ssh_client))(ssh)  # type: ignore[call-arg]
-    results = start_agents(transport, remote, lambda index: check)
+    results = start_agents(transport, remote, lambda index: check, options.ssh_concurrent or WINDOW)
     try:
         transport.addresses(remote, results)
         rows = []

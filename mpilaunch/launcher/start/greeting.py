@@ -22,6 +22,7 @@ from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 
 RETRIES = 3  # starts more for hosts whose connection was dropped before the SSH banner (MaxStartups)
+WINDOW = 32  # hosts whose connections are set up at once (--ssh-concurrent; Open MPI's plm_rsh_num_concurrent)
 
 
 class GreetingError(Exception):
@@ -251,11 +252,27 @@ def _forget(sel: selectors.BaseSelector, fd: int) -> None:
 
 
 def start_agents(
+    transport: Transport,
+    hosts: Mapping[int, object],
+    checks: Callable[[int], bytes | None],
+    window: int | None = None,
+) -> dict[int, HostResult]:
+    """One greeted agent on every host (or its error): started by transport, greeted here, at
+    most window hosts at a time (each host's patience counts from its own start: a busy machine
+    starting hundreds of hosts is slow, not failed). A host whose connection its sshd dropped
+    before the banner (MaxStartups under a burst of logins) is started again, up to RETRIES
+    times, after a short random wait."""
+    order = list(hosts)
+    size = window or len(order) or 1
+    results: dict[int, HostResult] = {}
+    for start in range(0, len(order), size):
+        results.update(_start_some(transport, {i: hosts[i] for i in order[start : start + size]}, checks))
+    return dict(sorted(results.items()))
+
+
+def _start_some(
     transport: Transport, hosts: Mapping[int, object], checks: Callable[[int], bytes | None]
 ) -> dict[int, HostResult]:
-    """One greeted agent on every host (or its error): started by transport, greeted here; a
-    host whose connection its sshd dropped before the banner (MaxStartups under a burst of
-    logins) is started again, up to RETRIES times, after a short random wait."""
     results = transport.start(hosts)  # type: ignore[arg-type]
     greet(results, checks)
     for attempt in range(1, RETRIES + 1):
@@ -268,4 +285,4 @@ def start_agents(
         more = transport.start(again)  # type: ignore[arg-type]
         greet(more, checks)
         results.update(more)
-    return dict(sorted(results.items()))
+    return results

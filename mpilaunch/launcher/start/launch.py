@@ -13,7 +13,7 @@ from mpilaunch.host.programs import carried_environment, program_family, program
 from mpilaunch.launcher.decide.events import NodesEnded, NodesRegroup
 from mpilaunch.launcher.decide.signal_table import LEAVES_WITH
 from mpilaunch.launcher.output.sink import Console, OutputSink
-from mpilaunch.launcher.start.greeting import start_agents
+from mpilaunch.launcher.start.greeting import WINDOW, start_agents
 from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import ENGINES, JobPlan, LaunchPlan, build_plan, host_checks, remote_hosts, user_port
@@ -102,7 +102,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     pick_port = rank0 in remote and user_port(options, plan.launcher_env) is None
     check = agent_checks(plan, plan.job, rank0 if pick_port else None)
     hosts = {i: plan.hosts[i] for i in remote}
-    results = start_agents(remote_transport(options, len(hosts)), hosts, check)
+    results = start_agents(remote_transport(options, len(hosts)), hosts, check, window(options, len(hosts)))
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = host_problems(results, lambda index: plan.hosts[index].name)
     if problems:
@@ -114,9 +114,18 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
 def start_spawn_agents(plan: LaunchPlan, job: JobPlan, hosts: list[int]) -> dict[int, HostResult]:
     """Agents for the hosts of a spawned job that have none yet (no rank of job 1 runs there),
     started and checked as job 1's were, by the same transport."""
-    return start_agents(
-        remote_transport(plan.options, len(hosts)), {i: plan.hosts[i] for i in hosts}, agent_checks(plan, job, None)
-    )
+    transport = remote_transport(plan.options, len(hosts))
+    checks = agent_checks(plan, job, None)
+    return start_agents(transport, {i: plan.hosts[i] for i in hosts}, checks, window(plan.options, len(hosts)))
+
+
+def window(options: Options, hosts: int) -> int | None:
+    """How many hosts' connections are set up at once: --ssh-concurrent (WINDOW by default);
+    all at once behind relays (tree spawn bounds each one's own) and under Slurm or Grid Engine,
+    whose one step or job starts them."""
+    if options.launcher in ENGINES or (options.ssh_tree_width and hosts > options.ssh_tree_width):
+        return None
+    return options.ssh_concurrent or WINDOW
 
 
 def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[int, HostResult]) -> Facts:

@@ -1,0 +1,52 @@
+"""The hosts' agents start a window at a time (launcher/start/greeting.start_agents): each
+host's patience counts from its own start, so hundreds of hosts on a busy machine are slow, not
+failed. Through the Transport seam: a transport that records what it was asked to start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mpilaunch.cli.parse import parse_args
+from mpilaunch.launcher.start.greeting import WINDOW, start_agents
+from mpilaunch.launcher.start.launch import window
+from mpilaunch.transport.base import HostResult, Transport, TransportError
+
+
+class Recording(Transport):
+    """Starts nothing: every host it is given fails at once (nothing to greet); the calls are kept."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def start(self, hosts: Mapping[int, object]) -> dict[int, HostResult]:  # type: ignore[override]
+        self.calls.append(sorted(hosts))
+        results = {}
+        for index in hosts:
+            results[index] = HostResult(index)
+            results[index].error = TransportError("connect", "refused")
+        return results
+
+    def retry(self, error: TransportError) -> bool:
+        return False
+
+
+def test_hosts_start_a_window_at_a_time_in_host_order() -> None:
+    transport = Recording()
+    results = start_agents(transport, {i: f"node{i}" for i in range(7)}, lambda index: None, window=3)
+    assert transport.calls == [[0, 1, 2], [3, 4, 5], [6]]
+    assert sorted(results) == list(range(7)) and all(r.error is not None for r in results.values())
+
+
+def test_without_a_window_every_host_starts_at_once() -> None:
+    transport = Recording()
+    start_agents(transport, {i: f"node{i}" for i in range(5)}, lambda index: None)
+    assert transport.calls == [[0, 1, 2, 3, 4]]
+
+
+def test_the_window_is_open_mpis_plm_rsh_num_concurrent_or_ours_else_32() -> None:
+    hosts = ["-H", ",".join(f"node{i}" for i in range(100)), "true"]
+    assert window(parse_args(hosts).options, 100) == WINDOW == 32
+    assert window(parse_args(["--ssh-concurrent", "8", *hosts]).options, 100) == 8
+    assert window(parse_args(["-mca", "plm_rsh_num_concurrent", "4", *hosts]).options, 100) == 4
+    assert window(parse_args(["--ssh-tree-width", "16", *hosts]).options, 100) is None  # relays bound their own
+    assert window(parse_args(["--launcher", "slurm", *hosts]).options, 100) is None  # one srun starts them all
