@@ -13,7 +13,9 @@ server (`use_libuv=True`, the default) and with the older one (`use_libuv=False`
 each request is a command byte and its fields; integers are in the machine's byte order
 (uint32, int64, or uint64 for lengths and counts); a key or a value is a uint64 length and
 its bytes. A connection's first request is VALIDATE with 0x3C85F7CE, then torch's client sends
-PING with its pid and expects it back. WAIT answers one STOP_WAITING byte when every key
+PING with its pid and expects it back. A torch before 2.2 sends neither: its first request is a
+command, numbered from SET = 0 with WATCH_KEY at 7 (BEFORE_VALIDATE), and the connection is
+served in that numbering (WATCH_KEY's callbacks are not). WAIT answers one STOP_WAITING byte when every key
 exists, later if need be, and CANCEL_WAIT (the client's timeout) answers WAIT_CANCELED. ADD
 keeps the value as decimal text. Behaviour follows the libuv server where the two differ
 (CHECK and WAIT see a non-empty queue as present; GET of a missing key answers empty), with one
@@ -43,6 +45,13 @@ if TYPE_CHECKING:
 # The request's command byte (c10d::detail::QueryType) and the one-byte answers.
 VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND = range(10)
 MULTI_GET, MULTI_SET, CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER = range(10, 19)
+# torch up to 2.1 sends no VALIDATE (nor PING): its first request is already a command, numbered
+# as below (SET is 0; WATCH_KEY, the key callbacks mpilaunch does not serve, sits where 2.2 put
+# GETNUMKEYS's successor). A connection whose first request is not VALIDATE speaks this layout.
+BEFORE_VALIDATE = (SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, None, DELETE_KEY, APPEND, MULTI_GET,
+                   MULTI_SET, CANCEL_WAIT)  # fmt: skip
+WATCH_KEY_BEFORE_VALIDATE = 7
+NOT_TORCH = "the first request was neither VALIDATE with torch's number nor a request of torch before 2.2"
 READY, NOT_READY = 0, 1  # CHECK
 STOP_WAITING, WAIT_CANCELED = 0, 1  # WAIT, BARRIER, CANCEL_WAIT
 MAGIC = 0x3C85F7CE
@@ -199,8 +208,8 @@ class Peer:
     them: small ones copied together, large values by reference (QUEUED_MAX bounds the lot)."""
 
     __slots__ = (
-        "address", "error", "events", "handler", "ident", "inbuf", "out", "paused", "pending", "queued", "sock",
-        "validated", "wrote",
+        "address", "before_validate", "error", "events", "handler", "ident", "inbuf", "out", "paused", "pending",
+        "queued", "sock", "validated", "wrote",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, ident: int, address: object) -> None:
@@ -213,6 +222,7 @@ class Peer:
         self.paused = False  # more than QUEUED_MAX queued: its requests are not read until it reads
         self.events = selectors.EVENT_READ  # what the selector watches it for
         self.validated = False
+        self.before_validate = False  # a torch before 2.2: commands numbered as BEFORE_VALIDATE
         self.pending: set[str] = set()  # keys a WAIT or BARRIER still waits for
         self.wrote: set[str] = set()
         self.error = ""  # why the server dropped it, "" when the client closed
@@ -639,15 +649,13 @@ class StoreServer:
             cursor = Cursor(buf, done + 1)
             command = buf[done]
             try:
-                if not peer.validated:
-                    if command != VALIDATE or cursor.u32() != MAGIC:
-                        raise ProtocolError("the first request was not VALIDATE with torch's number")
+                if peer.validated:
+                    self._handler(peer, command)(peer, cursor)
+                elif command == VALIDATE and cursor.u32() == MAGIC:
                     peer.validated = True
                 else:
-                    handler = self.handlers.get(command)
-                    if handler is None:
-                        raise ProtocolError(f"unknown command {command}")
-                    handler(peer, cursor)
+                    cursor = self._first_before_validate(peer, command, buf, done)
+                    peer.validated = True
             except _Short:
                 break
             done = cursor.pos
@@ -662,6 +670,32 @@ class StoreServer:
         del buf[:done]
         if not peer.paused and len(buf) > BUFFERED_MAX:
             raise ProtocolError(f"{len(buf)} bytes without a whole request")
+
+    def _first_before_validate(self, peer: Peer, command: int, buf: bytearray, done: int) -> Cursor:
+        """A first request that is not VALIDATE: a torch before 2.2's first command, served so
+        (the cursor past it); anything else drops the connection (it never counted as a client)."""
+        if command == VALIDATE and Cursor(buf, done + 1).u32() > max(KEY_MAX, COUNT_MAX):  # no key length
+            raise ProtocolError(NOT_TORCH)
+        peer.before_validate = True
+        cursor = Cursor(buf, done + 1)
+        try:
+            self._handler(peer, command)(peer, cursor)
+        except ProtocolError:
+            raise ProtocolError(NOT_TORCH) from None
+        return cursor
+
+    def _handler(self, peer: Peer, command: int) -> Callable[[Peer, Cursor], None]:
+        """The handler of a command byte, as the peer's torch numbers them."""
+        if peer.before_validate:
+            if command == WATCH_KEY_BEFORE_VALIDATE:
+                raise ProtocolError("WATCH_KEY (torch before 2.2's key callbacks) is not served")
+            if command >= len(BEFORE_VALIDATE):
+                raise ProtocolError(f"unknown command {command} (of torch before 2.2)")
+            command = BEFORE_VALIDATE[command]  # type: ignore[assignment]
+        handler = self.handlers.get(command)
+        if handler is None:
+            raise ProtocolError(f"unknown command {command}")
+        return handler
 
     def _reply(self, peer: Peer, *parts: bytes) -> None:
         peer.queue(*parts)

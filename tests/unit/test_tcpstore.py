@@ -217,8 +217,9 @@ def test_values_larger_than_the_socket_buffers_go_through_whole(rig: Rig) -> Non
 @pytest.mark.parametrize(
     "opening, reason",
     [
-        (bytes((tcpstore.SET,)) + field(b"k") + field(b"v"), None),  # no VALIDATE first
+        (b"GET / HTTP/1.1\r\n\r\n", None),  # neither VALIDATE nor a command of torch before 2.2
         (bytes((tcpstore.VALIDATE,)) + struct.pack("=I", 0x12345678), None),  # not torch's number
+        (bytes((7,)) + field(b"k"), None),  # WATCH_KEY of torch before 2.2 first: not served
         (validate() + bytes((99,)), "unknown command 99"),
         (validate() + bytes((tcpstore.GET,)) + struct.pack("=Q", tcpstore.KEY_MAX + 1), "bytes (at most"),
         (validate() + bytes((tcpstore.WAIT,)) + struct.pack("=Q", tcpstore.COUNT_MAX + 1), "keys in one request"),
@@ -296,8 +297,8 @@ def test_connections_that_break_the_protocol_are_dropped_counted_and_summed_in_o
         sock.close()
     assert rig.server.refused == 2
     assert rig.server.refusals() == (
-        "dropped 2 connections that broke TCPStore's protocol (the first: the first request was not VALIDATE "
-        "with torch's number)"
+        "dropped 2 connections that broke TCPStore's protocol (the first: the first request was neither VALIDATE "
+        "with torch's number nor a request of torch before 2.2)"
     )
     assert rig.ask(client.add, "still", 1) == 1  # the others are served on
 
@@ -419,3 +420,61 @@ def test_a_barrier_holds_each_arrival_until_the_last_one() -> None:
     assert released == []
     assert data.barrier(peer(3), "b", 3) is True
     assert released == [1, 2] and data.values["b"] == b"3"
+
+
+def old_request(command: int, *fields: bytes) -> bytes:
+    """A request of torch before 2.2 (its TCPStore.cpp, the QueryType that starts at SET and has
+    WATCH_KEY at 7): the command byte, then each key or value as a uint64 length and its bytes."""
+    return bytes((command,)) + b"".join(fields)
+
+
+def exchange(rig: Rig, sock: socket.socket, request: bytes, size: int) -> bytes:
+    """Send one request; the size bytes of its answer (once served, when it has none)."""
+    served = rig.server.requests
+    sock.sendall(request)
+    got = bytearray()
+    sock.setblocking(False)
+
+    def read() -> bool:
+        try:
+            got.extend(sock.recv(65536))
+        except BlockingIOError:
+            pass
+        return len(got) >= size and rig.server.requests > served
+
+    rig.turn_until(read)
+    sock.setblocking(True)
+    return bytes(got)
+
+
+def test_a_torch_before_2_2_is_served_in_its_own_numbering(rig: Rig) -> None:
+    """torch up to 2.1 sends no VALIDATE and numbers its commands from SET = 0 (GET 2, ADD 3,
+    CHECK 4, WAIT 5, GETNUMKEYS 6, WATCH_KEY 7, DELETE_KEY 8, APPEND 9, MULTI_GET 10, MULTI_SET
+    11, CANCEL_WAIT 12): before, its first request was refused and its rank saw only a timeout.
+    Its client's session, byte for byte, beside a torch 2.13 client on the same store."""
+    new = rig.client()
+    sock = rig.raw()
+    u64, i64 = (lambda n: struct.pack("=Q", n)), (lambda n: struct.pack("=q", n))
+    transcript = [  # (request, the answer's bytes)
+        (old_request(0, field(b"/init/"), field(b"1")), b""),  # SET
+        (old_request(3, field(b"/n"), i64(5)), i64(5)),  # ADD
+        (old_request(5, u64(1), field(b"/init/")), bytes((tcpstore.STOP_WAITING,))),  # WAIT, as get() starts
+        (old_request(2, field(b"/init/")), field(b"1")),  # GET
+        (old_request(4, u64(2), field(b"/n"), field(b"/none")), bytes((tcpstore.NOT_READY,))),  # CHECK
+        (old_request(1, field(b"/cas"), field(b""), field(b"x")), field(b"x")),  # COMPARE_SET of a new key
+        (old_request(9, field(b"/cas"), field(b"y")), b""),  # APPEND
+        (old_request(10, u64(2), field(b"/cas"), field(b"/n")), field(b"xy") + field(b"5")),  # MULTI_GET
+        (old_request(11, u64(1), field(b"/m"), field(b"v")), b""),  # MULTI_SET
+        (old_request(6), i64(5)),  # GETNUMKEYS: /init/ /n /cas /m (and the new client's a)
+        (old_request(8, field(b"/m")), i64(1)),  # DELETE_KEY
+        (old_request(12), bytes((tcpstore.WAIT_CANCELED,))),  # CANCEL_WAIT
+    ]
+    rig.ask(new.set, "a", b"from 2.13")
+    for request, answer in transcript:
+        assert exchange(rig, sock, request, len(answer)) == answer, request
+    assert rig.ask(new.get, "/cas") == b"xy" and rig.ask(new.add, "/n", 1) == 6  # one store for both
+    assert not rig.closed and rig.server.refused == 0
+    sock.sendall(old_request(7, field(b"/n")))  # WATCH_KEY: torch 2.1's key callbacks are not served
+    rig.turn_until(lambda: rig.server.refused == 1)
+    assert "WATCH_KEY" in rig.closed[0].error
+    sock.close()

@@ -57,6 +57,7 @@ class NumberedMeeting:
     late: late_nodes.LateWatch | None
     say: Callable[[str], None]
     where: str
+    theirs: str  # torchrun's key for this job: a torchrun came to the meeting (store_reach.torchruns_key)
 
     if TYPE_CHECKING:  # NodeRendezvous's
 
@@ -76,7 +77,9 @@ class NumberedMeeting:
             if not (serve and self._take_store()):
                 take = self._take_store if serve else None
                 round_ = None if self.adopt else self.attempt
-                client = store_reach.reach(self.host, self.port, round_, deadline, self.say, take, self.timeout)
+                client = store_reach.reach(
+                    self.host, self.port, round_, deadline, self.say, take, self.timeout, self.theirs
+                )
             slots, host = self._close(deadline) if client is None else self._arrive(client, deadline)
             if self.slot in slots:
                 break
@@ -103,6 +106,9 @@ class NumberedMeeting:
         last_call: list[float] = []
 
         def closed() -> bool:
+            if server.data.present(self.theirs):
+                self.close()
+                raise store_reach.not_ours(self.where, self.theirs)
             count = len(self._joined())
             now = time.monotonic()
             if count < self.fewest:

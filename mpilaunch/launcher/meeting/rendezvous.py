@@ -79,6 +79,7 @@ class NodeRendezvous(NumberedMeeting):
         self.late = late_nodes.LateWatch(self.key) if self.node is None else None  # c10d's numbering: late nodes
         self.grows = self.fewest < self.most  # a late node may be taken in (--nnodes MIN:MAX)
         self.regroup = False  # after finish: the nodes meet again for a late node (no failure, not counted)
+        self.theirs = store_reach.torchruns_key(torch.run_id)  # in the store: a torchrun is a node too
 
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"

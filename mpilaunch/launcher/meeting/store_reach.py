@@ -55,6 +55,21 @@ def gone(host: str, port: int, exc: tcpstore.StoreError) -> LaunchError:
     )
 
 
+def torchruns_key(run_id: str) -> str:
+    """The key torchrun's c10d rendezvous keeps its state under, as torch's client writes it
+    (with the "/" its TCPStore puts before every key): a store that holds it is a torchrun's."""
+    return f"/torch.rendezvous.{run_id or 'none'}"
+
+
+def not_ours(where: str, key: str) -> LaunchError:
+    """A torchrun, not an mpilaunch, is another node of this meeting."""
+    return LaunchError(
+        f"a torchrun, not an mpilaunch, is a node of the meeting at {where} (its {key} is in the store): start "
+        "every node of the job with mpilaunch, or every one with torchrun",
+        STATUS,
+    )
+
+
 def reach(
     host: str,
     port: int,
@@ -63,11 +78,12 @@ def reach(
     say: Callable[[str], None],
     take: Callable[[], bool] | None = None,
     timeout: float | None = None,
+    theirs: str = "",
 ) -> tcpstore.StoreClient | None:
     """A connection to the store of this attempt's meeting (None: of any round), once it is up
     (LaunchError at the deadline, or at once when no connection can be made); None if `take()`,
     tried whenever there is no such store yet, took the store here. `timeout`: the deadline's,
-    as said."""
+    as said; `theirs`: torchrun's key for this job, which means the store is a torchrun's."""
     where = endpoint(host, port)
     total = deadline - time.monotonic() if timeout is None else timeout
     said = total < 2 * NOTICE_AFTER  # a wait that short is not worth a line
@@ -98,6 +114,9 @@ def reach(
         try:
             if client.check([ROUND if attempt is None else serves(attempt)]):
                 return client
+            if theirs and client.check([theirs]):
+                client.close()
+                raise not_ours(where, theirs)
         except tcpstore.StoreError:  # it closed as this one came: the store of the attempt before
             pass
         client.close()
