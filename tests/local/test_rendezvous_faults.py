@@ -176,7 +176,8 @@ def test_the_meetings_store_on_a_loopback_endpoint_listens_there_only_and_sums_w
         said = [line for err in errs.values() for line in err.splitlines()]
         assert said == [
             f"mpilaunch: the rendezvous store at {HOST}:{port} dropped 2 connections that broke TCPStore's "
-            "protocol (the first: the first request was neither VALIDATE with torch's number nor a request of torch before 2.2)"
+            "protocol (the first: the first request was neither VALIDATE with torch's number nor a request of "
+            "torch before 2.2)"
         ]
     finally:
         (tmp_path / "go").touch()
