@@ -73,6 +73,31 @@ def field(data: bytes) -> bytes:
     return struct.pack("=Q", len(data)) + data
 
 
+def receive(rig: Rig, sock: socket.socket, size: int, served: int = -1) -> bytes:
+    """The size bytes the server sends next on sock, turning its loop (and, with served, not
+    before it served more requests than that)."""
+    got = bytearray()
+    sock.setblocking(False)
+
+    def read() -> bool:
+        try:
+            got.extend(sock.recv(65536))
+        except BlockingIOError:
+            pass
+        return len(got) >= size and rig.server.requests > served
+
+    rig.turn_until(read)
+    sock.setblocking(True)
+    return bytes(got)
+
+
+def exchange(rig: Rig, sock: socket.socket, request: bytes, size: int) -> bytes:
+    """Send one request; the size bytes of its answer (once served, when it has none)."""
+    served = rig.server.requests
+    sock.sendall(request)
+    return receive(rig, sock, size, served)
+
+
 def test_the_requests_a_launcher_makes_answer_as_torchs_server_does(rig: Rig) -> None:
     client = rig.client()
     rig.ask(client.set, "a", b"1")
@@ -191,18 +216,7 @@ def test_requests_cut_into_single_bytes_or_sent_together_are_answered_in_order(r
         struct.pack("=I", 77) + struct.pack("=q", total) + field(b"v" * 300) + field(b"%d" % total) + field(b"")
         for total in (41, 82)
     )
-    got = bytearray()
-    sock.setblocking(False)
-
-    def read() -> bool:
-        try:
-            got.extend(sock.recv(65536))
-        except BlockingIOError:
-            pass
-        return len(got) >= len(expected)
-
-    rig.turn_until(read)
-    assert bytes(got) == expected
+    assert receive(rig, sock, len(expected)) == expected
     sock.close()
 
 
@@ -426,25 +440,6 @@ def old_request(command: int, *fields: bytes) -> bytes:
     """A request of torch before 2.2 (its TCPStore.cpp, the QueryType that starts at SET and has
     WATCH_KEY at 7): the command byte, then each key or value as a uint64 length and its bytes."""
     return bytes((command,)) + b"".join(fields)
-
-
-def exchange(rig: Rig, sock: socket.socket, request: bytes, size: int) -> bytes:
-    """Send one request; the size bytes of its answer (once served, when it has none)."""
-    served = rig.server.requests
-    sock.sendall(request)
-    got = bytearray()
-    sock.setblocking(False)
-
-    def read() -> bool:
-        try:
-            got.extend(sock.recv(65536))
-        except BlockingIOError:
-            pass
-        return len(got) >= size and rig.server.requests > served
-
-    rig.turn_until(read)
-    sock.setblocking(True)
-    return bytes(got)
 
 
 def test_a_torch_before_2_2_is_served_in_its_own_numbering(rig: Rig) -> None:
