@@ -31,9 +31,12 @@ ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONF
 
 
 def launchers() -> dict[str, list[str]]:
-    """Each launcher's argv prefix; the mpilaunch script is run directly (no pyenv shim)."""
+    """Each launcher's argv prefix: mpilaunch as `pip install .` of this commit gives it
+    (bench/installed.py), the peers' scripts themselves (no pyenv shim in the way)."""
+    from bench.installed import installed
+
     scripts = Path(sysconfig.get_path("scripts"))
-    found = {"mpilaunch": [str(scripts / "mpilaunch") if (scripts / "mpilaunch").exists() else "mpilaunch"]}
+    found = {"mpilaunch": [str(installed() / "mpilaunch")]}
     if Path("/usr/bin/mpirun.openmpi").exists():
         found["openmpi"] = ["/usr/bin/mpirun.openmpi", "--allow-run-as-root"]
     hydra = scripts / "mpiexec.hydra"

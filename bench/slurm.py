@@ -3,7 +3,8 @@ mpirun (plm/slurm: orted through srun) and MPICH's hydra mpiexec (bootstrap slur
 same way inside one allocation of the one-node Slurm the tests use (tests/slurmbed.py).
 
 Run by hand (as root, with Debian's slurmctld slurmd slurm-client munge):
-    python -m bench.slurm [--reps 7]
+    python -m bench.slurm [--reps 7] [--commit REV]
+mpilaunch is the one `pip install` gives (bench/installed.py), not this checkout.
 Scenarios: `-n 8 true`, and mpi4py wire-up + one barrier at 8 ranks (MPICH ranks: mpilaunch and
 hydra; Open MPI's mpirun runs Debian's python3-mpi4py, which is the same work over its own MPI).
 The launchers run alternately in one `salloc -N1 -n8 --overcommit --exclusive` (this 2-CPU node,
@@ -30,14 +31,14 @@ BARRIER = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()"
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
-def commands() -> dict[str, dict[str, list[str]]]:
-    """scenario -> launcher -> argv, for the launchers found here."""
+def commands(installed: Path) -> dict[str, dict[str, list[str]]]:
+    """scenario -> launcher -> argv, for the launchers found here; mpilaunch is the one
+    installed in the venv `installed` (bench/installed.py), its ranks that venv's Python."""
     scripts = Path(sysconfig.get_path("scripts"))  # the scripts themselves: no pyenv shim in the way
-    script = scripts / "mpilaunch"
-    mpilaunch = [str(script) if script.exists() else "mpilaunch", "--oversubscribe"]
+    mpilaunch = [str(installed / "mpilaunch"), "--oversubscribe"]
     out: dict[str, dict[str, list[str]]] = {"true8": {}, "barrier8": {}}
     out["true8"]["mpilaunch"] = [*mpilaunch, "-n", "8", "true"]
-    out["barrier8"]["mpilaunch"] = [*mpilaunch, "-n", "8", sys.executable, "-c", BARRIER]
+    out["barrier8"]["mpilaunch"] = [*mpilaunch, "-n", "8", str(installed / "python"), "-c", BARRIER]
     mpirun = shutil.which("mpirun.openmpi")
     if mpirun:
         out["true8"]["mpirun"] = [mpirun, "--oversubscribe", "-n", "8", "true"]
@@ -49,11 +50,12 @@ def commands() -> dict[str, dict[str, list[str]]]:
     return out
 
 
-def inside(reps: int) -> None:
+def inside(reps: int, installed: Path) -> None:
     """In the allocation: every launcher of every scenario, alternately; JSON on stdout."""
     results: dict[str, dict[str, list[float]]] = {}
-    env = {**os.environ, **ROOT_ENV, "PYTHONPATH": str(ROOT)}
-    for scenario, launchers in commands().items():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the launchers as installed, not this checkout
+    env.update(ROOT_ENV)
+    for scenario, launchers in commands(installed).items():
         times = results.setdefault(scenario, {name: [] for name in launchers})
         for _ in range(reps + 1):  # the first round warms the caches and is dropped
             for name, argv in launchers.items():
@@ -72,19 +74,23 @@ def inside(reps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--inside", help=argparse.SUPPRESS)  # the venv's bin, in the allocation
+    parser.add_argument("--commit", default="HEAD", help="the commit whose `pip install` is timed")
     args = parser.parse_args()
     if args.inside:
-        inside(args.reps)
+        inside(args.reps, Path(args.inside))
         return
     sys.path.insert(0, str(ROOT))
+    from bench.installed import installed
     from tests.slurmbed import SlurmBed, slurm_available
+
+    venv = installed(args.commit)
 
     ok, why = slurm_available()
     if not ok:
         raise SystemExit(f"bench.slurm: {why}")
     work = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
-    inner = [sys.executable, "-m", "bench.slurm", "--inside", "--reps", str(args.reps)]
+    inner = [sys.executable, "-m", "bench.slurm", "--inside", str(venv), "--reps", str(args.reps)]
     size = ["-N1", "-n8", "--overcommit", "--exclusive"]
     runs = {}
     with SlurmBed(work) as bed:
