@@ -134,7 +134,7 @@ ROWS: tuple[Opt, ...] = (  # mpilaunch's own
     Opt("ssh_tree_width", "--ssh-tree-width -ssh-tree-width", check=INT_MIN1, maximum=MAX_RANKS, metavar="K",
         group=RANKS, help="Tree spawn: K hosts reached from here, each starting K more."),
     Opt("ssh_concurrent", "--ssh-concurrent -ssh-concurrent", check=INT_MIN1, maximum=MAX_RANKS, metavar="N",
-        help="At most N hosts' connections set up at once (default 32; Open MPI's plm_rsh_num_concurrent)."),
+        group=RANKS, help="At most N hosts' connections set up at once (default 32)."),
     Opt("map_by", "--map-by -map-by", default="slot", metavar="slot|node|ppr:N:node", whose=OMH,
         group=PLACING, help="Placement (Open MPI's); :PE=M gives each rank M cores."),
     Opt("rank_by", "--rank-by -rank-by", metavar="slot|node", whose=OM, roles=(PLACES,), group=PLACING,
