@@ -412,6 +412,32 @@ class Requests:
             BARRIER: self.barrier,
         }
 
+    def first(self, peer: Peer, command: int, buf: bytearray, done: int) -> Cursor:
+        """A first request that is not VALIDATE: a torch before 2.2's first command, served so
+        (the cursor past it); anything else drops the connection (it never counted as a client)."""
+        if command == VALIDATE and Cursor(buf, done + 1).u32() > max(KEY_MAX, COUNT_MAX):  # no key length
+            raise ProtocolError(NOT_TORCH)
+        peer.before_validate = True
+        cursor = Cursor(buf, done + 1)
+        try:
+            self.handler(peer, command)(peer, cursor)
+        except ProtocolError:
+            raise ProtocolError(NOT_TORCH) from None
+        return cursor
+
+    def handler(self, peer: Peer, command: int) -> Callable[[Peer, Cursor], None]:
+        """The handler of a command byte, as the peer's torch numbers them."""
+        if peer.before_validate:
+            if command == WATCH_KEY_BEFORE_VALIDATE:
+                raise ProtocolError("WATCH_KEY (torch before 2.2's key callbacks) is not served")
+            if command >= len(BEFORE_VALIDATE):
+                raise ProtocolError(f"unknown command {command} (of torch before 2.2)")
+            command = BEFORE_VALIDATE[command]  # type: ignore[assignment]
+        handler = self.table.get(command)
+        if handler is None:
+            raise ProtocolError(f"unknown command {command}")
+        return handler
+
     def set(self, peer: Peer, cursor: Cursor) -> None:
         key, value = cursor.key(), cursor.value()
         peer.wrote.add(key)
@@ -528,7 +554,7 @@ class StoreServer:
         self.refused = 0  # connections dropped for breaking the protocol
         self.refusal = ""  # why the first of them was
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
-        self.handlers = Requests(self.data, self._reply).table
+        self.served = Requests(self.data, self._reply)
 
     # -- the owner's side -------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
@@ -650,11 +676,11 @@ class StoreServer:
             command = buf[done]
             try:
                 if peer.validated:
-                    self._handler(peer, command)(peer, cursor)
+                    self.served.handler(peer, command)(peer, cursor)
                 elif command == VALIDATE and cursor.u32() == MAGIC:
                     peer.validated = True
                 else:
-                    cursor = self._first_before_validate(peer, command, buf, done)
+                    cursor = self.served.first(peer, command, buf, done)
                     peer.validated = True
             except _Short:
                 break
@@ -670,32 +696,6 @@ class StoreServer:
         del buf[:done]
         if not peer.paused and len(buf) > BUFFERED_MAX:
             raise ProtocolError(f"{len(buf)} bytes without a whole request")
-
-    def _first_before_validate(self, peer: Peer, command: int, buf: bytearray, done: int) -> Cursor:
-        """A first request that is not VALIDATE: a torch before 2.2's first command, served so
-        (the cursor past it); anything else drops the connection (it never counted as a client)."""
-        if command == VALIDATE and Cursor(buf, done + 1).u32() > max(KEY_MAX, COUNT_MAX):  # no key length
-            raise ProtocolError(NOT_TORCH)
-        peer.before_validate = True
-        cursor = Cursor(buf, done + 1)
-        try:
-            self._handler(peer, command)(peer, cursor)
-        except ProtocolError:
-            raise ProtocolError(NOT_TORCH) from None
-        return cursor
-
-    def _handler(self, peer: Peer, command: int) -> Callable[[Peer, Cursor], None]:
-        """The handler of a command byte, as the peer's torch numbers them."""
-        if peer.before_validate:
-            if command == WATCH_KEY_BEFORE_VALIDATE:
-                raise ProtocolError("WATCH_KEY (torch before 2.2's key callbacks) is not served")
-            if command >= len(BEFORE_VALIDATE):
-                raise ProtocolError(f"unknown command {command} (of torch before 2.2)")
-            command = BEFORE_VALIDATE[command]  # type: ignore[assignment]
-        handler = self.handlers.get(command)
-        if handler is None:
-            raise ProtocolError(f"unknown command {command}")
-        return handler
 
     def _reply(self, peer: Peer, *parts: bytes) -> None:
         peer.queue(*parts)
