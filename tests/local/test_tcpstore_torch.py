@@ -239,13 +239,11 @@ dist.destroy_process_group()
 """
 
 
-@pytest.fixture(scope="module")
-def newer_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def newer_torch_venv(venv: Path) -> Path:
     """An interpreter whose torch says it is 2.99: a venv over this one whose `torch` is the
     installed 2.13 file for file (links) but for its version.py, a release after those served."""
     import torch
 
-    venv = tmp_path_factory.mktemp("torch299")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
     package = venv / "lib" / minor / "site-packages" / "torch"
@@ -257,6 +255,11 @@ def newer_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text = (real / "version.py").read_text()
     (package / "version.py").write_text(text.replace(f"'{torch.__version__}'", "'2.99.0+cpu'"))
     return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def newer_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return newer_torch_venv(tmp_path_factory.mktemp("torch299"))
 
 
 def test_a_torch_the_store_does_not_serve_meets_in_rank_0s_own_store(launcher: Launcher, newer_torch: Path) -> None:
