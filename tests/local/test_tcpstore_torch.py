@@ -5,7 +5,8 @@ get from it the answers torch's own server gives them, request for request; a wa
 until another client's set and ends at its timeout with the connection still usable; a rank
 killed while waiting is forgotten and its owner told; and 4 gloo ranks started as torchrun
 starts them (TORCHELASTIC_USE_AGENT_STORE=True, only clients) form their process groups on it,
-then 4 more on the same server after its owner cleared the first job's keys, as a restarted job.
+then 4 more on the same server after its owner cleared the first job's keys, as a restarted job;
+and ranks whose torch says it is a release the store does not serve meet in rank 0's own store.
 torch's clients hold the GIL in some calls (list_keys), so a server they talk to from this
 process runs in another one (`python -m mpilaunch.host.tcpstore`); the in-process server is
 driven by this thread while its clients are other processes.
