@@ -357,7 +357,8 @@ def launch_messages(
             bind_to = "hwthread"
         if job.pmi is not None:
             ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
-        agent_store = options.torch is not None and options.torch.node_rank is None and job.job == 1
+        torch = options.torch
+        agent_store = torch is not None and torch.agent_store and torch.node_rank is None and job.job == 1
         launches[index] = Launch(
             store_port=plan.master[1] if agent_store and index == job.ranks[0].host else 0,
             store_host=plan.master[0] if agent_store and index == job.ranks[0].host else "",
@@ -433,7 +434,7 @@ def job_plan(
         max_restarts=options.max_restarts,
         run_id=torch.run_id if torch is not None else "",
         role=torch.role if torch is not None else "default",
-        agent_store=torch is not None and job == 1,
+        agent_store=torch is not None and torch.agent_store and job == 1,
         torch=torch is not None,
         offset=torch.node_rank * torch.nproc_per_node if per_node else 0,  # type: ignore[operator, union-attr]
         world=(torch.nnodes or 1) * torch.nproc_per_node if per_node else 0,  # type: ignore[union-attr]

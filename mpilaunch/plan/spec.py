@@ -43,6 +43,7 @@ class TorchRun(Record):
     redirects: tuple[tuple[int, int], ...] = ()  # (local rank or -1 for all, streams 1|2|3): to files only
     tee: tuple[tuple[int, int], ...] = ()  # ... to files and the console
     virtual_local_rank: bool = False  # LOCAL_RANK 0 and one GPU in CUDA_VISIBLE_DEVICES per rank (torchrun's)
+    agent_store: bool = True  # the ranks meet in the agent's store (False: rank 0's own, for a torch not served)
 
     def on_console(self, local_rank: int) -> int:
         """The streams (1 stdout, 2 stderr, as a mask) of this local rank the console shows."""

@@ -180,6 +180,7 @@ class Check(Record):
     heartbeat: float | None = None  # seconds of silence after which the launcher counts as gone
     probe: Probe | None = None
     families: bool = False  # say which MPI each program is linked with (host/mpi_family.py)
+    torch: bool = False  # say which torch each Python program would import (host/torch_release.py)
 
 
 class Put(Record):
@@ -379,6 +380,7 @@ class Checked(Record):
     port_free: bool | None  # None when no port was asked for
     info: dict[str, object] | None = None  # hostinfo.probe's answer
     families: dict[str, str] | None = None  # program -> "openmpi LIBRARY" or "mpich LIBRARY", when asked
+    torch: dict[str, str] | None = None  # program -> torch's __version__, when asked
 
 
 class PutDone(Record):

@@ -47,6 +47,19 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) ->
     return families
 
 
+def local_torch_releases(plan: LaunchPlan, env: Mapping[str, str], host: int) -> dict[str, str]:
+    """The torch each of a torchrun job's programs would import on this machine (none for
+    another job): what the ranks' store is to speak (plan/finalize.own_store)."""
+    if plan.options.torch is None:
+        return {}
+    from mpilaunch.host.torch_release import torch_release
+
+    path = inherited(env).get("PATH", os.defpath)
+    checks = host_checks(plan.job, host)
+    found = {c["program"]: torch_release(c["program"], c["wdir"], c["path"] or path) for c in checks}
+    return {program: release for program, release in found.items() if release is not None}
+
+
 def remote_transport(options: Options, hosts: int) -> Transport:
     """The transport that starts the agents of this many remote hosts: --ssh-client's, behind
     relays with --ssh-tree-width when there are more hosts than that."""
@@ -88,6 +101,7 @@ def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callabl
                 heartbeat=plan.heartbeat,
                 probe=Probe(**probe),
                 families=asks_families(options),
+                torch=options.torch is not None,
             )
         )
 
@@ -136,12 +150,14 @@ def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[i
     ours = next((link.local_address for link in links.values() if link.local_address), "")
     info = {i: {**h, "address": ours or h.get("address", "")} for i, h in plan.host_info.items()}
     families: dict[int, dict[str, str]] = {}
+    releases: dict[int, dict[str, str]] = {}
     for index, link in links.items():  # what each host found out about itself, and where it was reached
         reply = results[index].reply
         info[index] = {"cpus": link.hello.cpus if link.hello else None, **((reply.info if reply else None) or {})}
         families[index] = dict((reply.families if reply else None) or {})  # which MPI each program is linked with
         if families[index]:
             info[index]["families"] = families[index]
+        releases[index] = dict((reply.torch if reply else None) or {})  # the torch each program would import
         info[index]["address"] = link.peer
     master = None
     if rank0 in links:
@@ -153,7 +169,7 @@ def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[i
     torch = plan.options.torch
     if master is not None and torch is not None and torch.master_addr:  # torchrun's --master-addr is the ranks'
         master = (torch.master_addr, master[1])
-    return Facts(host_info=info, families=families, master=master)
+    return Facts(host_info=info, families=families, master=master, torch=releases)
 
 
 def _close_and_wait(links: Mapping[int, Link]) -> None:
@@ -468,11 +484,12 @@ def probe(plan: LaunchPlan, here: LocalTransport) -> tuple[dict[int, Link], Fact
     remote = remote_hosts(plan.options, plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
     families = {index: check_local_programs(plan, plan.launcher_env, index) for index in local}
+    releases = {index: local_torch_releases(plan, plan.launcher_env, index) for index in local}
     raise_fd_limit()
     if not local:
         here.discard(wait=False)  # forked at start-up in case the job had local ranks; it has none
     if not remote:
-        return {}, Facts(host_info=dict(plan.host_info), families=families)
+        return {}, Facts(host_info=dict(plan.host_info), families=families, torch=releases)
     links: dict[int, Link] = {}
     if local:  # the first (forked early) now; any other this machine runs (--launcher local) with the launch
         links[local[0]] = here.agent()
@@ -484,7 +501,7 @@ def probe(plan: LaunchPlan, here: LocalTransport) -> tuple[dict[int, Link], Fact
     links.update(remote_links)
     here.discard()  # reaps the early agent told to stop above: it has left by now
     facts = remote_facts(plan, remote_links, results)
-    return links, facts._replace(families={**families, **facts.families})
+    return links, facts._replace(families={**families, **facts.families}, torch={**releases, **facts.torch})
 
 
 def execute(
