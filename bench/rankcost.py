@@ -4,14 +4,14 @@ function in the local agent and the launcher.
 Run by hand (not part of the tests):
   python -m bench.rankcost memory -n 256 sh -c 'echo rank up; sleep 1'
   python -m bench.rankcost profile -n 256 sh -c 'echo rank up; sleep 1'
-`memory` runs `python -m mpilaunch ARGS` and samples its processes every 10 ms (the launcher,
-the local agent and its guardian; not the ranks): at the peak of their summed PSS it prints
-each one's /proc/PID/smaps_rollup and its largest mappings, and at the end each one's CPU
-seconds (run it from a folder with no `mpilaunch` package but the one meant: `-m` looks in
-the current folder first). `profile` runs the command in this
-process under cProfile, timed by each thread's CPU clock (not the wall clock, which a loaded
-machine fills with waits), the forked local agent profiled on its own: the top functions of
-each, by their own time.
+Both time mpilaunch as `pip install` gives it (bench/installed.py: a venv of this checkout's
+HEAD). `memory` runs that venv's `mpilaunch ARGS` and samples its processes every 10 ms (the
+launcher, the local agent and its guardian; not the ranks): at the peak of their summed PSS it
+prints each one's /proc/PID/smaps_rollup and its largest mappings, and at the end each one's CPU
+seconds. `profile` runs the command in a process of the venv's Python (this file, started by
+path, so only the installed mpilaunch can be imported) under cProfile, timed by each thread's CPU
+clock (not the wall clock, which a loaded machine fills with waits), the forked local agent
+profiled on its own: the top functions of each, by their own time.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import time
 
 GUARDIAN = "mpilaunch-guardian"
 FIELDS = ("Pss", "Pss_Anon", "Pss_File", "Private_Clean", "Private_Dirty", "Rss")
+
+
+IN_VENV = "BENCH_RANKCOST_INSTALLED"  # set when profile runs under the installed venv's Python
 
 
 def _rollup(pid: int) -> dict[str, int]:
@@ -75,7 +78,10 @@ def _launcher_side(pid: int, psutil) -> list:  # type: ignore[no-untyped-def]
 def memory(args: list[str], top: int) -> None:
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-m", "mpilaunch", *args], stdout=subprocess.DEVNULL)
+    from bench.installed import clean_env, installed
+
+    mpilaunch = str(installed() / "mpilaunch")
+    proc = subprocess.Popen([mpilaunch, *args], stdout=subprocess.DEVNULL, env=clean_env())
     peak, at_peak, cpu = 0, {}, {}
     while proc.poll() is None:
         sample = {}
@@ -151,7 +157,15 @@ def main() -> None:
     top = 12
     if words[1:2] == ["--top"]:
         top, words = int(words[2]), words[:1] + words[3:]
-    (memory if words[0] == "memory" else profile)(words[1:], top)
+    if words[0] == "memory":
+        memory(words[1:], top)
+    elif os.environ.get(IN_VENV):
+        profile(words[1:], top)
+    else:
+        from bench.installed import clean_env, installed
+
+        python = str(installed() / "python")
+        os.execve(python, [python, __file__, *sys.argv[1:]], {**clean_env(), IN_VENV: "1"})
 
 
 if __name__ == "__main__":
