@@ -34,13 +34,13 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMPI_ALLOW
 ENV["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
 
 
-def launchers() -> dict[str, list[str]]:
+def launchers(commit: str = "HEAD") -> dict[str, list[str]]:
     """Each launcher's argv prefix: mpilaunch as `pip install .` of this commit gives it
     (bench/installed.py), the peers' scripts themselves (no pyenv shim in the way)."""
     from bench.installed import installed
 
     scripts = Path(sysconfig.get_path("scripts"))
-    found = {"mpilaunch": [str(installed() / "mpilaunch")]}
+    found = {"mpilaunch": [str(installed(commit) / "mpilaunch")]}
     if Path("/usr/bin/mpirun.openmpi").exists():
         found["openmpi"] = ["/usr/bin/mpirun.openmpi", "--allow-run-as-root"]
     hydra = scripts / "mpiexec.hydra"
@@ -385,7 +385,10 @@ def main() -> None:
     parser.add_argument("--write", help="write performance.md's main table here (Markdown)")
     parser.add_argument("--chart", help="write a PNG chart of the scaling curves here (needs matplotlib)")
     args = parser.parse_args()
-    peers = launchers()
+    from bench.installed import commit_of
+
+    commit = commit_of()  # once: a commit made during the run changes nothing here
+    peers = launchers(commit)
     rows = []
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.closing(SshHosts):
@@ -417,10 +420,9 @@ def main() -> None:
             rows.append((key, title, results))
             print(report_row(key, title, results), flush=True)
     if args.write:
-        from bench.installed import commit_of
         from bench.table import markdown
 
-        Path(args.write).write_text(markdown(rows, commit_of()[:7], args.reps, counts))
+        Path(args.write).write_text(markdown(rows, commit[:7], args.reps, counts))
     if args.chart:
         chart(rows, args.chart)
 

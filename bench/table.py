@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -131,9 +132,8 @@ def runs_said(counts: dict[str, int]) -> str:
 
 def heading(commit: str, reps: int, counts: dict[str, int]) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    ompi = version(
-        ["/usr/bin/mpirun.openmpi", "--version"], lambda out: out.split()[3] if len(out.split()) > 3 else "?"
-    )
+    first_version = lambda out: next(iter(re.findall(r"\d+\.\d+\.\d+", out)), "?")  # noqa: E731
+    ompi = version(["/usr/bin/mpirun.openmpi", "--version"], first_version)
     pick = lambda out: out.strip()  # noqa: E731
     mpich = version([sys.executable, "-c", "import importlib.metadata as m; print(m.version('mpich'))"], pick)
     mpi4py = version([sys.executable, "-c", "import mpi4py; print(mpi4py.__version__)"], pick)
