@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from mpilaunch.launcher.decide.policy import Policy
     from mpilaunch.launcher.loop.links import HostLink, Links
     from mpilaunch.launcher.output.sink import OutputSink
-    from mpilaunch.launcher.stacks.snapshots import StackSnapshots
+    from mpilaunch.launcher.stacks.watch import StacksWatch
     from mpilaunch.plan.build import LaunchPlan
     from mpilaunch.protocol.record import Record
 
@@ -33,7 +33,7 @@ class AgentFrames:
         links: Links,
         output: OutputSink,
         events: Events,
-        stacks: StackSnapshots,
+        stacks: StacksWatch,
         handlers: dict[type, Callable[[HostLink, Record], None]],
         heartbeat: float,
     ) -> None:
