@@ -9,8 +9,6 @@ import warnings
 
 from mpilaunch.picture.reading import (
     OUTCOMES,
-    cause_of,
-    integer,
     label,
     mapping,
     mark_text,
@@ -18,7 +16,7 @@ from mpilaunch.picture.reading import (
     number,
     rows,
     span,
-    text,
+    title,
 )
 
 BAR, ODD_BAR = "#7da7d9", "#e0542b"  # as the page's meters
@@ -43,15 +41,6 @@ def png(document: Mapping) -> bytes:
         figure.savefig(out, format="png", dpi=100)
     plt.close(figure)
     return out.getvalue()
-
-
-def title(document: Mapping, ranks: int) -> str:
-    """The run's outcome and, when a rank failed, its cause (as the page's title says it)."""
-    words = f"mpilaunch: {text(document.get('outcome')) or 'run'}, exit status {text(document.get('exit_status'))}"
-    first = mapping(document.get("first_failure"))
-    if first:
-        words += f", rank {integer(first.get('rank'))}: {cause_of(first)}"
-    return f"{words} ({ranks} ranks)"
 
 
 def draw(document: Mapping):  # type: ignore[no-untyped-def]

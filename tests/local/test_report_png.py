@@ -42,9 +42,10 @@ def test_the_png_marks_what_the_page_marks() -> None:
     figure = draw(document)
     try:
         times, cpu, rss = figure.axes[:3]
-        assert times.get_title(loc="left") == "mpilaunch: failed, exit status 1, rank 3: KeyError: 'lr' (8 ranks)"
-        drawn = {label.get_text() for label in times.get_yticklabels() if "◆" in label.get_text()}
         page = parse(render(document))
+        title = "mpilaunch: failed, rank 3: KeyError: 'lr' (8 ranks)"
+        assert times.get_title(loc="left") == page.find("title").text() == title  # one title, both drawings
+        drawn = {label.get_text() for label in times.get_yticklabels() if "◆" in label.get_text()}
         on_page = {
             f"{r.attrs['data-host']}: rank {r.attrs['data-rank']} {r.find('span', 'mark').text()}"
             for r in rows(page)
