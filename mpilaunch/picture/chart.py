@@ -9,6 +9,7 @@ import warnings
 
 from mpilaunch.picture.reading import (
     OUTCOMES,
+    STANDS_OUT,
     label,
     mapping,
     mark_text,
@@ -93,5 +94,9 @@ def draw(document: Mapping):  # type: ignore[no-untyped-def]
     failed_at = number(mapping(document.get("first_failure")).get("ended"))
     if failed_at is not None:
         times.axvline(failed_at - start, color=OUTCOMES["failed"][1], linestyle="--", linewidth=0.8)
-    figure.tight_layout()
+    if marked:  # what the marks mean, under the picture, as the page's legend says it
+        figure.text(0.01, 0.01, plain(STANDS_OUT), fontsize=7, color="#555", ha="left", va="bottom", wrap=True)
+        figure.tight_layout(rect=(0, 0.3 / height, 1, 1))
+    else:
+        figure.tight_layout()
     return figure
