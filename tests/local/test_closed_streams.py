@@ -7,16 +7,15 @@ the fix the agent's socket took descriptor 1 and console bytes went down the age
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Launcher
+from tests.smalldisk import small_tmpfs
 
 PY = sys.executable
 RANK = (
@@ -64,18 +63,6 @@ def test_a_closed_stream_is_as_if_on_dev_null(launcher: Launcher, tmp_path: Path
         assert sum(line.startswith("out ") for line in proc.stdout.decode().splitlines()) == 2 * 50000
 
 
-@contextlib.contextmanager
-def _small_disk(where: Path, size: str) -> Iterator[Path]:
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
-
-
 def test_a_full_log_disk_is_named_and_the_job_status_kept(launcher: Launcher, tmp_path: Path) -> None:
     """256 KiB of disk for 2 ranks writing about 0.8 MB each: one line per log file that filled
     up, the console still gets every line, and the status is rank 1's (3), not a crash's."""
@@ -86,7 +73,7 @@ def test_a_full_log_disk_is_named_and_the_job_status_kept(launcher: Launcher, tm
         "if os.environ['OMPI_COMM_WORLD_RANK'] == '1':\n"
         "    sys.stdout.flush(); time.sleep(1); sys.exit(3)\n"
     )
-    with _small_disk(tmp_path / "disk", "256k") as disk:
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
         proc = launcher.run("-n", "2", "--output-filename", str(disk / "L"), PY, "-c", rank, timeout=120)
     err = proc.stderr.decode()
     assert proc.returncode == 3, err
