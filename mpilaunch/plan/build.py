@@ -25,7 +25,7 @@ from mpilaunch.plan.rank_env import (
     prefixed_paths,
     rank_environment,
 )
-from mpilaunch.plan.spec import AppContext, JobSpec, Options
+from mpilaunch.plan.spec import AppContext, JobSpec, Options, TorchRun
 from mpilaunch.plan.wireup import BOTH, pmi_job, pmix_job, services
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
 from mpilaunch.protocol.record import Record
@@ -172,6 +172,24 @@ def torchrun_slots(hosts: list[Host], per_node: int) -> list[Host]:
     """torchrun has no slots: under its words every host takes --nproc-per-node ranks, whatever
     -H, a hostfile or the allocation says of its slots (more slots stay, unused)."""
     return [h._replace(slots=max(h.slots or 0, per_node), max_slots=None) for h in hosts]
+
+
+def check_torchrun_nodes(torch: TorchRun, hosts: list[Host], source: str) -> None:
+    """torchrun's --nnodes (or --standalone) with one launcher for the job: the hosts are its
+    nodes, so their count must be what it says; a job of another size would be silently wrong."""
+    low, high = torch.nodes_asked
+    if not high or low <= len(hosts) <= high:
+        return
+    said = "--standalone" if torch.standalone else f"--nnodes {low}" + (f":{high}" if high != low else "")
+    if source == LOCAL_SOURCE:
+        raise LaunchError(
+            f"{said}: no hosts given, so this machine alone; give -H or a hostfile with {low} hosts, or a launcher "
+            "on each node its --node-rank and where the nodes meet (--master-addr or --rdzv-endpoint)"
+        )
+    raise LaunchError(
+        f"{said} with {len(hosts)} hosts from {source}: one mpilaunch starts the ranks of all its hosts, so "
+        f"torchrun's nodes are those hosts; give as many hosts, or drop {said.split()[0]}"
+    )
 
 
 class Here:
@@ -584,6 +602,8 @@ def build_plan(
             renumbered = {old: new for new, old in enumerate(kept)}
             entries = [(renumbered[host], count) for host, count in entries if host in renumbered]
         hosts = [hosts[i] for i in kept]
+    if torch is not None:
+        check_torchrun_nodes(torch, hosts, source)
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
