@@ -591,8 +591,11 @@ def build_plan(
             options = options._replace(launcher="sge")
         if options.launcher == "sge" and engine_starts_here(options, env):
             options = options._replace(engine_starts_here=True)
-        if torch is not None and options.npernode is not None and source != LOCAL_SOURCE:
+        if torch is not None and options.npernode is not None and (source != LOCAL_SOURCE or entries is not None):
             hosts = torchrun_slots(hosts, options.npernode)
+            if entries is not None:  # hydra's host list: each host once, as torchrun's nodes (-ppn gives way)
+                entries = [(index, options.npernode) for index in range(len(hosts))]
+                options = options._replace(ppn=None)
         hosts = with_slots(hosts, source, options)
     if options.nolocal:
         kept = [i for i, host in enumerate(hosts) if hostlib.needs_ssh(host)]
@@ -617,7 +620,7 @@ def build_plan(
 
         nps[0] = sge_nslots(env)
         source += f", -n {nps[0]} from NSLOTS" if nps[0] else ""
-    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None:
+    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None and torch is None:
         nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]

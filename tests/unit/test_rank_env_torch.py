@@ -155,10 +155,21 @@ def test_omp_num_threads_as_torchrun_sets_it() -> None:
     assert plan_envs(["-n", "1", "true"])[0]["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
 
 
-@pytest.mark.parametrize("hosts", ["-H node1,node2", "-H node1:1,node2:1", "hostfile slots=1", "hostfile slots=4"])
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "-H node1,node2",
+        "-H node1:1,node2:1",
+        "hostfile slots=1",
+        "hostfile slots=4",
+        "-hosts node1,node2",
+        "-ppn 1 -hosts node1:1,node2:1,node1",
+    ],
+)
 def test_torchruns_words_put_nproc_per_node_on_every_host_whatever_its_slots(tmp_path, hosts: str) -> None:  # type: ignore[no-untyped-def]
     """torchrun has no slots: `-H node1,node2 --nproc-per-node 2` (one slot each, as Open MPI
-    reads -H) is 2 ranks on each host, as a hostfile whose lines say fewer or more slots."""
+    reads -H) is 2 ranks on each host, as a hostfile whose lines say fewer or more slots, and
+    hydra's host list, each host once, whatever its counts and -ppn say."""
     if hosts.startswith("hostfile"):
         (tmp_path / "hosts").write_text("".join(f"{name} {hosts.split()[1]}\n" for name in ("node1", "node2")))
         words = ["--hostfile", str(tmp_path / "hosts")]
@@ -216,3 +227,11 @@ def test_nnodes_that_the_hosts_contradict_is_refused_in_one_line(words: str, env
         build_plan(spec, {"PATH": os.defpath, **env}, ThisMachine())
     assert str(caught.value).startswith(says) and "\n" not in str(caught.value), caught.value
     assert caught.value.status == 2
+
+
+@pytest.mark.parametrize("words, ranks", [("-genv A 1 --nproc-per-node 3", 3), ("-ppn 3 --nproc-per-node 2", 2)])
+def test_torchruns_ranks_per_node_on_this_machine_with_hydras_words(words: str, ranks: int) -> None:
+    """hydra's words beside torchrun's on this machine: --nproc-per-node ranks, not hydra's one
+    rank for a host list of none, nor -ppn's count (torchrun's gives way to none, as over -N)."""
+    plan, _ = build_plan(parse_args([*words.split(), "train.py"]), {"PATH": os.defpath}, ThisMachine())
+    assert [(r.rank, r.local_rank) for r in plan.job.ranks] == [(r, r) for r in range(ranks)]
