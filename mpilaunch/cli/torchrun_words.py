@@ -107,11 +107,20 @@ def torch_options(
     conf = rdzv_conf(words["rdzv_conf"])
     endpoint = None
     standalone = bool(words["standalone"])
+    meets = node_rank is not None or bool(words["rdzv_endpoint"] or words["master_addr"])
+    asked = (low, nnodes or 0) if words["nnodes"] is not None else (0, 0)
     if standalone:
         low = nnodes = 1
-    elif low == 1 and not (words["rdzv_endpoint"] or words["master_addr"]):
-        nnodes = 1  # MIN:MAX from 1 with nowhere to meet: this machine is the job
-    per_node = nnodes is not None and nnodes > 1
+        asked = (1, 1)
+    elif low == 1 and not meets:
+        nnodes = 1  # MIN:MAX from 1 with nowhere to meet: this machine is the job, or the hosts
+    per_node = nnodes is not None and nnodes > 1 and meets
+    asked = (0, 0) if per_node else asked  # one launcher for the job: its hosts are torchrun's nodes
+    if per_node and given & {"hosts", "hostfile"}:
+        raise LaunchError(
+            "-H or a hostfile with torchrun's launcher per node (--node-rank, --master-addr, --rdzv-endpoint): each "
+            "node's launcher starts its own ranks; give the hosts to one mpilaunch without those, or drop them"
+        )
     if per_node:
         if backend == "static" and (node_rank is None or low != nnodes):
             raise LaunchError(
@@ -129,9 +138,10 @@ def torch_options(
         node_rank=node_rank if per_node else None,
         endpoint=endpoint,
         min_nodes=low if per_node and low else 0,
+        nodes_asked=asked,
         **conf,
         **(_one_node_master(words, backend) if not per_node and not standalone else {}),
-        run_id=_run_id(words, backend, nnodes, standalone),
+        run_id=_run_id(words, backend, nnodes if per_node else None, standalone),
         role=str(words["role"] or "default"),
         standalone=standalone,
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),

@@ -25,7 +25,7 @@ from mpilaunch.plan.rank_env import (
     prefixed_paths,
     rank_environment,
 )
-from mpilaunch.plan.spec import AppContext, JobSpec, Options
+from mpilaunch.plan.spec import AppContext, JobSpec, Options, TorchRun
 from mpilaunch.plan.wireup import BOTH, pmi_job, pmix_job, services
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
 from mpilaunch.protocol.record import Record
@@ -172,6 +172,24 @@ def torchrun_slots(hosts: list[Host], per_node: int) -> list[Host]:
     """torchrun has no slots: under its words every host takes --nproc-per-node ranks, whatever
     -H, a hostfile or the allocation says of its slots (more slots stay, unused)."""
     return [h._replace(slots=max(h.slots or 0, per_node), max_slots=None) for h in hosts]
+
+
+def check_torchrun_nodes(torch: TorchRun, hosts: list[Host], source: str) -> None:
+    """torchrun's --nnodes (or --standalone) with one launcher for the job: the hosts are its
+    nodes, so their count must be what it says; a job of another size would be silently wrong."""
+    low, high = torch.nodes_asked
+    if not high or low <= len(hosts) <= high:
+        return
+    said = "--standalone" if torch.standalone else f"--nnodes {low}" + (f":{high}" if high != low else "")
+    if source == LOCAL_SOURCE:
+        raise LaunchError(
+            f"{said}: no hosts given, so this machine alone; give -H or a hostfile with {low} hosts, or a launcher "
+            "on each node its --node-rank and where the nodes meet (--master-addr or --rdzv-endpoint)"
+        )
+    raise LaunchError(
+        f"{said} with {len(hosts)} hosts from {source}: one mpilaunch starts the ranks of all its hosts, so "
+        f"torchrun's nodes are those hosts; give as many hosts, or drop {said.split()[0]}"
+    )
 
 
 class Here:
@@ -574,8 +592,11 @@ def build_plan(
             options = options._replace(launcher="sge")
         if options.launcher == "sge" and engine_starts_here(options, env):
             options = options._replace(engine_starts_here=True)
-        if torch is not None and options.npernode is not None and source != LOCAL_SOURCE:
+        if torch is not None and options.npernode is not None and (source != LOCAL_SOURCE or entries is not None):
             hosts = torchrun_slots(hosts, options.npernode)
+            if entries is not None:  # hydra's host list: each host once, as torchrun's nodes (-ppn gives way)
+                entries = [(index, options.npernode) for index in range(len(hosts))]
+                options = options._replace(ppn=None)
         hosts = with_slots(hosts, source, options)
     if options.nolocal:
         kept = [i for i, host in enumerate(hosts) if hostlib.needs_ssh(host)]
@@ -585,6 +606,8 @@ def build_plan(
             renumbered = {old: new for new, old in enumerate(kept)}
             entries = [(renumbered[host], count) for host, count in entries if host in renumbered]
         hosts = [hosts[i] for i in kept]
+    if torch is not None:
+        check_torchrun_nodes(torch, hosts, source)
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
@@ -598,7 +621,7 @@ def build_plan(
 
         nps[0] = sge_nslots(env)
         source += f", -n {nps[0]} from NSLOTS" if nps[0] else ""
-    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None:
+    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None and torch is None:
         nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]

@@ -31,6 +31,7 @@ class TorchRun(Record):
     node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
     min_nodes: int = 0  # --nnodes MIN:MAX's MIN (0: nnodes); with endpoint and no node_rank the meeting numbers nodes
+    nodes_asked: tuple[int, int] = (0, 0)  # --nnodes (MIN, MAX) with nowhere to meet: one launcher, the hosts' count
     last_call: float = 30.0  # c10d's last_call_timeout: the wait for more nodes once MIN joined
     join_timeout: float = 600.0  # c10d's join_timeout
     is_host: bool | None = None  # c10d's is_host: serve the meeting's store (None: if the endpoint is this machine)
