@@ -174,12 +174,16 @@ def torchrun_slots(hosts: list[Host], per_node: int) -> list[Host]:
     return [h._replace(slots=max(h.slots or 0, per_node), max_slots=None) for h in hosts]
 
 
-def check_torchrun_nodes(torch: TorchRun, hosts: list[Host], source: str) -> None:
+def torchrun_nodes(torch: TorchRun, hosts: list[Host], source: str, allocated: bool) -> list[Host]:
     """torchrun's --nnodes (or --standalone) with one launcher for the job: the hosts are its
-    nodes, so their count must be what it says; a job of another size would be silently wrong."""
+    nodes, so their count must be what it says; a job of another size would be silently wrong.
+    An allocation of more hosts lends its first: this machine, then the others in its order (as
+    torchrun --nnodes 1 in a batch script runs on the batch host)."""
     low, high = torch.nodes_asked
     if not high or low <= len(hosts) <= high:
-        return
+        return hosts
+    if allocated and len(hosts) > high:
+        return sorted(hosts, key=hostlib.needs_ssh)[:high]
     said = "--standalone" if torch.standalone else f"--nnodes {low}" + (f":{high}" if high != low else "")
     if source == LOCAL_SOURCE:
         raise LaunchError(
@@ -576,6 +580,7 @@ def build_plan(
     options = spec.options
     entries = None
     torch = options.torch
+    allocated = False  # the hosts are an allocation's (Slurm, Grid Engine, ...), not named by the user
     if hosts is not None:
         source = "the host list"
     elif torch is not None and torch.node_rank is not None:  # torchrun's way: a launcher on each node
@@ -586,6 +591,7 @@ def build_plan(
             hosts, entries, source = hydra_hosts(options, env)
         else:
             hosts, source = resolve_hosts(options, env)
+            allocated = not (options.hosts or options.hostfile) and source != LOCAL_SOURCE
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
         elif options.launcher == "auto" and in_sge_job(env, source):
@@ -607,7 +613,7 @@ def build_plan(
             entries = [(renumbered[host], count) for host, count in entries if host in renumbered]
         hosts = [hosts[i] for i in kept]
     if torch is not None:
-        check_torchrun_nodes(torch, hosts, source)
+        hosts = torchrun_nodes(torch, hosts, source, allocated)
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]

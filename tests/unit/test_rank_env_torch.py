@@ -214,7 +214,6 @@ def test_nnodes_with_the_hosts_of_one_launcher_is_their_count(words: str, env: d
         ("-H node1,node2 --nnodes 3", {}, "--nnodes 3 with 2 hosts from -H: one mpilaunch starts the ranks of all"),
         ("-H node1,node2 --nnodes 1", {}, "--nnodes 1 with 2 hosts from -H:"),
         ("-H node1,node2 --standalone", {}, "--standalone with 2 hosts from -H:"),
-        ("--nnodes 1", ALLOCATION, "--nnodes 1 with 2 hosts from Slurm allocation (SLURM_JOB_NODELIST):"),
         ("--nnodes 2:4", {}, "--nnodes 2:4: no hosts given, so this machine alone; give -H or a hostfile with 2"),
         ("-H node1,node2 --nnodes 2 --node-rank 0 --master-addr h", {}, "-H or a hostfile with torchrun's launcher"),
     ],
@@ -227,6 +226,28 @@ def test_nnodes_that_the_hosts_contradict_is_refused_in_one_line(words: str, env
         build_plan(spec, {"PATH": os.defpath, **env}, ThisMachine())
     assert str(caught.value).startswith(says) and "\n" not in str(caught.value), caught.value
     assert caught.value.status == 2
+
+
+@pytest.mark.parametrize(
+    "words, nodelist, placed",
+    [
+        ("--nnodes 1", "node1,{me}", ["{me}", "{me}"]),
+        ("--standalone", "node1,{me}", ["{me}", "{me}"]),
+        ("--nnodes 2", "node1,{me},node3", ["{me}", "{me}", "node1", "node1"]),
+    ],
+)
+def test_nnodes_in_a_larger_allocation_takes_this_machine_first(words: str, nodelist: str, placed: list[str]) -> None:
+    """torchrun --nnodes 1 in a batch script runs on the batch host: an allocation of more hosts
+    lends --nnodes of them, this machine first (before: refused as a contradiction)."""
+    me = os.uname().nodename
+    env = {
+        **ALLOCATION,
+        "SLURM_JOB_NODELIST": nodelist.format(me=me),
+        "SLURM_JOB_CPUS_PER_NODE": f"1(x{nodelist.count(',') + 1})",
+    }
+    line = [*words.split(), "--nproc-per-node", "2", "train.py"]
+    plan, _ = build_plan(parse_args(line), {"PATH": os.defpath, **env}, ThisMachine())
+    assert [plan.hosts[r.host].name for r in plan.job.ranks] == [name.format(me=me) for name in placed]
 
 
 @pytest.mark.parametrize("words, ranks", [("-genv A 1 --nproc-per-node 3", 3), ("-ppn 3 --nproc-per-node 2", 2)])
