@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.launcher.start.greeting import WINDOW, start_agents
 from mpilaunch.launcher.start.launch import window
+from mpilaunch.launcher.start.window import StartWindow
 from mpilaunch.transport.base import HostResult, Transport, TransportError
 
 
@@ -50,3 +51,37 @@ def test_the_window_is_open_mpis_plm_rsh_num_concurrent_or_ours_else_32() -> Non
     assert window(parse_args(["-mca", "plm_rsh_num_concurrent", "4", *hosts]).options, 100) == 4
     assert window(parse_args(["--ssh-tree-width", "16", *hosts]).options, 100) is None  # relays bound their own
     assert window(parse_args(["--launcher", "slurm", *hosts]).options, 100) is None  # one srun starts them all
+
+
+def test_the_next_host_opens_as_soon_as_one_in_flight_answers() -> None:
+    """Not a batch: a slow host holds only its own place in the window."""
+    win = StartWindow(range(6), 3, retries=3)
+    assert win.take(0.0) == [0, 1, 2] and win.take(0.0) == []
+    win.greeted(1)
+    assert win.take(1.0) == [3]
+    win.failed(2, retryable=False, now=1.0, wait=0.0)
+    assert win.take(1.0) == [4]
+    assert win.in_flight == {0, 3, 4} and not win.finished
+
+
+def test_a_dropped_connection_is_opened_again_first_after_its_wait_then_given_up() -> None:
+    win = StartWindow(range(4), 2, retries=2)
+    assert win.take(0.0) == [0, 1]
+    assert win.failed(0, retryable=True, now=0.0, wait=0.5)
+    assert win.take(0.1) == [] and win.next_wake(0.1) == 0.4  # it goes first, after its wait
+    assert win.take(0.5) == [0] and win.tries[0] == 2
+    assert win.failed(0, retryable=True, now=0.5, wait=0.5)
+    assert win.take(1.0) == [0] and win.tries[0] == 3
+    assert not win.failed(0, retryable=True, now=1.0, wait=0.5)  # 1 + retries starts: its error stands
+    assert win.take(1.0) == [2]
+
+
+def test_every_host_at_once_without_a_window_and_done_when_all_answered() -> None:
+    win = StartWindow([4, 7, 9], None, retries=3)
+    assert win.take(0.0) == [4, 7, 9]
+    for index in (4, 7):
+        win.greeted(index)
+    assert not win.finished and win.next_wake(0.0) is None
+    win.failed(9, retryable=False, now=0.0, wait=0.0)
+    assert win.finished
+    assert StartWindow([], None, retries=3).finished
