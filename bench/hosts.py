@@ -94,12 +94,12 @@ class PeakRss:
         return self.peak
 
 
-def run_once(name: str, prefix: list[str], bed, wrapper: Path, hosts: int, program: str) -> dict:
+def run_once(name: str, prefix: list[str], bed, wrapper: Path, hosts: int, program: str, extra: list[str]) -> dict:
     names = bed.names[:hosts]
     if name == "hydra":
         where = ["-launcher", "ssh", "-launcher-exec", str(wrapper), "-hosts", ",".join(f"{n}:1" for n in names)]
     else:
-        where = ["--ssh-config", str(bed.config), "-H", ",".join(f"{n}:1" for n in names)]
+        where = ["--ssh-config", str(bed.config), "-H", ",".join(f"{n}:1" for n in names), *extra]
     argv = [*prefix, *where, "-n", str(hosts), *PROGRAMS[program]]
     env = {**os.environ, TAG: bed.tag}
     daemons = bed.daemon_pids()
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", nargs="+", choices=sorted(PROGRAMS), default=["true", "barrier"])
     parser.add_argument("--only", nargs="+", help="launchers to run (default: mpilaunch and hydra)")
     parser.add_argument("--write", help="write the Markdown table here")
+    parser.add_argument("--extra", default="", help="more words for mpilaunch (e.g. '--ssh-tree-width 32')")
     args = parser.parse_args(argv)
     from tests.sshbed import SshBed
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                     results: dict[str, list[dict]] = {name: [] for name in peers}
                     for _ in range(args.reps):
                         for name, prefix in peers.items():
-                            one = run_once(name, prefix, bed, wrapper, hosts, program)
+                            one = run_once(name, prefix, bed, wrapper, hosts, program, args.extra.split())
                             results[name].append(one)
                             print(f"  {hosts} {program} {name}: {one}", file=sys.stderr, flush=True)
                     rows.append((hosts, program, {name: summary(res) for name, res in results.items()}))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from mpilaunch.cli.parse import parse_args
 from mpilaunch.launcher.start.greeting import WINDOW, start_agents
-from mpilaunch.launcher.start.launch import window
+from mpilaunch.launcher.start.launch import TREE_WIDTH, tree_width, window
 from mpilaunch.launcher.start.window import StartWindow
 from mpilaunch.transport.base import HostResult, Transport, TransportError
 
@@ -46,11 +46,12 @@ def test_without_a_window_every_host_starts_at_once() -> None:
 
 def test_the_window_is_open_mpis_plm_rsh_num_concurrent_or_ours_else_32() -> None:
     hosts = ["-H", ",".join(f"node{i}" for i in range(100)), "true"]
-    assert window(parse_args(hosts).options, 100) == WINDOW == 32
-    assert window(parse_args(["--ssh-concurrent", "8", *hosts]).options, 100) == 8
-    assert window(parse_args(["-mca", "plm_rsh_num_concurrent", "4", *hosts]).options, 100) == 4
-    assert window(parse_args(["--ssh-tree-width", "16", *hosts]).options, 100) is None  # relays bound their own
-    assert window(parse_args(["--launcher", "slurm", *hosts]).options, 100) is None  # one srun starts them all
+    flat = ["--ssh-tree-width", "0"]  # above 32 hosts the tree is the default, and its relays bound their own
+    assert window(parse_args([*flat, *hosts]).options, 100) == WINDOW == 32
+    assert window(parse_args([*flat, "--ssh-concurrent", "8", *hosts]).options, 100) == 8
+    assert window(parse_args([*flat, "-mca", "plm_rsh_num_concurrent", "4", *hosts]).options, 100) == 4
+    assert window(parse_args(["--ssh-tree-width", "16", *hosts]).options, 100) is None
+    assert window(parse_args(["--launcher", "slurm", *flat, *hosts]).options, 100) is None  # one srun starts them all
 
 
 def test_the_next_host_opens_as_soon_as_one_in_flight_answers() -> None:
@@ -85,3 +86,14 @@ def test_every_host_at_once_without_a_window_and_done_when_all_answered() -> Non
     win.failed(9, retryable=False, now=0.0, wait=0.0)
     assert win.finished
     assert StartWindow([], None, retries=3).finished
+
+
+def test_tree_spawn_by_default_above_32_hosts_unless_turned_off_an_explicit_width_wins() -> None:
+    def width(hosts: int, *words: str) -> int:
+        names = ",".join(f"node{i}" for i in range(hosts))
+        return tree_width(parse_args([*words, "-H", names, "true"]).options, hosts)
+
+    assert TREE_WIDTH == 32 and width(32) == 0 and width(33) == 32 and width(256) == 32
+    assert width(256, "--ssh-tree-width", "0") == 0
+    assert width(256, "--ssh-tree-width", "16") == 16 and width(16, "--ssh-tree-width", "16") == 0
+    assert window(parse_args(["-H", ",".join(f"n{i}" for i in range(33)), "true"]).options, 33) is None
