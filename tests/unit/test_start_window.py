@@ -97,3 +97,18 @@ def test_tree_spawn_by_default_above_32_hosts_unless_turned_off_an_explicit_widt
     assert width(256, "--ssh-tree-width", "0") == 0
     assert width(256, "--ssh-tree-width", "16") == 16 and width(16, "--ssh-tree-width", "16") == 0
     assert window(parse_args(["-H", ",".join(f"n{i}" for i in range(33)), "true"]).options, 33) is None
+
+
+def test_a_start_that_waits_for_its_connections_is_refilled_a_few_at_a_time() -> None:
+    """paramiko's start connects in threads and returns when they are done: one host at a time
+    would make the refills a queue of whole connections."""
+    win = StartWindow(range(20), 8, retries=3)
+    assert win.take(0.0, least=2) == list(range(8))
+    win.greeted(0)
+    assert win.take(0.0, least=2) == []  # one place free: wait for a second
+    win.greeted(1)
+    assert win.take(0.0, least=2) == [8, 9]
+    tail = StartWindow(range(3), 2, retries=3)
+    assert tail.take(0.0, least=2) == [0, 1]
+    tail.greeted(0)
+    assert tail.take(0.0, least=2) == [2]  # the last host does not wait for a second place

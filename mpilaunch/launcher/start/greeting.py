@@ -241,13 +241,11 @@ class _Greetings:
                 self.fds[index].append(fd)
 
     def step(self, wake: float | None) -> None:
-        """Hosts past their patience fail; then one wait for the connections (at most until the
-        next deadline, or wake seconds), and what they carry is read or written."""
+        """One wait for the connections (at most until the next deadline, or wake seconds), what
+        they carry read or written; then the hosts still waiting past their patience fail (read
+        first: a start that kept the loop busy made no answer that came meanwhile late)."""
         greeter = self.greeter
         now = time.monotonic()
-        for index in [i for i in greeter.waiting() if greeter.deadlines[i] <= now]:
-            link = greeter.links[index]
-            greeter.fail(index, link.last_words() or f"no answer in {link.patience:g} s")
         left = [greeter.deadlines[i] - now for i in greeter.waiting()] + ([wake] if wake is not None else [])
         if not left:
             return
@@ -262,6 +260,10 @@ class _Greetings:
                 greeter.read(index)
         for link in list(greeter.heads.values()):
             link.read_diagnostics()  # a full stderr pipe would stall an ssh client
+        now = time.monotonic()
+        for index in [i for i in greeter.waiting() if greeter.deadlines[i] <= now]:
+            link = greeter.links[index]
+            greeter.fail(index, link.last_words() or f"no answer in {link.patience:g} s")
 
     def drop(self, index: int) -> None:
         """A failed host to be started again: its connection is closed and forgotten now (its
@@ -302,11 +304,12 @@ def start_agents(
     one greets or fails (launcher/start/window.py). A host whose connection its sshd dropped
     before the banner is started again, up to RETRIES times, after a short random wait."""
     win = StartWindow(hosts, window, RETRIES)
+    least = max(1, win.size // 4) if transport.start_blocks else 1
     greetings = _Greetings(checks)
     greeter = greetings.greeter
     try:
         while True:
-            taken = win.take(time.monotonic())
+            taken = win.take(time.monotonic(), least)
             if taken:
                 greetings.add(transport.start({i: hosts[i] for i in taken}))  # type: ignore[arg-type]
             for index in sorted(win.in_flight):

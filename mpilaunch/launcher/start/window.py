@@ -29,11 +29,15 @@ class StartWindow:
     def finished(self) -> bool:
         return not self.queue and not self.in_flight
 
-    def take(self, now: float) -> list[int]:
+    def take(self, now: float, least: int = 1) -> list[int]:
         """The hosts to open now: as many as the window has room for, in queue order, skipping
         none (a host waiting to be tried again holds back the ones behind it only while the
-        window is full anyway: it is at the front, and only its own wait is ahead)."""
+        window is full anyway: it is at the front, and only its own wait is ahead). Nothing
+        while fewer than least places are free and more hosts than that wait (a transport
+        whose start waits for its connections opens them a few at a time, not one by one)."""
         taken: list[int] = []
+        if self.size - len(self.in_flight) < min(least, len(self.queue)):
+            return taken
         while self.queue and len(self.in_flight) < self.size:
             index = self.queue[0]
             if self.not_before.get(index, 0.0) > now:
