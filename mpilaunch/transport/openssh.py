@@ -243,6 +243,7 @@ class OpensshTransport(Transport):
     def __init__(self, options: SshOptions) -> None:
         self.options = options
         self._ssh_options: list[str] = []  # ssh's command line up to the host, once started (OpenSSH's only)
+        self._command: tuple[bool, list[str]] | None = None  # (OpenSSH's?, options up to the host)
 
     def retry(self, error: TransportError) -> bool:
         return _dropped(str(error))
@@ -266,6 +267,22 @@ class OpensshTransport(Transport):
                 reached = resolved(hostname, port, settings.get("addressfamily", "any"))
             result.address = f"{settings.get('user', '?')}@{reached or hostname}:{port}"
 
+    def _command_line(self, env: dict[str, str]) -> tuple[bool, list[str]]:
+        """Whether the client is OpenSSH's, and its options up to the host: asked once (`ssh
+        -V`), not at every start of the window's next hosts."""
+        if self._command is None:
+            spec = self.options.spec()
+            openssh = is_ssh(spec)
+            version = ssh_version(env, spec.command[0] if spec.command else "ssh") if openssh else (0, 0)
+            if openssh and version == (0, 0):
+                raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
+            base = ssh_options(spec, version)
+            if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
+                base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
+                self._ssh_options = base
+            self._command = (openssh, base)
+        return self._command
+
     def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         if not hosts:
             return {}
@@ -274,14 +291,7 @@ class OpensshTransport(Transport):
             raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
         env = dict(os.environ)
         spec = options.spec()
-        openssh = is_ssh(spec)
-        version = ssh_version(env, spec.command[0] if spec.command else "ssh") if openssh else (0, 0)
-        if openssh and version == (0, 0):
-            raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
-        base = ssh_options(spec, version)
-        if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
-            base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
-            self._ssh_options = base
+        openssh, base = self._command_line(env)
         command = agent_command(options.python)
         payload = agent_payload()
         results = {index: HostResult(index) for index in sorted(hosts)}

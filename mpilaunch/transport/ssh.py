@@ -494,6 +494,7 @@ class ParamikoTransport(Transport):
     """One paramiko connection per host, opened in parallel under a cap, from threads."""
 
     name = "paramiko"
+    start_blocks = True  # each start connects its hosts in threads and waits for them
 
     def __init__(self, options: SshOptions) -> None:
         self.options = options

@@ -26,6 +26,7 @@ from mpilaunch.protocol.wire import STDERR, STDOUT
 from mpilaunch.transport.base import HostResult, Link, Transport, host_problems, transport_class
 from mpilaunch.transport.local import LocalTransport, raise_fd_limit
 
+TREE_WIDTH = 32  # tree spawn by default above this many remote hosts (--ssh-tree-width 0: never)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.launcher.loop.controller import Controller
@@ -76,10 +77,19 @@ def remote_transport(options: Options, hosts: int) -> Transport:
             raise LaunchError("plm_rsh_agent/plm_rsh_args (-bootstrap-exec/-exec-args) need --ssh-client openssh")
         client = "openssh"
     transport = transport_class(client)(ssh)  # type: ignore[call-arg]
-    width = options.ssh_tree_width
-    if width and hosts > width:
+    width = tree_width(options, hosts)
+    if width:
         return transport_class("tree")(transport, ssh, width)  # type: ignore[call-arg]
     return transport
+
+
+def tree_width(options: Options, hosts: int) -> int:
+    """The tree's width for this many remote hosts, 0 for none: --ssh-tree-width's (0 turns it
+    off), else TREE_WIDTH above that many hosts, as Open MPI tree-spawns by default: past 32
+    hosts the bed starts faster through 32 heads, with a fraction of the launcher's CPU and
+    memory (docs/performance.md, "Hundreds of hosts")."""
+    width = TREE_WIDTH if options.ssh_tree_width is None else options.ssh_tree_width
+    return width if width and hosts > width else 0
 
 
 def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callable[[int], bytes]:
@@ -137,7 +147,7 @@ def window(options: Options, hosts: int) -> int | None:
     """How many hosts' connections are set up at once: --ssh-concurrent (WINDOW by default);
     all at once behind relays (tree spawn bounds each one's own) and under Slurm or Grid Engine,
     whose one step or job starts them."""
-    if options.launcher in ENGINES or (options.ssh_tree_width and hosts > options.ssh_tree_width):
+    if options.launcher in ENGINES or tree_width(options, hosts):
         return None
     return options.ssh_concurrent or WINDOW
 
