@@ -283,6 +283,15 @@ def mca_defaults(
         else:
             raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
         out.add(name)
+    no_tree = last_mca(mca, "plm_rsh_no_tree_spawn", env)  # Open MPI tree-spawns unless told not to, as we do
+    if no_tree is not None and "ssh_tree_width" not in given:
+        if no_tree.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+            raise LaunchError(
+                f"MCA parameter plm_rsh_no_tree_spawn={no_tree!r}: expected 1 or 0, true or false, yes or no"
+            )
+        if no_tree.strip().lower() in TRUE_WORDS:
+            values["ssh_tree_width"] = 0
+            out.add("ssh_tree_width")
     return out
 
 

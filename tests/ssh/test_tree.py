@@ -212,6 +212,7 @@ def test_a_host_a_relay_cannot_reach_is_named_with_sshs_words(launcher: Launcher
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert err.startswith("mpilaunch: node6: ") and "Connection refused" in err, err
+    assert "(tree spawn through node2; --ssh-tree-width 0 starts each host from here)" in err, err
     assert len(err.splitlines()) == 1, err
 
 

@@ -112,3 +112,19 @@ def test_a_start_that_waits_for_its_connections_is_refilled_a_few_at_a_time() ->
     assert tail.take(0.0, least=2) == [0, 1]
     tail.greeted(0)
     assert tail.take(0.0, least=2) == [2]  # the last host does not wait for a second place
+
+
+def test_the_tree_is_open_mpis_default_above_32_hosts_and_plm_rsh_no_tree_spawn_turns_it_off(monkeypatch) -> None:
+    """Open MPI tree-spawns unless plm_rsh_no_tree_spawn says not to; its users' word for a
+    cluster whose hosts cannot reach one another over SSH reaches us too."""
+    hosts = ["-H", ",".join(f"node{i}" for i in range(100)), "true"]
+    assert tree_width(parse_args(hosts).options, 100) == 32
+    assert tree_width(parse_args(hosts).options, 32) == 0
+    assert tree_width(parse_args(["-mca", "plm_rsh_no_tree_spawn", "1", *hosts]).options, 100) == 0
+    assert tree_width(parse_args(["-mca", "plm_rsh_no_tree_spawn", "0", *hosts]).options, 100) == 32
+    assert (
+        tree_width(parse_args(["--ssh-tree-width", "8", "-mca", "plm_rsh_no_tree_spawn", "1", *hosts]).options, 100)
+        == 8
+    )
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_no_tree_spawn", "true")
+    assert tree_width(parse_args(hosts).options, 100) == 0

@@ -187,8 +187,13 @@ class _Greeter:
             print(message.text, file=sys.stderr)
             return True
         if isinstance(message, Gone) and message.host in self.links and message.host in self.waiting():
-            if self.links[message.host].parent == head or self.links[message.host].head_index == head:
-                self.fail(message.host, message.why)
+            link = self.links[message.host]
+            if link.parent == head or link.head_index == head:
+                by = self.links[link.parent].name if link.parent in self.links else "its relay"
+                self.fail(
+                    message.host,
+                    f"{message.why} (tree spawn through {by}; --ssh-tree-width 0 starts each host from here)",
+                )
                 return True
         return False
 
