@@ -26,7 +26,7 @@ SHORT = {
     "sh_ompi_barrier2": "`sh -c` running mpi4py over Open MPI, 2 ranks (PMI and PMIx served)",
     "sleep256": "256 ranks of `echo; sleep 1` (launcher side: peak PSS, CPU)",
     "pmix256": "the same, `--mpi pmix`",
-    "ssh_true": "ssh, 4 hosts × 2 ranks `true`",
+    "ssh_true": "ssh, 4 hosts × 2 ranks `true` (the default client: `ssh` on PATH)",
     "ssh_true_openssh": "the same, `--ssh-client openssh`",
     "ssh_true_paramiko": "the same, `--ssh-client paramiko`",
     "ssh_barrier": "ssh, 4 hosts × 2 ranks, mpi4py barrier (MPICH)",
@@ -37,6 +37,8 @@ SHORT = {
     "ssh_tree32": "ssh tree spawn, 32 hosts, `--ssh-tree-width 8` (peers flat)",
     "ssh_chain8": "ssh tree spawn as a chain, 8 hosts, `--ssh-tree-width 1`",
 }
+
+ORDER = {key: index for index, key in enumerate(SHORT)}  # "the same, ..." rows come right below what they vary
 
 
 def ok(results: list[dict]) -> list[dict]:
@@ -155,7 +157,7 @@ def markdown(rows: list[tuple[str, str, dict[str, list[dict]]]], commit: str, re
         "",
         "| scenario | mpilaunch | Open MPI | hydra | vs Open MPI | vs hydra | target |",
         "|---|---|---|---|---|---|---|",
-        *(row(key, title, results) for key, title, results in rows),
+        *(row(key, title, results) for key, title, results in sorted(rows, key=lambda r: ORDER.get(r[0], len(ORDER)))),
         "",
     ]
     return "\n".join(lines)

@@ -22,13 +22,15 @@ FileId = tuple[int, int]  # (st_dev, st_ino)
 
 
 def present() -> set[FileId]:
-    """The files in /dev/shm now (before a job: never to be removed)."""
+    """The files in /dev/shm now, at any depth as files() finds them (before a job: never to
+    be removed, and never a reason to read the ranks' maps), and its own entries."""
+    listed = files() or {}
     try:
         dev = os.stat(SHM_DIR).st_dev
         with os.scandir(SHM_DIR) as entries:
-            return {(dev, entry.inode()) for entry in entries}
+            return {(dev, entry.inode()) for entry in entries} | set(listed.values())
     except OSError:
-        return set()
+        return set(listed.values())
 
 
 def files(skip: str = "", limit: int = 10000) -> dict[str, FileId] | None:

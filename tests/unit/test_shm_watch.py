@@ -95,3 +95,19 @@ def test_a_look_reads_no_maps_without_a_new_file_and_stops_once_it_has_recorded_
     segment("not-mapped")
     watch.look()
     assert read == [me, me, me]  # a new file no rank maps: every rank's maps are read, as before
+
+
+def test_a_file_deep_in_a_folder_made_before_the_job_is_no_reason_to_read_maps(
+    segment, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Another job's PMIx folder (or one a killed job left) holds files below /dev/shm: they
+    were there before, so no look reads a rank's maps for them (before: the files there before
+    were listed one level deep only, so every look of every job read every rank's maps)."""
+    segment("before-the-job")
+    read: list[int] = []
+    monkeypatch.setattr(shm, "mapped_by", lambda pid: read.append(pid) or {})
+    monkeypatch.setattr(shm_watch, "with_descendants", lambda pid: [pid])
+    watch = ShmWatch(Ranks([os.getpid()]))  # type: ignore[arg-type]
+    for _ in range(3):
+        watch.look()
+    assert read == []
