@@ -22,9 +22,10 @@ FileId = tuple[int, int]  # (st_dev, st_ino)
 
 
 def present() -> set[FileId]:
-    """The files in /dev/shm now, at any depth as files() finds them (before a job: never to
-    be removed, and never a reason to read the ranks' maps), and its own entries."""
-    listed = files() or {}
+    """The files in /dev/shm now, at any depth as files() finds them outside the agents' own
+    folders (before a job: never to be removed, and never a reason to read the ranks' maps),
+    and its own entries."""
+    listed = files(skip=AGENTS_FOLDERS) or {}
     try:
         dev = os.stat(SHM_DIR).st_dev
         with os.scandir(SHM_DIR) as entries:
@@ -156,6 +157,7 @@ def remove_left(seen: dict[str, FileId], before: set[FileId]) -> list[str]:
 
 
 SERVER_FOLDER = "mpilaunch-pmix-{pid}-"  # an agent's PMIx server's folder (agent/services/pmix.py)
+AGENTS_FOLDERS = "mpilaunch-pmix-"  # every agent's: a rank maps only its own agent's, which removes it
 
 
 def server_base() -> str:

@@ -111,3 +111,24 @@ def test_a_file_deep_in_a_folder_made_before_the_job_is_no_reason_to_read_maps(
     for _ in range(3):
         watch.look()
     assert read == []
+
+
+def test_another_agents_folder_is_never_walked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Hundreds of agents on one machine (the ssh bed, a fork launcher's hosts) each have a
+    PMIx folder in /dev/shm that only its own ranks map: a look walks none of them, so an
+    agent's looks do not grow with the others' (and their files are no reason to read maps)."""
+    read: list[int] = []
+    monkeypatch.setattr(shm, "mapped_by", lambda pid: read.append(pid) or {})
+    monkeypatch.setattr(shm_watch, "with_descendants", lambda pid: [pid])
+    watch = ShmWatch(Ranks([os.getpid()]))  # type: ignore[arg-type]
+    folder = Path(shm.SHM_DIR) / f"{shm.SERVER_FOLDER.format(pid=1)}unit-{os.getpid()}"
+    folder.mkdir()
+    try:
+        (folder / "dstore").write_bytes(b"\0" * 4096)  # made after the watch began: new, yet not ours
+        watch.look()
+        listed = shm.files(skip=shm.AGENTS_FOLDERS)
+        assert listed is not None and not [path for path in listed if path.startswith(str(folder))]
+    finally:
+        (folder / "dstore").unlink()
+        folder.rmdir()
+    assert read == []
