@@ -236,10 +236,10 @@ class Agent(ServiceHost, Timer):
                     self.uplink.release()
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
-            self.reaper.release()
             self.services.close()  # a PMIx server and its files
             self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
             self.torch.close()
+            self.reaper.release()  # last: a folder the agent could not remove is the guardian's
         self.send(Bye())
         return 0
 
