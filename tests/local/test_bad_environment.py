@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from mpilaunch.host.shm import AGENTS_FOLDERS
 from tests.conftest import Launcher
 
 PY = sys.executable
@@ -136,15 +137,22 @@ def _span(part: str) -> range:
 
 
 # -- ulimit -n ------------------------------------------------------------------------------------
+def agent_folders() -> set[str]:
+    """The agents' folders in /dev/shm now (their PMIx servers', torch's error files)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(AGENTS_FOLDERS)}
+
+
 @pytest.mark.parametrize("limit", [5, 7, 9, 11, 16, 20, 24, 28, 32, 36])
 def test_a_limit_on_open_files_is_named_never_a_repr(launcher: Launcher, limit: int) -> None:
     """`ulimit -n N`: before, `local agent failed: OSError(24, 'Too many open files')`, a
     traceback of the launcher's own pipe, and ranks that never started summarised as `Signal:
     SIGKILL (9)`. Now: the limit in words, status 2; or the job runs."""
     argv = ["prlimit", f"--nofile={limit}", *launcher.argv(*JOB)]
+    folders = agent_folders()
     proc = subprocess.run(argv, env=launcher.env, cwd=launcher.tmp_path, capture_output=True, timeout=60)
     err = proc.stderr.decode()
     assert not NEVER.search(err), err
+    assert agent_folders() <= folders, "an agent's folder was left in /dev/shm"  # its guardian's, if not its own
     lines = their_lines(err)
     if proc.returncode == 0:
         assert proc.stdout == b"hi\n" * 4 and not lines, err
