@@ -18,8 +18,9 @@ CACHE = Path(
 PIP = {"PIP_CACHE_DIR": str(CACHE / "pip")}  # pip's own cache, kept with what it built
 
 
-def cached_venv(name: str, packages: list[str]) -> tuple[Path | None, str]:
-    """(the venv's python, "") once `packages` are installed in CACHE/name, else (None, why)."""
+def cached_venv(name: str, packages: list[str], system_site: bool = False) -> tuple[Path | None, str]:
+    """(the venv's python, "") once `packages` are installed in CACHE/name, else (None, why);
+    system_site: the venv sees this interpreter's packages too (what it installs comes first)."""
     root = CACHE / name
     python = root / "bin" / "python"
     done = root / ".installed"
@@ -27,7 +28,7 @@ def cached_venv(name: str, packages: list[str]) -> tuple[Path | None, str]:
     if done.exists() and done.read_text() == wanted and python.exists():
         return python, ""
     root.parent.mkdir(parents=True, exist_ok=True)
-    steps = [[sys.executable, "-m", "venv", "--clear", str(root)]]
+    steps = [[sys.executable, "-m", "venv", "--clear", *(["--system-site-packages"] if system_site else []), str(root)]]
     steps.append([str(python), "-m", "pip", "install", "-q", *packages])
     for step in steps:
         try:

@@ -8,15 +8,16 @@ handler per connection (no thread, no blocking read). Its owner reads and writes
 process and hears when a connection closes (a launcher that said it was there went away);
 StoreClient is what launchers use to meet each other through it.
 
-Checked against torch 2.13.0 CPU, whose one client (TCPStore.cpp) is used both with its libuv
-server (`use_libuv=True`, the default) and with the older one (`use_libuv=False`). The wire:
+Checked against torch 2.13.0 CPU and 2.14.1, whose one client (TCPStore.cpp) is used both with
+its libuv server (`use_libuv=True`, the default) and with the older one (`use_libuv=False`). The wire:
 each request is a command byte and its fields; integers are in the machine's byte order
 (uint32, int64, or uint64 for lengths and counts); a key or a value is a uint64 length and
 its bytes. A connection's first request is VALIDATE with 0x3C85F7CE, then torch's client sends
 PING with its pid and expects it back. A torch before 2.2 sends neither: its first request is a
 command, numbered from SET = 0 with WATCH_KEY at 7 (BEFORE_VALIDATE), and the connection is
-served in that numbering (WATCH_KEY's callbacks are not). That is torch 2.0 to 2.13
-(SERVED_TORCH); a validated client's command after BARRIER is a newer torch's: it is dropped
+served in that numbering (WATCH_KEY's callbacks are not). That is torch 2.0 to 2.14
+(SERVED_TORCH; 2.14 sends what 2.13 does, tests/tools/test_torch_releases.py); a validated
+client's command after BARRIER is a newer torch's: it is dropped
 and `on_unserved` told at once. WAIT answers one STOP_WAITING byte when every key
 exists, later if need be, and CANCEL_WAIT (the client's timeout) answers WAIT_CANCELED. ADD
 keeps the value as decimal text. Behaviour follows the libuv server where the two differ
@@ -54,7 +55,7 @@ BEFORE_VALIDATE = (SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, None, DE
                    MULTI_SET, CANCEL_WAIT)  # fmt: skip
 WATCH_KEY_BEFORE_VALIDATE = 7
 NEWER_MAX = 64  # commands from BARRIER to this are a newer torch's (they are added one at a time)
-SERVED_TORCH = "2.0 to 2.13"  # the releases whose commands are served (plan/finalize.STORE_SERVES)
+SERVED_TORCH = "2.0 to 2.14"  # the releases whose commands are served (plan/finalize.STORE_SERVES)
 NOT_TORCH = "the first request was neither VALIDATE with torch's number nor a request of torch before 2.2"
 READY, NOT_READY = 0, 1  # CHECK
 STOP_WAITING, WAIT_CANCELED = 0, 1  # WAIT, BARRIER, CANCEL_WAIT

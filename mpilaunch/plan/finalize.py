@@ -73,7 +73,7 @@ def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> L
 
 # The torch releases whose TCPStore the ranks' store serves (host/tcpstore.py: both numberings;
 # the commands are only ever added at the end). Those after it were not read.
-STORE_SERVES = ((2, 0), (2, 13))
+STORE_SERVES = ((2, 0), (2, 14))
 
 
 def store_serves(release: str) -> bool:

@@ -174,13 +174,13 @@ def test_a_newer_torchs_command_is_said_at_once_and_its_connection_closed(job: J
     line = job.proc.stderr.readline().decode()  # type: ignore[union-attr]
     assert not (job.folder / "go").exists()  # said before the job ends
     assert line.startswith("mpilaunch: agent on ") and line.endswith(
-        ": the ranks' store closed a rank's connection: it sent command 19, which no torch from 2.0 to 2.13 sends; "
-        "a torch read before launch outside 2.0 to 2.13 meets in rank 0's own store instead\n"
+        ": the ranks' store closed a rank's connection: it sent command 19, which no torch from 2.0 to 2.14 sends; "
+        "a torch read before launch outside 2.0 to 2.14 meets in rank 0's own store instead\n"
     ), line
     host = line[len("mpilaunch: agent on ") :].split(":")[0]
     status, err = job.finish()
     assert status == 0, err
     assert err.splitlines() == [
         f"mpilaunch: agent on {host}: the ranks' store on port {job.port} dropped 1 connection that broke "
-        "TCPStore's protocol (the first: command 19, which no torch from 2.0 to 2.13 sends)"
+        "TCPStore's protocol (the first: command 19, which no torch from 2.0 to 2.14 sends)"
     ], err

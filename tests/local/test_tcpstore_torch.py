@@ -277,5 +277,5 @@ def test_a_torch_the_store_does_not_serve_meets_in_rank_0s_own_store(launcher: L
     said = [line for line in done.stderr.splitlines() if "does not serve" in line]
     assert said == [
         "mpilaunch: the ranks' torch 2.99.0+cpu on localhost speaks a TCPStore mpilaunch does not serve "
-        "(it serves torch 2.0 to 2.13): the ranks meet in rank 0's own store (TORCHELASTIC_USE_AGENT_STORE=False)"
+        "(it serves torch 2.0 to 2.14): the ranks meet in rank 0's own store (TORCHELASTIC_USE_AGENT_STORE=False)"
     ], done.stderr

@@ -31,5 +31,5 @@ def test_a_remote_rank_0s_torch_the_store_does_not_serve_meets_in_its_own_store(
     assert lines == [f"{rank} 3 False 2.99.0+cpu" for rank in range(2)], done.stdout
     assert (
         "mpilaunch: the ranks' torch 2.99.0+cpu on node1 speaks a TCPStore mpilaunch does not serve "
-        "(it serves torch 2.0 to 2.13): the ranks meet in rank 0's own store (TORCHELASTIC_USE_AGENT_STORE=False)"
+        "(it serves torch 2.0 to 2.14): the ranks meet in rank 0's own store (TORCHELASTIC_USE_AGENT_STORE=False)"
     ) in done.stderr.splitlines(), done.stderr

@@ -1,4 +1,5 @@
-"""The ranks' store, one transcript per TCPStore layout of torch 2.0 to 2.13, byte for byte.
+"""The ranks' store, one transcript per TCPStore layout of torch 2.0 to 2.13, byte for byte
+(2.14 sends what 2.13 does: its real client runs in tests/tools/test_torch_releases.py).
 
 Each layout's requests are written here as that release's client (its TCPStore.cpp) sends
 them, with its own command numbers, not the server's constants: torch before 2.2 numbers its
@@ -168,13 +169,13 @@ def test_a_command_after_those_served_is_said_once_and_its_connection_closed(rig
     old.sendall(request(OLD, "SET", text(b"/a"), text(b"1")) + bytes((13,)))
     rig.turn_until(lambda: rig.server.refused == 3)
     old.close()
-    assert told == ["command 19, which no torch from 2.0 to 2.13 sends"]
+    assert told == ["command 19, which no torch from 2.0 to 2.14 sends"]
 
 
 def test_the_range_the_launcher_reads_is_the_one_the_store_serves() -> None:
     first, last = (".".join(map(str, r)) for r in STORE_SERVES)
     assert tcpstore.SERVED_TORCH == f"{first} to {last}"
-    served = ["2.0.0", "2.1.2+cpu", "2.2.0+cu121", "2.13.0+cpu", "2.13.1"]
-    assert [store_serves(r) for r in served] == [True] * 5
-    unserved = ["1.13.1+cu117", "2.14.0", "2.15.0.dev20260101+cpu", "3.0.0", "", "two"]
+    served = ["2.0.0", "2.1.2+cpu", "2.2.0+cu121", "2.13.0+cpu", "2.13.1", "2.14.1+cu130"]
+    assert [store_serves(r) for r in served] == [True] * 6
+    unserved = ["1.13.1+cu117", "2.15.0", "2.15.0.dev20260101+cpu", "3.0.0", "", "two"]
     assert [store_serves(r) for r in unserved] == [False] * 6
