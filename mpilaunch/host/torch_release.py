@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from mpilaunch.host.mpi_family import _python_version, _site_folders, script_interpreter
+from mpilaunch.host.mpi_family import script_interpreter, site_folders
 from mpilaunch.host.programs import _target
 
 VERSION_LINE = "__version__ = "
@@ -25,13 +25,7 @@ def torch_release(program: str, wdir: str, path: str) -> str | None:
     interpreter = script_interpreter(target, path)
     if interpreter:
         target = interpreter
-    if _python_version(os.path.basename(target)) is None:
-        return None
-    real = os.path.realpath(target)
-    minor = _python_version(os.path.basename(real))
-    if not minor:
-        return None
-    for folder in _site_folders(target, real, minor):
+    for folder in site_folders(target):
         release = _written_version(os.path.join(folder, "torch", "version.py"))
         if release is not None:
             return release
