@@ -278,21 +278,22 @@ def mca_defaults(
             values[name] = mca_count(key, value)
         elif key in MCA_VALUES:
             values[name] = value
-        elif value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
-            values[name] = value.strip().lower() in TRUE_WORDS
         else:
-            raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
+            values[name] = mca_flag(key, value)
         out.add(name)
     no_tree = last_mca(mca, "plm_rsh_no_tree_spawn", env)  # Open MPI tree-spawns unless told not to, as we do
-    if no_tree is not None and "ssh_tree_width" not in given:
-        if no_tree.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
-            raise LaunchError(
-                f"MCA parameter plm_rsh_no_tree_spawn={no_tree!r}: expected 1 or 0, true or false, yes or no"
-            )
-        if no_tree.strip().lower() in TRUE_WORDS:
-            values["ssh_tree_width"] = 0
-            out.add("ssh_tree_width")
+    if no_tree is not None and "ssh_tree_width" not in given and mca_flag("plm_rsh_no_tree_spawn", no_tree):
+        values["ssh_tree_width"] = 0
+        out.add("ssh_tree_width")
     return out
+
+
+def mca_flag(key: str, value: str) -> bool:
+    """An MCA parameter's yes or no, or one line saying what it got."""
+    word = value.strip().lower()
+    if word not in TRUE_WORDS + FALSE_WORDS:
+        raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
+    return word in TRUE_WORDS
 
 
 def mca_count(key: str, value: str) -> int:

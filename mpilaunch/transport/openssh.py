@@ -242,8 +242,7 @@ class OpensshTransport(Transport):
 
     def __init__(self, options: SshOptions) -> None:
         self.options = options
-        self._ssh_options: list[str] = []  # ssh's command line up to the host, once started (OpenSSH's only)
-        self._command: tuple[bool, list[str]] | None = None  # (OpenSSH's?, options up to the host)
+        self._command: tuple[bool, list[str]] | None = None  # (OpenSSH's?, options up to the host), once started
 
     def retry(self, error: TransportError) -> bool:
         return _dropped(str(error))
@@ -254,9 +253,9 @@ class OpensshTransport(Transport):
         (SSH_CONNECTION), else the HostName resolved here as ssh resolves it (not behind a
         ProxyJump or ProxyCommand, whose hop resolves it: then the name). For `mpilaunch check`
         only: a job does not pay for the `ssh -G` runs."""
-        if not self._ssh_options:
-            return  # not OpenSSH's ssh: only what its agents say
-        for index, settings in _ssh_settings(self._ssh_options, hosts).items():
+        if self._command is None or not self._command[0]:
+            return  # not started, or not OpenSSH's ssh: only what its agents say
+        for index, settings in _ssh_settings(self._command[1], hosts).items():
             result = results[index]
             hello = result.link.hello if result.link is not None else None
             hostname = settings.get("hostname", hosts[index].name)
@@ -279,7 +278,6 @@ class OpensshTransport(Transport):
             base = ssh_options(spec, version)
             if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
                 base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
-                self._ssh_options = base
             self._command = (openssh, base)
         return self._command
 
