@@ -23,15 +23,17 @@ FileId = tuple[int, int]  # (st_dev, st_ino)
 
 def present() -> set[FileId]:
     """The files in /dev/shm now, at any depth as files() finds them outside the agents' own
-    folders (before a job: never to be removed, and never a reason to read the ranks' maps),
-    and its own entries."""
-    listed = files(skip=AGENTS_FOLDERS) or {}
+    folders (before a job: never to be removed, and never a reason to read the ranks' maps);
+    when files() cannot say (too many, or a folder it cannot list), its own entries."""
+    listed = files(skip=AGENTS_FOLDERS)
+    if listed is not None:
+        return set(listed.values())
     try:
         dev = os.stat(SHM_DIR).st_dev
         with os.scandir(SHM_DIR) as entries:
-            return {(dev, entry.inode()) for entry in entries} | set(listed.values())
+            return {(dev, entry.inode()) for entry in entries}
     except OSError:
-        return set(listed.values())
+        return set()
 
 
 def files(skip: str = "", limit: int = 10000) -> dict[str, FileId] | None:
