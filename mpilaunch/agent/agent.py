@@ -11,10 +11,10 @@ the loop until the job is over.
 
 from __future__ import annotations
 
+import _signal as signal
 import _socket
 import os
 import select
-import signal
 import sys
 
 from mpilaunch.agent.launches import Launches
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}  # what the agent takes as "stop"
 
 
 class Agent(ServiceHost, Timer):
@@ -185,7 +186,7 @@ class Agent(ServiceHost, Timer):
             sig, self.stop_requested = self.stop_requested, 0
             who = " by Slurm (scancel, or the job's time limit)" if os.environ.get("SLURM_STEP_ID") else ""
             try:
-                self.send(Note(text=f"mpilaunch: the agent on {self.host} was sent {signal.Signals(sig).name}{who}"))
+                self.send(Note(text=f"mpilaunch: the agent on {self.host} was sent {STOP_SIGNALS[sig]}{who}"))
             except OSError:
                 pass
             self.uplink.lose()
@@ -206,8 +207,8 @@ class Agent(ServiceHost, Timer):
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_stop_signal)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop_signal)
         # A handler, not SIG_IGN: an ignored signal would stay ignored in every rank we exec.
         signal.signal(signal.SIGINT, lambda *_: None)
         signal.set_wakeup_fd(wake_w)

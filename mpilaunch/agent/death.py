@@ -25,8 +25,8 @@ tests give it files and a kernel log of their own. Stdlib only: shipped with the
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 
 from mpilaunch.agent.loop import Timer
 from mpilaunch.protocol.messages import Death

@@ -10,8 +10,8 @@ files the agent reads and writes are its own business. Stdlib only: shipped with
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 import time
 
 from mpilaunch.host import procfs, spawn

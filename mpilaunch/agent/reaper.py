@@ -12,8 +12,8 @@ cgroup) if the agent dies without doing so.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 
 from mpilaunch.agent.loop import Timer
 

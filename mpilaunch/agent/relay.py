@@ -12,11 +12,10 @@ started.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import selectors
-import signal
 
-from mpilaunch.agent.loop import Loop
+from mpilaunch.agent.loop import WRITE, Loop
 from mpilaunch.host import spawn
 from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options
 from mpilaunch.protocol import wire
@@ -161,7 +160,7 @@ class Relay:
         child.outbox += data
         self.flush(child)
         if was_empty and child.outbox and child.stdin is not None:
-            self.loop.watch(child.stdin, self.writable, selectors.EVENT_WRITE)
+            self.loop.watch(child.stdin, self.writable, WRITE)
 
     def flush(self, child: Child) -> None:
         """Write what the child's pipe takes now (ssh reads it once the session is up)."""

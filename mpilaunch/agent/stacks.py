@@ -22,8 +22,8 @@ shipped with the agent, imported on the first request.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 import sys
 
 from mpilaunch.agent.loop import Loop, Timer

@@ -44,7 +44,7 @@ class TorchSupport:
         from mpilaunch.host.tcpstore import StoreServer, listen_host
 
         try:
-            self.store = StoreServer(self.loop.sel, listen_host(host), port, on_unserved=self.unserved)
+            self.store = StoreServer(self.loop, listen_host(host), port, on_unserved=self.unserved)
         except OSError as exc:
             said = f"mpilaunch: agent on {self.host}: cannot serve the ranks' store on port {port}: {exc}"
             self.send(Note(text=said))

@@ -9,8 +9,8 @@ the sweep alone already ends every tree while the agent lives.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 import time
 
 
