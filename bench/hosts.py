@@ -38,10 +38,14 @@ TIMEOUT = 900.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def launchers() -> dict[str, list[str]]:
+def launchers(commits: list[str]) -> dict[str, list[str]]:
+    """mpilaunch of each commit (named `mpilaunch` when only HEAD is asked for), then hydra."""
     from bench.installed import installed
 
-    found = {"mpilaunch": [str(installed() / "mpilaunch")]}
+    if commits == ["HEAD"]:
+        found = {"mpilaunch": [str(installed() / "mpilaunch")]}
+    else:
+        found = {f"mpilaunch {name}": [str(installed(name) / "mpilaunch")] for name in commits}
     hydra = Path(sysconfig.get_path("scripts")) / "mpiexec.hydra"
     if hydra.exists():
         found["hydra"] = [str(hydra)]
@@ -142,14 +146,13 @@ def table(rows: list[tuple[int, str, dict[str, dict]]]) -> str:
     )
     lines = []
     for hosts, program, by in rows:
-        ours = by.get("mpilaunch", {})
         for name, s in by.items():
             if "seconds" not in s:
                 lines.append(f"| {hosts} | {program} | {name} | failed: {s['why']} | | | | | | {s['failed']} |")
                 continue
             ratio = ""
-            if name == "mpilaunch" and "seconds" in by.get("hydra", {}):
-                ratio = f"{ours['seconds'] / by['hydra']['seconds']:.2f}x"
+            if name.startswith("mpilaunch") and "seconds" in by.get("hydra", {}):
+                ratio = f"{s['seconds'] / by['hydra']['seconds']:.2f}x"
             lines.append(
                 f"| {hosts} | {program} | {name} | {s['seconds']:.1f} | {ratio} | {s['cpu']:.2f} "
                 f"| {1000 * s['cpu'] / hosts:.1f} | {1000 * s['remote_cpu'] / hosts:.0f} | {s['rss_mb']:.0f} "
@@ -166,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", help="launchers to run (default: mpilaunch and hydra)")
     parser.add_argument("--write", help="write the Markdown table here")
     parser.add_argument("--extra", default="", help="more words for mpilaunch (e.g. '--ssh-tree-width 32')")
+    parser.add_argument("--commits", nargs="+", default=["HEAD"], help="mpilaunch of each commit, side by side")
     args = parser.parse_args(argv)
     from tests.sshbed import SshBed
 
-    peers = {k: v for k, v in launchers().items() if not args.only or k in args.only}
+    peers = {k: v for k, v in launchers(args.commits).items() if not args.only or k.split()[0] in args.only}
     rows = []
     # One sshd per host, each with a handful of descriptors; the launchers hold 3 per host.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
