@@ -45,6 +45,10 @@ def _from_c() -> tuple[Callable[[object], str], Callable[[str], object]] | None:
             value, end = scan(text, 0)
         except StopIteration:
             raise ValueError("not JSON") from None
+        except SystemError:  # bad JSON: the scanner names it with json.decoder's error, not loaded yet
+            import json
+
+            return json.loads(text)  # raises that error (and loads json.decoder for the next one)
         if end != len(text):
             raise ValueError(f"extra data at {end}")
         return value

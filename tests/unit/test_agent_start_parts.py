@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 
 import pytest
 
@@ -36,8 +37,14 @@ def test_the_codec_is_the_c_one_here() -> None:
     assert jsoncodec._from_c() is not None
 
 
-@pytest.mark.parametrize("text", ["", "{", "[1,", '{"a":1} x', " {}", "nope", '{"a":}', '"\\ud800'])
-def test_what_is_not_one_json_value_is_a_value_error(text: str) -> None:
+@pytest.mark.parametrize("text", ["", "{", "{x}", "[1,", '{"a":1} x', " {}", "nope", '{"a":}', '"\\ud800'])
+@pytest.mark.parametrize("loaded", ["json loaded", "json not loaded"])
+def test_what_is_not_one_json_value_is_a_value_error(text: str, loaded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also in an agent, where nothing has imported json (the C scanner names its errors with
+    json.decoder's, and cannot without it)."""
+    if loaded == "json not loaded":
+        for name in [name for name in sys.modules if name == "json" or name.startswith("json.")]:
+            monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ValueError):
         jsoncodec.loads(text)
 
