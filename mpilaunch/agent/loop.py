@@ -42,7 +42,7 @@ class Timer:
 class Loop:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.poller = select.epoll() if _EPOLL else select.poll()
-        self.handlers: dict[int, Handler] = {}
+        self.handlers: dict[int, tuple[object, Handler]] = {}  # by descriptor: what was watched, its handler
         self.timers: list[Timer] = []
         self.clock = clock
 
@@ -57,7 +57,11 @@ class Loop:
             pass
 
     def watched(self, fd: object) -> bool:
-        return _fd(fd) in self.handlers
+        try:
+            self._key(fd)
+        except KeyError:
+            return False
+        return True
 
     # -- what a selector offers -------------------------------------------------------------
     def register(self, fileobj: object, events: int, data: Handler) -> None:
@@ -65,17 +69,15 @@ class Loop:
         if fd in self.handlers:
             raise KeyError(f"{fileobj!r} is already registered")
         self.poller.register(fd, _MASK[events])
-        self.handlers[fd] = data
+        self.handlers[fd] = (fileobj, data)
 
     def modify(self, fileobj: object, events: int, data: Handler) -> None:
-        fd = _fd(fileobj)
-        if fd not in self.handlers:
-            raise KeyError(f"{fileobj!r} is not registered")
+        fd = self._key(fileobj)
         self.poller.modify(fd, _MASK[events])
-        self.handlers[fd] = data
+        self.handlers[fd] = (fileobj, data)
 
     def unregister(self, fileobj: object) -> None:
-        fd = _fd(fileobj)
+        fd = self._key(fileobj)
         del self.handlers[fd]
         try:
             self.poller.unregister(fd)
@@ -90,12 +92,26 @@ class Loop:
         deadlines = [when for when in (t.next_deadline() for t in self.timers) if when is not None]
         timeout = max(0.0, min(deadlines) - self.clock()) if deadlines else None
         for fd, _ in self._ready(timeout):
-            handler = self.handlers.get(fd)
-            if handler is not None:  # an earlier handler of this turn may have unwatched it
-                handler(fd)
+            entry = self.handlers.get(fd)
+            if entry is not None:  # an earlier handler of this turn may have unwatched it
+                entry[1](fd)
         now = self.clock()
         for timer in self.timers:
             timer.tick(now)
+
+    def _key(self, fileobj: object) -> int:
+        """The descriptor fileobj was watched under; one closed since (its fileno fails or is
+        -1) is found by the object itself, as selectors finds it."""
+        try:
+            fd = _fd(fileobj)
+        except ValueError:
+            fd = -1
+        if fd >= 0 and fd in self.handlers:
+            return fd
+        for known, (watched, _) in self.handlers.items():
+            if watched is fileobj:
+                return known
+        raise KeyError(f"{fileobj!r} is not registered")
 
     def _ready(self, timeout: float | None) -> list[tuple[int, int]]:
         try:

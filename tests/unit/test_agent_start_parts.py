@@ -138,3 +138,24 @@ def test_the_ranks_store_serves_from_the_agents_loop(loop: Loop) -> None:
     finally:
         client.close()
         store.close()
+
+
+def test_a_socket_closed_before_it_is_unwatched_frees_its_descriptor(loop: Loop) -> None:
+    """As with selectors: the closed object is found by itself, so a descriptor the kernel
+    hands out again can be watched anew."""
+    first = socket.socketpair()
+    loop.watch(first[0], lambda fd: None)
+    number = first[0].fileno()
+    first[0].close()
+    loop.unwatch(first[0])
+    assert not loop.watched(first[0]) and not loop.watched(number)
+    second = socket.socketpair()
+    reused = second[0] if second[0].fileno() == number else second[1]
+    assert reused.fileno() == number  # the lowest free descriptor
+    called: list[int] = []
+    loop.watch(reused, called.append)
+    (second[1] if reused is second[0] else second[0]).sendall(b"x")
+    loop.turn()
+    assert called == [number]
+    for end in (first[1], *second):
+        end.close()
