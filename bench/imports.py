@@ -110,20 +110,15 @@ def payload_costs() -> list[tuple[str, float]]:
     rows = []
     built = min(timeit.repeat(lambda: bootstrap._build_payload(magic), number=1, repeat=3))
     rows.append((f"build the payload (compile and compress every module; {len(payload) // 1024} KiB)", built * 1e3))
-    rows.append(
-        (
-            "unmarshal the bundle (the agent's side)",
-            min(timeit.repeat(lambda: marshal.loads(bundle), number=20, repeat=5)) / 20 * 1e3,
-        )
-    )
+    unmarshal = min(timeit.repeat(lambda: marshal.loads(bundle), number=20, repeat=5)) / 20
+    rows.append(("unmarshal the bundle (the agent's side)", unmarshal * 1e3))
 
     def undo() -> None:
         for _, _, code in modules.values():
             zlib.decompress(code)
 
-    rows.append(
-        (f"decompress all {len(modules)} modules' code", min(timeit.repeat(undo, number=10, repeat=3)) / 10 * 1e3)
-    )
+    undone = min(timeit.repeat(undo, number=10, repeat=3)) / 10
+    rows.append((f"decompress all {len(modules)} modules' code", undone * 1e3))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "payload")
         with open(path, "wb") as out:

@@ -100,17 +100,18 @@ class Loop:
             timer.tick(now)
 
     def _key(self, fileobj: object) -> int:
-        """The descriptor fileobj was watched under; one closed since (its fileno fails or is
-        -1) is found by the object itself, as selectors finds it."""
+        """The descriptor fileobj is watched under. An object closed since (its fileno fails or
+        is -1) is looked for by itself, as selectors looks for it; a descriptor is not."""
         try:
             fd = _fd(fileobj)
         except ValueError:
             fd = -1
-        if fd >= 0 and fd in self.handlers:
+        if fd < 0:
+            for known, (watched, _) in self.handlers.items():
+                if watched is fileobj:
+                    return known
+        elif fd in self.handlers:
             return fd
-        for known, (watched, _) in self.handlers.items():
-            if watched is fileobj:
-                return known
         raise KeyError(f"{fileobj!r} is not registered")
 
     def _ready(self, timeout: float | None) -> list[tuple[int, int]]:

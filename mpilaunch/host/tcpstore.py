@@ -533,8 +533,9 @@ class Requests:
 
 
 class StoreServer:
-    """A TCPStore server on `selector`, whose keys' data are callables taking the descriptor
-    (agent/loop.Loop calls `key.data(key.fd)`; any loop that does the same can host it). With
+    """A TCPStore server on `selector`, whose keys' data are callables taking the descriptor:
+    a selector whose owner calls `key.data(key.fd)`, or anything with a selector's `register`,
+    `modify` and `unregister` that calls them so (the agent's loop, agent/loop.Loop). With
     no selector it makes its own and `run` drives it (tests, `python -m`). `sock` is a bound
     socket to listen on (the launcher's chosen MASTER_PORT), else it binds host:port.
     `on_close(peer)` is told of every validated connection that closed or was dropped,

@@ -72,7 +72,7 @@ os._exit(status)
 """
 
 
-def _agent_modules() -> dict[str, tuple[bool, str, bytes]]:
+def _agent_modules() -> dict[str, tuple[bool, bytes, bytes]]:
     """Every module the agent may import, by name: (is a package, source, marshalled code), the
     last two compressed.
     The code comes from the package's own loader, so an installed mpilaunch ships its cached
