@@ -144,3 +144,43 @@ def listening_addresses(port: int) -> set[str]:
                 ordered = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 found.add(socket.inet_ntop(family, ordered))
     return found
+
+
+AGENT_FOLDER = "mpilaunch-pmix-"  # an agent's folders in /dev/shm: mpilaunch-pmix-PID-...
+
+
+def left_in_dev_shm(before: set[str], prefixes: tuple[str, ...], within: float = 5.0) -> list[str]:
+    """What a test left in /dev/shm: entries named with one of prefixes made since `before` (a
+    listing) that stay left for `within` seconds (a job that just ended may still be removing
+    its own). Jobs of other tests run beside it (pytest -n), so an entry is not left while its
+    agent lives (an agent's folder names its pid), while a live process maps or holds it (Open
+    MPI's segments carry no pid), or when another user made it (test_bad_environment.py's)."""
+    deadline = time.monotonic() + within
+    while True:
+        made = set(os.listdir("/dev/shm")) - before
+        left = sorted(name for name in made if name.startswith(prefixes) and _left(name))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _left(name: str) -> bool:
+    try:
+        if os.stat(f"/dev/shm/{name}").st_uid != os.getuid():
+            return False
+    except FileNotFoundError:  # removed meanwhile
+        return False
+    if name.startswith(AGENT_FOLDER):
+        pid = name[len(AGENT_FOLDER) :].split("-", 1)[0]
+        return not (pid.isdigit() and os.path.exists(f"/proc/{pid}"))
+    path = f"/dev/shm/{name}"
+    for proc in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{proc}/maps") as maps:
+                if path in maps.read():
+                    return False
+            if any(os.readlink(f"/proc/{proc}/fd/{fd}") == path for fd in os.listdir(f"/proc/{proc}/fd")):
+                return False
+        except OSError:  # gone meanwhile, or a descriptor closed while read
+            continue
+    return True

@@ -7,9 +7,12 @@ built (no PyPI) is a skip, said why."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 CACHE = Path(
@@ -18,9 +21,24 @@ CACHE = Path(
 PIP = {"PIP_CACHE_DIR": str(CACHE / "pip")}  # pip's own cache, kept with what it built
 
 
+@contextlib.contextmanager
+def built_alone(name: str) -> Iterator[None]:
+    """Held while CACHE/name is checked and built: test processes running side by side (pytest
+    -n) wait for the first one's build instead of building over it."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def cached_venv(name: str, packages: list[str], system_site: bool = False) -> tuple[Path | None, str]:
     """(the venv's python, "") once `packages` are installed in CACHE/name, else (None, why);
     system_site: the venv sees this interpreter's packages too (what it installs comes first)."""
+    with built_alone(name):
+        return _cached_venv(name, packages, system_site)
+
+
+def _cached_venv(name: str, packages: list[str], system_site: bool) -> tuple[Path | None, str]:
     root = CACHE / name
     python = root / "bin" / "python"
     done = root / ".installed"
@@ -45,6 +63,11 @@ def cached_sdist(requirement: str, top: str) -> tuple[Path | None, str]:
     """(the unpacked source tree of `requirement`'s sdist, "") from CACHE/sdists, downloaded once
     with pip (no build, no dependencies), else (None, why). top: the folder the archive holds,
     e.g. horovod-0.28.1."""
+    with built_alone("sdists"):
+        return _cached_sdist(requirement, top)
+
+
+def _cached_sdist(requirement: str, top: str) -> tuple[Path | None, str]:
     import tarfile
 
     folder = CACHE / "sdists"

@@ -24,6 +24,7 @@ import pytest
 
 from mpilaunch.host.shm import AGENTS_FOLDERS
 from tests.conftest import Launcher
+from tests.procs import left_in_dev_shm
 
 PY = sys.executable
 JOB = ("-n", "4", "sh", "-c", "echo hi")
@@ -143,22 +144,17 @@ def _span(part: str) -> range:
 
 
 # -- ulimit -n ------------------------------------------------------------------------------------
-def agent_folders() -> set[str]:
-    """The agents' folders in /dev/shm now (their PMIx servers', torch's error files)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(AGENTS_FOLDERS)}
-
-
 @pytest.mark.parametrize("limit", [5, 7, 9, 11, 16, 20, 24, 28, 32, 36])
 def test_a_limit_on_open_files_is_named_never_a_repr(launcher: Launcher, limit: int) -> None:
     """`ulimit -n N`: before, `local agent failed: OSError(24, 'Too many open files')`, a
     traceback of the launcher's own pipe, and ranks that never started summarised as `Signal:
     SIGKILL (9)`. Now: the limit in words, status 2; or the job runs."""
     argv = ["prlimit", f"--nofile={limit}", *launcher.argv(*JOB)]
-    folders = agent_folders()
+    before = set(os.listdir("/dev/shm"))  # the agents' folders: their PMIx servers', torch's error files
     proc = subprocess.run(argv, env=launcher.env, cwd=launcher.tmp_path, capture_output=True, timeout=60)
     err = proc.stderr.decode()
     assert not NEVER.search(err), err
-    assert agent_folders() <= folders, "an agent's folder was left in /dev/shm"  # its guardian's, if not its own
+    assert not left_in_dev_shm(before, (AGENTS_FOLDERS,))  # its own, or its guardian's, removed it
     lines = their_lines(err)
     if proc.returncode == 0:
         assert proc.stdout == b"hi\n" * 4 and not lines, err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,11 @@ def test_a_closed_stream_is_as_if_on_dev_null(launcher: Launcher, tmp_path: Path
         assert out[0] == "stdin 0"  # a closed stdin is an empty one: each rank reads EOF
         assert out[1:] == [f"out {i}" for i in range(50000)]
         assert errs == [f"err {i}" for i in range(50000)]
-    if 1 not in closed:  # the console still shows everything
-        assert sum(line.startswith("out ") for line in proc.stdout.decode().splitlines()) == 2 * 50000
+    if 1 not in closed:  # the console still shows everything: every byte, lines in any order; a
+        # partial line idle 0.25 s (a rank starved of CPU between two blocks) goes out on its own,
+        # ended by a newline before the other rank's next line
+        shown = Counter(proc.stdout.replace(b"\n", b""))
+        assert shown == Counter(b"".join(b"stdin 0" + b"".join(b"out %d" % i for i in range(50000)) for _ in range(2)))
 
 
 def test_a_full_log_disk_is_named_and_the_job_status_kept(launcher: Launcher, tmp_path: Path) -> None:

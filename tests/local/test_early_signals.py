@@ -7,9 +7,14 @@ Python's to report.)"""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from tests.conftest import Launcher, tagged_pids
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_sigint() -> None:
@@ -66,3 +71,42 @@ def test_sigterm_during_start_up_closes_what_is_open(launcher: Launcher) -> None
             time.sleep(0.02)
         assert not tagged_pids(launcher.tag), f"attempt {attempt}: processes left"
     assert outcomes.get(143, 0) > 0, outcomes  # by the signal only while Python starts and entry is imported
+
+
+# The launcher as the command runs it, with a Ctrl-C at the moment job 1's ranks are launched,
+# before the controller that runs them exists: the signal is caught from then on.
+AT_LAUNCH = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from mpilaunch.launcher.start import launch
+
+def encode(record, _encode=launch.encode):
+    data = _encode(record)
+    if type(record).__name__ == "Launch":
+        os.kill(os.getpid(), signal.SIGINT)
+    return data
+
+launch.encode = encode
+sys.argv[0] = "mpilaunch"
+from mpilaunch.entry import main
+main()
+"""
+
+
+def test_sigint_as_the_ranks_are_launched_is_the_runs(launcher: Launcher, tmp_path: Path) -> None:
+    """Job 1's ranks are launched while the controller's modules are still imported: a Ctrl-C
+    then is the run's (forwarded to the ranks, the grace, the summary), not the start-up's (the
+    launcher gone at once, its ranks killed by their agents without a word). Before, a test
+    that waited for its ranks to run and then sent SIGINT saw the launcher end in 4 ms."""
+    script = tmp_path / "at_launch.py"
+    script.write_text(AT_LAUNCH.format(root=str(ROOT)))
+    proc = subprocess.run(
+        [sys.executable, str(script), "-n", "2", "sleep", "30"],
+        env=launcher.env, cwd=tmp_path, capture_output=True, timeout=60, preexec_fn=_default_sigint,
+    )  # fmt: skip
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 130, err
+    assert "SIGINT forwarded to every rank" in err, err
+    assert "stopped by SIGINT (forwarded to every rank)" in err, err
+    assert "Traceback" not in err, err
+    assert not tagged_pids(launcher.tag)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Launcher
 from tests.mpi.conftest import nothing_left_in_dev_shm  # noqa: F401  (Open MPI ranks run here too)
-from tests.venvs import CACHE, cached_venv
+from tests.venvs import CACHE, built_alone, cached_venv
 
 # The variables that let Open MPI's mpirun run as root: a tool's job as root needs none of them.
 ROOT_FLAGS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
@@ -65,13 +65,14 @@ def deepspeed_venv() -> Path:
     (`deepspeed_shm_comm`) built once beside it, so the jobs only load it."""
     python = venv_or_skip("deepspeed", DEEPSPEED)
     stamp = python.parent.parent / ".shm-op-built"
-    if not stamp.exists():
-        build = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-        env = {**os.environ, **deepspeed_env(python), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([str(python), "-c", build], capture_output=True, text=True, timeout=900, env=env)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot build DeepSpeed's CPU op: {proc.stderr.strip()[-300:]}")
-        stamp.write_text("deepspeed_shm_comm\n")
+    with built_alone("deepspeed-op"):
+        if not stamp.exists():
+            build = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+            env = {**os.environ, **deepspeed_env(python), "OMP_NUM_THREADS": "1"}
+            proc = subprocess.run([str(python), "-c", build], capture_output=True, text=True, timeout=900, env=env)
+            if proc.returncode != 0:
+                pytest.skip(f"cannot build DeepSpeed's CPU op: {proc.stderr.strip()[-300:]}")
+            stamp.write_text("deepspeed_shm_comm\n")
     return python
 
 

@@ -19,6 +19,7 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_second() -> None:
     assert commands[0].startswith("pip install .") and "mpilaunch" in commands[0]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert commands[1] in ci
+    assert "-n 3 --dist loadfile" in commands[1]  # test files side by side, each whole in one process (its beds)
 
 
 def test_the_package_has_its_console_script_and_extras() -> None:
@@ -31,7 +32,7 @@ def test_the_package_has_its_console_script_and_extras() -> None:
     # launcher inspects no process: psutil (11 ms to import) is only the tests' way to look.
     assert "psutil" not in runtime
     test_extra = text.split("test = [", 1)[1].split("]", 1)[0]
-    for dep in ("pytest", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
+    for dep in ("pytest", "pytest-xdist", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
         assert dep in test_extra
     assert 'report = ["matplotlib' in text  # `mpilaunch report -o report.png`
     assert 'debug = ["py-spy' in text and '"py-spy' in test_extra  # Python ranks' stacks (tests/local/test_stacks.py)

@@ -533,8 +533,12 @@ def execute(
     for note in final.notes if notes else ():  # said once in a run, not again for each restart
         say(plan.options, note)
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
-    # agents answer waits in their links until the controller reads it.
+    # agents answer, and any signal, waits (in the links, in the signal pipe) until the controller reads it.
+    from mpilaunch.launcher.loop.signals import SignalPipe
+
+    signals = SignalPipe()
     try:
+        signals.catch()
         links.update({index: here.agent() for index in final.launches if index not in links})
         for index, launch in final.launches.items():
             try:
@@ -545,8 +549,9 @@ def execute(
 
         return Controller(
             plan, sink, links, summary=not host_tags, launched=True, agents=here.agent,
-            remote_agents=functools.partial(start_spawn_agents, plan),
+            remote_agents=functools.partial(start_spawn_agents, plan), signals=signals,
         )  # fmt: skip
     except BaseException:
+        signals.release()
         _close_and_wait(links)
         raise
