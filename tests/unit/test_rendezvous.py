@@ -369,7 +369,12 @@ def test_fewer_than_min_nodes_is_said_by_every_launcher() -> None:
             j.value()
         said.append(str(caught.value))
     assert f"2 of at least 3 nodes joined at {HOST}:{port} within 2 s" in said
-    assert any(s.startswith(f"the nodes' meeting at {HOST}:{port} did not close within 2 s") for s in said), said
+    # the other: its own 2 s, or the store's end, if the store's launcher gave up first (a busy machine)
+    other = (
+        f"the nodes' meeting at {HOST}:{port} did not close within 2 s",
+        f"the rendezvous store at {HOST}:{port} went away while the nodes met",
+    )
+    assert any(s.startswith(other) for s in said), said
 
 
 def test_a_launcher_of_the_next_attempt_waits_for_the_store_of_the_one_before_to_go() -> None:
