@@ -363,7 +363,10 @@ class Server:
             self.finalize()
 
         worker = threading.Thread(target=stopping, name="pmix-stop", daemon=True)
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError:  # no thread to be had (`ulimit -u` counts threads): the agent leaves without
+            return False  # PMIx's goodbye, as when it does not answer; its folder is removed all the same
         worker.join(limit)
         return not worker.is_alive()
 
