@@ -278,11 +278,16 @@ class DeathWatch(Timer):
         self.mounts: dict[int, Mount] | None = None  # read at the first spawn
         self.recent: dict[str, tuple[float, Counts | None]] = {}  # cgroup dir -> (when read, counts)
         self.next_look: float | None = None
+        self.born_in: str | None = None  # the memory cgroup the first rank was found in at its spawn
 
     def spawned(self, pid: int, wdir: str) -> None:
+        """A rank starts in this agent's cgroup (or the job's, put there at its gate): one read
+        serves every rank; the look (tick) finds one moved since."""
         now = self.os.clock()
         seen = self.seen[pid] = Seen(wdir or self.os.cwd_of(None) or "/", now, self.os.wall())
-        seen.dir = self.where(pid)
+        if self.born_in is None:
+            self.born_in = self.where(pid)
+        seen.dir = self.born_in
         if seen.dir is not None:
             seen.counts = self.counts_at(seen.dir, now)
         if self.next_look is None:
