@@ -513,6 +513,9 @@ def test_a_late_node_waits_and_the_running_nodes_restart_their_ranks_to_take_it_
             loops[1 - first].turn_until(lambda: bool(loops[1 - first].regrouped))
         line = f"node at {socket.gethostname()} joined late: restarting the ranks with 3 nodes"
         assert [loop.regrouped for loop in loops] == [[line], [line]]
+        deadline = time.monotonic() + 10  # the late node says it on its own thread, maybe after the regroup
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert said == [
             f"the nodes' meeting at {HOST}:{port} closed with 2 nodes before this one came: "
             "it waits to be taken in at their next restart"
