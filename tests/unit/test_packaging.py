@@ -19,7 +19,6 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_second() -> None:
     assert commands[0].startswith("pip install .") and "mpilaunch" in commands[0]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert commands[1] in ci
-    assert "-n 3 --dist loadfile" in commands[1]  # test files side by side, each whole in one process (its beds)
 
 
 def test_the_package_has_its_console_script_and_extras() -> None:
