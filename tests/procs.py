@@ -146,9 +146,6 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-AGENT_FOLDER = "mpilaunch-pmix-"  # an agent's folders in /dev/shm: mpilaunch-pmix-PID-...
-
-
 def left_in_dev_shm(before: set[str], prefixes: tuple[str, ...], within: float = 5.0) -> list[str]:
     """What a test left in /dev/shm: entries named with one of prefixes made since `before` (a
     listing) that stay left for `within` seconds (a job that just ended may still be removing
@@ -170,8 +167,10 @@ def _left(name: str) -> bool:
             return False
     except FileNotFoundError:  # removed meanwhile
         return False
-    if name.startswith(AGENT_FOLDER):
-        pid = name[len(AGENT_FOLDER) :].split("-", 1)[0]
+    from mpilaunch.host.shm import AGENTS_FOLDERS  # mpilaunch-pmix-PID-...
+
+    if name.startswith(AGENTS_FOLDERS):
+        pid = name[len(AGENTS_FOLDERS) :].split("-", 1)[0]
         return not (pid.isdigit() and os.path.exists(f"/proc/{pid}"))
     path = f"/dev/shm/{name}"
     for proc in filter(str.isdigit, os.listdir("/proc")):
