@@ -146,22 +146,25 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-def left_in_dev_shm(before: set[str], prefixes: tuple[str, ...], within: float = 5.0) -> list[str]:
+def left_in_dev_shm(before: set[str], prefixes: tuple[str, ...], within: float | None = None) -> list[str]:
     """What a test left in /dev/shm: entries named with one of prefixes made since `before` (a
-    listing) that stay left for `within` seconds (a job that just ended may still be removing
-    its own). Jobs of other tests run beside it (pytest -n), so an entry is not left while its
-    agent lives (an agent's folder names its pid), while a live process maps or holds it (Open
-    MPI's segments carry no pid), or when another user made it (test_bad_environment.py's)."""
-    deadline = time.monotonic() + within
+    listing), neither another user's (test_bad_environment.py's) nor a live agent's (its folder
+    names its pid). Run one test at a time, that is all, at once (a job's agents remove their
+    own before the launcher ends), unless `within` gives what is removed later time to go.
+    Run beside other tests (pytest -n), an entry is left only if it stays `within` seconds (5
+    unless given: another job may be removing its own) and no live process maps or holds it
+    (Open MPI's segments carry no pid)."""
+    beside = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    deadline = time.monotonic() + (within if within is not None else 5.0 if beside else 0.0)
     while True:
         made = set(os.listdir("/dev/shm")) - before
-        left = sorted(name for name in made if name.startswith(prefixes) and _left(name))
+        left = sorted(name for name in made if name.startswith(prefixes) and _left(name, beside))
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
 
 
-def _left(name: str) -> bool:
+def _left(name: str, beside: bool) -> bool:
     try:
         if os.stat(f"/dev/shm/{name}").st_uid != os.getuid():
             return False
@@ -172,14 +175,18 @@ def _left(name: str) -> bool:
     if name.startswith(AGENTS_FOLDERS):
         pid = name[len(AGENTS_FOLDERS) :].split("-", 1)[0]
         return not (pid.isdigit() and os.path.exists(f"/proc/{pid}"))
-    path = f"/dev/shm/{name}"
+    return not (beside and held(f"/dev/shm/{name}"))
+
+
+def held(path: str) -> bool:
+    """Whether a live process maps this file or has it open."""
     for proc in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{proc}/maps") as maps:
                 if path in maps.read():
-                    return False
+                    return True
             if any(os.readlink(f"/proc/{proc}/fd/{fd}") == path for fd in os.listdir(f"/proc/{proc}/fd")):
-                return False
+                return True
         except OSError:  # gone meanwhile, or a descriptor closed while read
             continue
-    return True
+    return False
