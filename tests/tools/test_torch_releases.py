@@ -14,9 +14,8 @@ import pytest
 
 from tests.conftest import ROOT, Launcher
 from tests.local.test_tcpstore_torch import HANG, OWN_STORE_RANK
-from tests.venvs import cached_venv
-
-RELEASE = "2.14.1"
+from tests.venvs import TORCH_RELEASE as RELEASE
+from tests.venvs import venv_or_skip
 
 # Run by the venv's Python: the scenario of tests/local/test_tcpstore_torch.py against torch's
 # own server and against `python -m mpilaunch.host.tcpstore` (started by this test, port in argv).
@@ -33,10 +32,7 @@ print(torch.__version__, ours == expected, ours[:4])
 
 @pytest.fixture(scope="module")
 def torch_python() -> Path:
-    python, why = cached_venv(f"torch-{RELEASE}", [f"torch=={RELEASE}"], system_site=True)
-    if python is None:
-        pytest.skip(why)
-    return python
+    return venv_or_skip(f"torch-{RELEASE}")
 
 
 def environment(launcher: Launcher) -> dict[str, str]:
