@@ -17,7 +17,6 @@ from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host, HostSyntaxError, shown
 from mpilaunch.plan.textfiles import read_text
 
-SOURCES = hostlib.ENVIRONMENT_SOURCES  # looked at in this order; the first one set (and not empty) is used
 MAX_HOSTS = 65536  # an expression such as node[0-999999999] is a mistake, not a cluster
 MAX_COUNT = 1_000_000  # as for slots in a hostfile
 _RANGE_RE = r"^([0-9]{1,12})(?:-([0-9]{1,12}))?$"  # ASCII digits only, never a huge int

@@ -123,10 +123,6 @@ def response(cmd: str, thrid: str | None, rc: int = 0, pairs: Iterable[tuple[str
     return format_frame(f"{cmd}-response", [*head, ("rc", rc), *pairs])
 
 
-def boolean(value: bool) -> str:
-    return "TRUE" if value else "FALSE"
-
-
 def is_true(value: str | None) -> bool:
     return (value or "").upper() == "TRUE"
 

@@ -41,7 +41,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-JOIN_TIMEOUT = 600.0  # seconds a launcher waits for the other nodes' (torchrun's join_timeout)
 PREFIX = "mpilaunch/"
 
 

@@ -132,13 +132,6 @@ class ConsoleWriter:
                 for q in self.queues.values()
             )
 
-    def backlog(self) -> int:
-        """Bytes queued and not yet written (0 when the console has everything)."""
-        if self.lock is None:
-            return 0
-        with self.lock:
-            return sum(q.size for q in self.queues.values() if not q.gone)
-
     def wait_drained(self, timeout: float) -> bool:
         """Wait up to timeout seconds for every queue to be written out; True when it is."""
         if self.lock is None:
