@@ -58,7 +58,7 @@ def _has_working_directory() -> bool:
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
-    if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
+    if quick_exit:  # mpilaunch/__main__.py left SIGINT at its default action until here
         import _signal
 
         from mpilaunch.launcher.decide.signal_table import ACTIONS, FAULTS

@@ -26,7 +26,7 @@ def script(name: str, python: str) -> str:
     return (
         f"#!{python}\n"
         f"{MARK} (mpilaunch {__version__}): mpilaunch started as {name}; delete this file to undo\n"
-        "from mpilaunch.entry import main\n"
+        "from mpilaunch.__main__ import main\n"
         "\n"
         "main()\n"
     )

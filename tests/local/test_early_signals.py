@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Launcher, tagged_pids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +38,20 @@ def catches(pid: int, sig: int) -> bool:
     return bool(int(mask, 16) >> (sig - 1) & 1)
 
 
-def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher) -> None:
+SCRIPT = Path(sys.executable).parent / "mpilaunch"  # the console script pip wrote
+
+
+@pytest.mark.parametrize("how", ["python -m", "console script"])
+def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher, how: str) -> None:
+    if how == "console script" and not SCRIPT.exists():
+        pytest.skip(f"no console script at {SCRIPT}")
     outcomes: dict[int, int] = {}
     for attempt in range(40):
-        proc = launcher.popen("-n", "2", "sleep", "5", preexec_fn=_default_sigint)
+        if how == "python -m":
+            proc = launcher.popen("-n", "2", "sleep", "5", preexec_fn=_default_sigint)
+        else:
+            argv = [str(SCRIPT), "-n", "2", "sleep", "5"]
+            proc = launcher.popen(preexec_fn=_default_sigint, argv=argv)
         # 0 to 57 ms: the interpreter, imports, plan, launch; the last ones later, for a loaded machine
         time.sleep((attempt % 20) * 0.003 if attempt < 34 else 0.1 * (attempt - 33))
         proc.send_signal(signal.SIGINT)
@@ -47,12 +59,12 @@ def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher) -> None
         _, err = proc.communicate(timeout=30)
         text = err.decode(errors="replace")
         ours = [line for line in text.splitlines() if "/mpilaunch/" in line and line.lstrip().startswith("File ")]
-        # ... but for Python's entry into __main__ (its RESUME, line 0), which may meet a signal
-        # that came while runpy prepared it, before the module's first line runs
-        ours = [line for line in ours if not re.search(r'mpilaunch/__main__\.py", line [01],', line)]
+        # ... but for Python's entry into the package's first modules (their RESUME, line 0), which
+        # may meet a signal that came while Python prepared them, before their first line runs
+        ours = [line for line in ours if not re.search(r'mpilaunch/__(init|main)__\.py", line [01],', line)]
         assert not ours, text
-        # Python's own start (site, runpy, its standard streams), interrupted before any of our code
-        python_start = "<frozen " in text or "Fatal Python error" in text or "Could not import runpy module" in text
+        # Python's own start (site, runpy, the script, its standard streams), before any of our code
+        python_start = "KeyboardInterrupt" in text or "Fatal Python error" in text or "runpy" in text
         assert (
             proc.returncode in (-signal.SIGINT, 130)
             or (proc.returncode == 1 and python_start)

@@ -23,7 +23,7 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_second() -> None:
 
 def test_the_package_has_its_console_script_and_extras() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'mpilaunch = "mpilaunch.entry:main"' in text
+    assert 'mpilaunch = "mpilaunch.__main__:main"' in text
     runtime = text.split("[project.optional-dependencies]")[0]
     for dep in ("click", "pyyaml", "paramiko"):
         assert dep in runtime
