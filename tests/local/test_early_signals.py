@@ -63,8 +63,9 @@ def test_sigint_during_start_up_is_never_a_traceback(launcher: Launcher, how: st
         # may meet a signal that came while Python prepared them, before their first line runs
         ours = [line for line in ours if not re.search(r'mpilaunch/__(init|main)__\.py", line [01],', line)]
         assert not ours, text
-        # Python's own start (site, runpy, the script, its standard streams), before any of our code
-        python_start = "KeyboardInterrupt" in text or "Fatal Python error" in text or "runpy" in text
+        # Python's own start (site, runpy, the console script, its standard streams), before any of our code
+        python_start = "<frozen " in text or "Fatal Python error" in text or "Could not import runpy module" in text
+        python_start = python_start or f'File "{SCRIPT}"' in text
         assert (
             proc.returncode in (-signal.SIGINT, 130)
             or (proc.returncode == 1 and python_start)
