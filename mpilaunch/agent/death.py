@@ -250,11 +250,6 @@ def core_place(pattern: str, uses_pid: bool, *, pid: int, sig: int, uid: int, gi
     return "file", found
 
 
-def handler_name(program: str) -> str:
-    """systemd-coredump, apport, or the program core_pattern pipes to."""
-    return os.path.basename(program) or program
-
-
 # -- the watch --------------------------------------------------------------------------------
 class Seen:
     """What the watch knows of one live rank."""
@@ -406,7 +401,7 @@ class DeathWatch(Timer):
         uid, gid, host = self.os.identity()
         kind, place = core_place(pattern, uses_pid, pid=pid, sig=sig, uid=uid, gid=gid, host=host)
         if kind == "pipe":
-            return None, handler_name(place), ""
+            return None, os.path.basename(place) or place, ""  # systemd-coredump, apport, ...
         full = place if place.startswith("/") else os.path.join(seen.cwd, place)
         found = [(mtime, path) for path, mtime in self.os.matches(full) if mtime >= seen.wall - SLACK]
         if found:
