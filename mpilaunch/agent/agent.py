@@ -23,7 +23,6 @@ from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.ranks import Ranks
 from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
 from mpilaunch.agent.services.base import ServiceHost, Services
-from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.agent.torch_support import TorchSupport
 from mpilaunch.host import files, spawn
@@ -74,7 +73,7 @@ class Agent(ServiceHost, Timer):
         self.reaper = Reaper(self.ranks)
         self.shm = ShmWatch(self.ranks)
         self.reaper.before_kill = self.shm.look  # while the ranks still map their segments
-        self.services = Services(self, REGISTRY)
+        self.services = Services(self)
         self.ranks.services = self.services
         self.launches = Launches(self.ranks, self.services, self.torch, self.send, self.host)
         self.heartbeat = Heartbeat(self.uplink)
