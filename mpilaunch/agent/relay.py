@@ -193,10 +193,11 @@ class Relay:
         child, data = self._read(fd)
         if child is None:
             return
-        if data:
-            self._frames(child, data)
-        else:
-            self._closed(child, "its connection closed")
+        up, why = child.frames(data) if data else ([], "its connection closed")
+        if up:
+            self.send_up(b"".join(up))
+        if why:
+            self._closed(child, why)
 
     def read_err(self, fd: int) -> None:
         child, data = self._read(fd)
@@ -213,13 +214,6 @@ class Relay:
             return None, b""
         except OSError:
             return child, b""
-
-    def _frames(self, child: Child, data: bytes) -> None:
-        up, why = child.frames(data)
-        if up:
-            self.send_up(b"".join(up))
-        if why:
-            self._closed(child, why)
 
     def _stderr(self, child: Child, data: bytes) -> None:
         """The child's agent's own messages (and ssh's), shown with its name, like the launcher
