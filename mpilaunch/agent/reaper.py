@@ -335,9 +335,8 @@ class Reaper(Timer):
 
     # -- timer: the kill deadline and the look at what is below the ranks ---------------------
     def next_deadline(self) -> float | None:
-        if self.kill_deadline is not None:
-            return min(self.kill_deadline, self.next_adoption_scan) if self.ranks.any() else self.kill_deadline
-        return self.next_adoption_scan if self.ranks.any() else None
+        scan = self.next_adoption_scan if self.ranks.any() else None
+        return min((t for t in (self.kill_deadline, scan) if t is not None), default=None)
 
     def tick(self, now: float) -> None:
         self.reap()
