@@ -110,7 +110,7 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
         found = from_environment(env)
         if found is not None:
             return hostlib.merge_local_aliases(found[0]), found[1]
-    return hostlib.localhost_default(), LOCAL_SOURCE
+    return [Host("localhost", os.cpu_count() or 1)], LOCAL_SOURCE
 
 
 LOCAL_SOURCE = "localhost (no hosts given)"

@@ -199,10 +199,6 @@ def parse_host_list(value: str, label: str | None = None) -> list[Host]:
     return entries
 
 
-def localhost_default() -> list[Host]:
-    return [Host("localhost", os.cpu_count() or 1)]
-
-
 def is_local(name: str) -> bool:
     """Hosts reached without SSH: localhost and this machine's own names."""
     if name in LOCAL_NAMES:
