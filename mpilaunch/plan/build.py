@@ -151,11 +151,7 @@ def engine_starts_here(options: Options, env: Mapping[str, str]) -> bool:
     OMPI_MCA_ variable). The -mca setting wins over the variable; the last one given wins."""
     if env.get("HYDRA_LAUNCHER_AUTOFORK", "").strip().lower() in FALSE_WORDS:
         return True
-    value = env.get("OMPI_MCA_ras_base_launch_orted_on_hn", "")
-    for key, val in options.mca:
-        if key == "ras_base_launch_orted_on_hn":
-            value = val
-    value = value.strip().lower()
+    value = options.mca_setting("ras_base_launch_orted_on_hn", env.get("OMPI_MCA_ras_base_launch_orted_on_hn", ""))
     return bool(value) and value not in FALSE_WORDS
 
 

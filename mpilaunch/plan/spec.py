@@ -140,14 +140,14 @@ class Options(Record):
     in_slurm_step: bool = False  # with slurm: the launcher runs in a job step (sbatch), its node's agent is forked
     engine_starts_here: bool = False  # with sge: this machine's agent starts through qrsh too (not forked)
 
+    def mca_setting(self, key: str, default: str) -> str:
+        """The value of an -mca setting, stripped and lower-cased: the last one given, else default."""
+        return next((val for name, val in reversed(self.mca) if name == key), default).strip().lower()
+
     @property
     def abort_on_failure(self) -> bool:
         """Open MPI's orte_abort_on_non_zero_status; the last -mca setting wins."""
-        value = "1"
-        for key, val in self.mca:
-            if key == "orte_abort_on_non_zero_status":
-                value = val
-        return value.strip().lower() not in ("0", "false", "no", "off")
+        return self.mca_setting("orte_abort_on_non_zero_status", "1") not in ("0", "false", "no", "off")
 
 
 class JobSpec(Record):
