@@ -254,23 +254,8 @@ def host_checks(job: JobPlan, host: int) -> list[dict]:
 def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
     """Job 1 again with MASTER_ADDR/PORT known only once the hosts were reached (the address
     rank 0's host was reached at, a port free there)."""
-    job = plan.job
-    apps = list(zip(job.argvs, job.wdirs))
-    rebuilt = job_plan(
-        1,
-        plan.hosts,
-        job.ranks,
-        apps,
-        job_id=plan.job_id,
-        master=master,
-        options=plan.options,
-        exports=plan.exports,
-        env=plan.launcher_env,
-        host_info=plan.host_info,
-        app_exports=plan.app_exports,
-        attempt=plan.attempt,
-    )
-    return plan._replace(job=rebuilt, master=master)
+    plan = plan._replace(master=master)
+    return plan._replace(job=job_plan(plan, 1, plan.job.ranks, list(zip(plan.job.argvs, plan.job.wdirs))))
 
 
 def cores_short(plan: LaunchPlan) -> str:
@@ -363,10 +348,8 @@ def launch_messages(
             for r in job.ranks
             if r.host == index
         )
-        pmix = None
         over = len(ranks) > (plan.hosts[index].slots or 0)
-        if job.pmix is not None:
-            pmix = job.pmix._replace(node=node, oversubscribed=over)
+        pmix = job.pmix._replace(node=node, oversubscribed=over) if job.pmix is not None else None
         bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if serves_open_mpi(job) else "none")
         pe = options.cpus_per_rank or 1
         if options.cpus_per_rank and not options.bind_to:  # PE=M binds to M cores (hwthreads) per rank
@@ -420,23 +403,15 @@ def stdin_ranks(choice: str, np: int) -> list[int]:
 
 
 def job_plan(
+    plan: LaunchPlan,
     job: int,
-    hosts: list[Host],
     ranks: list[Rank],
     apps: Sequence[tuple[tuple[str, ...], str]],  # (argv, wdir) per app
-    *,
-    job_id: str,
-    master: tuple[str, int],
-    options: Options,
-    exports: Sequence[tuple[str, str | None]],
-    env: Mapping[str, str],
-    extra: Mapping[str, str] | None = None,
-    host_info: Mapping[int, Mapping] | None = None,
-    app_exports: Sequence[Sequence[tuple[str, str | None]]] = (),
-    attempt: int = 0,
 ) -> JobPlan:
-    """Environments and PMI data of one job's ranks; app_exports, when given, are each app's
-    exports (hydra's -env), instead of exports; attempt: restarts of the run so far."""
+    """Environments and PMI data of one job's ranks, from the rest of the plan; job 1 takes the
+    plan's app_exports, when given, as each app's exports (hydra's -env), instead of exports."""
+    options, env, hosts, exports = plan.options, plan.launcher_env, plan.hosts, plan.exports
+    first = job == 1  # app_exports, devices and the rank table belong to the launched job, not to spawned ones
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
     torch = options.torch
     per_node = torch is not None and torch.node_rank is not None  # one launcher per node: this one's ranks
@@ -444,15 +419,15 @@ def job_plan(
         ranks=ranks,
         app_sizes=app_sizes,
         universe_size=options.universe_size or sum(h.slots or 0 for h in hosts),
-        job_id=job_id if job == 1 else f"{job_id}.{job}",
-        master_addr=master[0],
-        master_port=master[1],
+        job_id=plan.job_id if first else f"{plan.job_id}.{job}",
+        master_addr=plan.master[0],
+        master_port=plan.master[1],
         mca=options.mca,
-        attempt=attempt,
+        attempt=plan.attempt,
         max_restarts=options.max_restarts,
         run_id=torch.run_id if torch is not None else "",
         role=torch.role if torch is not None else "default",
-        agent_store=torch is not None and torch.agent_store and job == 1,
+        agent_store=torch is not None and torch.agent_store and first,
         torch=torch is not None,
         offset=torch.node_rank * torch.nproc_per_node if per_node else 0,  # type: ignore[operator, union-attr]
         world=(torch.nnodes or 1) * torch.nproc_per_node if per_node else 0,  # type: ignore[union-attr]
@@ -460,19 +435,19 @@ def job_plan(
         nodes=torch.nnodes or 1 if per_node else 0,  # type: ignore[union-attr]
     )
     common = job_variables(layout, env)
-    if extra:
-        common.update(extra)
+    if not first:
+        common["PMI_SPAWNED"] = "1"  # MPI_Comm_spawn's ranks
     if options.mpi in ("pmi2", BOTH) and not any(name in env for name in PMI_VERSION_NAMES):
         # MPICH picks its PMI client at run time (the user's choice wins); offered PMI and PMIx
         # both, it would refuse to guess
         common["MPIR_CVAR_PMI_VERSION"] = "2" if options.mpi == "pmi2" else "1"
+    app_exports = plan.app_exports if first else ()
     envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env, layout) for r in ranks]
-    first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
         ranks,
         hosts,
-        host_info or {},
+        plan.host_info,
         per_rank=per_rank,
         rank_table=table,
         launcher_env=env,
@@ -646,37 +621,24 @@ def build_plan(
     local = sorted({r.host for r in ranks if not over_ssh(options, hosts[r.host])})
     facts = here.facts(probe, inherited(env).get("PATH", os.defpath)) if local else {}
     host_info = {index: dict(facts) for index in local}  # every name of this machine: one set of facts
-    job = job_plan(
-        1,
-        hosts,
-        ranks,
-        apps,
-        job_id=job_id,
-        master=master,
-        options=options,
-        exports=exports,
-        env=env,
-        host_info=host_info,
-        app_exports=app_exports,
-        attempt=attempt,
-    )
     plan = LaunchPlan(
         hosts=hosts,
-        job=job,
-        stdin_ranks=stdin_ranks(options.stdin, len(ranks)),
+        job=None,  # type: ignore[arg-type]  # job_plan, below, makes it of the rest of the plan
+        stdin_ranks=[],
         options=options,
         job_id=job_id,
         master=master,
         exports=exports,
         app_exports=app_exports,
         launcher_env=dict(env),
-        heartbeat=heartbeat_timeout(env),
         host_info=host_info,
         notes=(*options.notes, *notes),
         sockets=sockets,
         may_oversubscribe=options.oversubscribe or source == LOCAL_SOURCE or entries is not None,
         attempt=attempt,
     )
+    job = job_plan(plan, 1, ranks, apps)
+    plan = plan._replace(job=job, stdin_ranks=stdin_ranks(options.stdin, len(ranks)), heartbeat=heartbeat_timeout(env))
     return plan, source
 
 
@@ -746,20 +708,7 @@ def spawn_plan(
         only=[spawn_hosts(app.info, plan.hosts) for app in apps],
     )
     app_dirs = [(tuple(app.argv), app.wdir or plan.job.wdirs[0]) for app in apps]
-    child = job_plan(
-        job,
-        plan.hosts,
-        ranks,
-        app_dirs,
-        job_id=plan.job_id,
-        master=plan.master,
-        options=options,
-        exports=plan.exports,
-        env=plan.launcher_env,
-        extra={"PMI_SPAWNED": "1"},
-        host_info=plan.host_info,
-        attempt=plan.attempt,
-    )
+    child = job_plan(plan, job, ranks, app_dirs)
     for rank in child.ranks:
         child.envs[rank.rank].update(apps[rank.app].env)
     if child.pmi is not None:  # PMI-2's fullinit tells the new job's ranks who spawned them
