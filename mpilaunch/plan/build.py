@@ -520,9 +520,8 @@ def place_job(
     """The job's ranks, and what to say about them: hydra's round-robin (entries), else Open
     MPI's rules (only: each program's own hosts); a job on this machine alone may have more
     ranks than cores (said once)."""
-    nps = [np for np, _ in apps]
     if entries is not None:
-        return place_round_robin(entries, nps, len(hosts), options.ppn), []
+        return place_round_robin(entries, [np for np, _ in apps], len(hosts), options.ppn), []
     map_by = options.map_by
 
     def placed(over: bool) -> list[Rank]:
@@ -588,16 +587,13 @@ def build_plan(
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
-    if source.startswith("MLP_MPI_") and nps == [None]:  # the platform's MLP_MPI_NP is the default -n
-        from mpilaunch.plan.hostsources import mlp_np
+    if nps == [None] and source.startswith(("MLP_MPI_", "Grid Engine")):
+        from mpilaunch.plan.hostsources import mlp_np, sge_nslots
 
-        nps[0] = mlp_np(env)
-        source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
-    elif source.startswith("Grid Engine") and nps == [None]:  # the job's slots are its ranks, as under mpirun
-        from mpilaunch.plan.hostsources import sge_nslots
-
-        nps[0] = sge_nslots(env)
-        source += f", -n {nps[0]} from NSLOTS" if nps[0] else ""
+        # the platform's MLP_MPI_NP is the default -n; a Grid Engine job's slots are its ranks, as under mpirun
+        mlp = source.startswith("MLP_MPI_")
+        nps[0] = mlp_np(env) if mlp else sge_nslots(env)
+        source += f", -n {nps[0]} from {'MLP_MPI_NP' if mlp else 'NSLOTS'}" if nps[0] else ""
     if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None and torch is None:
         nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1
