@@ -319,9 +319,6 @@ class Controller:
             if self.signals.drain() or (self.policy.stop_signal is not None and waited >= STOPPED_DRAIN):
                 return
 
-    def exit_status(self) -> int:
-        return self.policy.exit_status()
-
 
 def _is_terminal(fd: int) -> bool:
     try:

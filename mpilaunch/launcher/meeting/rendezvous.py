@@ -83,10 +83,6 @@ class NodeRendezvous(NumberedMeeting):
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"
 
-    @property
-    def name(self) -> str:
-        return "this node" if self.node is None else f"node {self.node}"
-
     # -- meeting -----------------------------------------------------------------------------
     @property
     def where(self) -> str:

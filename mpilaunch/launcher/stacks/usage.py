@@ -45,10 +45,6 @@ class UsageSnapshots:
         self.current: Measurement | None = None
         self.count = 0
 
-    def rows(self) -> dict[type, Callable]:
-        """The controller's rows for what agents send."""
-        return {Usage: self.took}
-
     def client_asked(self, client: Client) -> None:
         """A `mpilaunch top` wants a measurement: it joins the one under way, or starts one."""
         current = self.current
