@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from mpilaunch.launcher.loop.links import Links
     from mpilaunch.launcher.output.sink import OutputSink
     from mpilaunch.launcher.stacks.snapshots import StackSnapshots
-    from mpilaunch.launcher.stacks.stacks_socket import Client, StacksServer
+    from mpilaunch.launcher.stacks.stacks_socket import StacksServer
     from mpilaunch.launcher.stacks.usage import UsageSnapshots
     from mpilaunch.plan.build import LaunchPlan
     from mpilaunch.protocol.record import Record
@@ -68,16 +68,11 @@ class StacksWatch:
         """The job's socket for `mpilaunch stacks` and `mpilaunch top` (stacks_socket.py)."""
         from mpilaunch.launcher.stacks.stacks_socket import StacksServer
 
-        self.server = StacksServer(sel, {"stacks": self.stacks_asked, "top": self.top_asked})
+        asked = {"stacks": lambda c: self.snapshots().client_asked(c), "top": lambda c: self.usage().client_asked(c)}
+        self.server = StacksServer(sel, asked)
         problem = self.server.open()
         if problem and not self.plan.options.quiet:
             self.output.say(f"mpilaunch: `mpilaunch stacks` cannot reach this job: {problem}")
-
-    def stacks_asked(self, client: Client) -> None:
-        self.snapshots().client_asked(client)
-
-    def top_asked(self, client: Client) -> None:
-        self.usage().client_asked(client)
 
     def hang_due(self) -> float | None:
         return self.last_output + self.hang if self.hang else None
