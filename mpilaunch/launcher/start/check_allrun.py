@@ -97,6 +97,7 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
+    from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
     from mpilaunch.launcher.start.greeting import WINDOW, start_agents
     from mpilaunch.transport.base import transport_class
     from mpilaunch.transport.sshcommon import ssh_client
@@ -121,12 +122,8 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
                 rows.append(_remote_row(host, results[index], port, program))
             else:
                 rows.append(_local_row(host, program, wdir, port))
-    finally:
-        links = [r.link for r in results.values() if r.link is not None]
-        for link in links:
-            link.close()
-        for link in links:  # what carried each agent (an ssh client) leaves before the table is out
-            link.wait()
+    finally:  # what carried each agent (an ssh client) leaves before the table is out
+        close_and_wait(r.link for r in results.values())
     print(check_table(rows), flush=True)
     return 0 if all(r.ok for r in rows) else 1
 

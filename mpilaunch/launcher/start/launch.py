@@ -12,6 +12,7 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.decide.events import NodesEnded, NodesRegroup
 from mpilaunch.launcher.decide.signal_table import LEAVES_WITH
+from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
 from mpilaunch.launcher.output.sink import Console, OutputSink
 from mpilaunch.launcher.start.greeting import WINDOW, start_agents
 from mpilaunch.launcher.start.here import ThisMachine
@@ -130,7 +131,7 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = host_problems(results, lambda index: plan.hosts[index].name)
     if problems:
-        _close_and_wait(links)  # an agent's ssh or srun may not outlive the launcher
+        close_and_wait(links.values())  # an agent's ssh or srun may not outlive the launcher
         raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
     return links, results
 
@@ -180,14 +181,6 @@ def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[i
     if master is not None and torch is not None and torch.master_addr:  # torchrun's --master-addr is the ranks'
         master = (torch.master_addr, master[1])
     return Facts(host_info=info, families=families, master=master, torch=releases)
-
-
-def _close_and_wait(links: Mapping[int, Link]) -> None:
-    """Every agent told to stop at once (the end of its link), then each reaped."""
-    for link in links.values():
-        link.close()
-    for link in links.values():
-        link.wait()
 
 
 def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
@@ -506,7 +499,7 @@ def probe(plan: LaunchPlan, here: LocalTransport) -> tuple[dict[int, Link], Fact
     try:
         remote_links, results = start_remote_agents(plan, remote)
     except BaseException:
-        _close_and_wait(links)
+        close_and_wait(links.values())
         raise
     links.update(remote_links)
     here.discard()  # reaps the early agent told to stop above: it has left by now
@@ -528,7 +521,7 @@ def execute(
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
     except BaseException:
-        _close_and_wait(links)
+        close_and_wait(links.values())
         raise
     for note in final.notes if notes else ():  # said once in a run, not again for each restart
         say(plan.options, note)
@@ -553,5 +546,5 @@ def execute(
         )  # fmt: skip
     except BaseException:
         signals.release()
-        _close_and_wait(links)
+        close_and_wait(links.values())
         raise
