@@ -122,12 +122,9 @@ def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callabl
 def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], dict[int, HostResult]]:
     """One agent on every remote host, each checked before anything starts (the agent checks the
     programs, answers the probe and, on rank 0's host, finds a free port for MASTER_PORT)."""
-    options = plan.options
     rank0 = plan.job.ranks[0].host
-    pick_port = rank0 in remote and user_port(options, plan.launcher_env) is None
-    check = agent_checks(plan, plan.job, rank0 if pick_port else None)
-    hosts = {i: plan.hosts[i] for i in remote}
-    results = start_agents(remote_transport(options, len(hosts)), hosts, check, window(options, len(hosts)))
+    pick_port = rank0 in remote and user_port(plan.options, plan.launcher_env) is None
+    results = start_checked_agents(plan, plan.job, remote, rank0 if pick_port else None)
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = host_problems(results, lambda index: plan.hosts[index].name)
     if problems:
@@ -136,11 +133,13 @@ def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, 
     return links, results
 
 
-def start_spawn_agents(plan: LaunchPlan, job: JobPlan, hosts: list[int]) -> dict[int, HostResult]:
-    """Agents for the hosts of a spawned job that have none yet (no rank of job 1 runs there),
-    started and checked as job 1's were, by the same transport."""
+def start_checked_agents(
+    plan: LaunchPlan, job: JobPlan, hosts: list[int], port_on: int | None = None
+) -> dict[int, HostResult]:
+    """Agents on these remote hosts, each checked for job (agent_checks): job 1's, and those of
+    the hosts of a spawned job that have none yet (no rank of job 1 runs there), by the same transport."""
     transport = remote_transport(plan.options, len(hosts))
-    checks = agent_checks(plan, job, None)
+    checks = agent_checks(plan, job, port_on)
     return start_agents(transport, {i: plan.hosts[i] for i in hosts}, checks, window(plan.options, len(hosts)))
 
 
@@ -415,12 +414,9 @@ def pattern_places(plan: LaunchPlan) -> list[tuple[str, int]]:
 def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     """The console copy and the log tree DIR/1/rank.N (Open MPI's `DIR:nocopy`: files only)."""
     options = plan.options
-    log_dir = None
-    copy_to_console = True
-    if options.output_filename is not None:  # an empty one is refused by LogTree, not ignored
-        log_dir = options.output_filename
-        if log_dir.endswith(":nocopy"):
-            log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
+    log_dir, copy_to_console = options.output_filename, True  # an empty one is refused by LogTree, not ignored
+    if log_dir is not None and log_dir.endswith(":nocopy"):
+        log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
     torch = options.torch
     console = None
     if copy_to_console:
@@ -430,31 +426,24 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
     labelled = console is not None and options.prepend_pattern is not None  # hydra's, on each console line
-    places = pattern_places(plan) if patterns or labelled else []
     if patterns or labelled:
-        from mpilaunch.launcher.output.pattern_files import (  # a job with hydra's patterns only
-            PatternFiles,
-            expand_pattern,
-        )
-    if patterns:
-        sink.patterns = PatternFiles(patterns, places, sink.same)  # refused before the log tree is emptied
-    if labelled:
-        for rank, (host, proxy) in enumerate(places):
-            label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
-            console.line_labels.update({(rank, STDOUT): label, (rank, STDERR): label})
-    if torch is not None:
-        sink.off_console = {
-            (r.rank, stream)
-            for r in plan.job.ranks
-            for stream, mask in ((STDOUT, 1), (STDERR, 2))
-            if not torch.on_console(r.local_rank) & mask
-        }
-        if console is not None:  # torchrun's label on each line of a tee'd stream
-            for r in plan.job.ranks:
-                for stream, mask in ((STDOUT, 1), (STDERR, 2)):
-                    label = torch.console_label(r.local_rank, mask)
-                    if label:
-                        console.line_labels[(r.rank, stream)] = label.encode("utf-8", "surrogateescape")
+        from mpilaunch.launcher.output.pattern_files import PatternFiles, expand_pattern  # hydra's patterns only
+
+        places = pattern_places(plan)
+        if patterns:
+            sink.patterns = PatternFiles(patterns, places, sink.same)  # refused before the log tree is emptied
+        if labelled:
+            for rank, (host, proxy) in enumerate(places):
+                label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
+                console.line_labels.update({(rank, STDOUT): label, (rank, STDERR): label})
+    if torch is not None:  # torchrun's streams kept off the console, and its label on each line of a tee'd one
+        for r in plan.job.ranks:
+            for stream, mask in ((STDOUT, 1), (STDERR, 2)):
+                if not torch.on_console(r.local_rank) & mask:
+                    sink.off_console.add((r.rank, stream))
+                label = torch.console_label(r.local_rank, mask)
+                if label and console is not None:
+                    console.line_labels[(r.rank, stream)] = label.encode("utf-8", "surrogateescape")
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:
@@ -542,7 +531,7 @@ def execute(
 
         return Controller(
             plan, sink, links, summary=not host_tags, launched=True, agents=here.agent,
-            remote_agents=functools.partial(start_spawn_agents, plan), signals=signals,
+            remote_agents=functools.partial(start_checked_agents, plan), signals=signals,
         )  # fmt: skip
     except BaseException:
         signals.release()
