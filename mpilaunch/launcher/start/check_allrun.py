@@ -31,11 +31,6 @@ class CheckRow:
         return not self.problems
 
 
-def _hosts(options: Options) -> list[Host]:
-    hosts, _ = resolve_hosts(options)
-    return hosts
-
-
 def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRow:
     problems = []
     program_cell = "-"
@@ -102,7 +97,7 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
     from mpilaunch.transport.base import transport_class
     from mpilaunch.transport.sshcommon import ssh_client
 
-    hosts = _hosts(options)
+    hosts, _ = resolve_hosts(options)
     if port is None:
         env_port = os.environ.get("MASTER_PORT", "")
         port = int(env_port) if env_port.isdigit() else 0  # a job picks a free one: check that it can
@@ -138,7 +133,7 @@ def run_allrun(
     from mpilaunch.launcher.start.launch import execute
     from mpilaunch.plan.build import build_plan
 
-    hosts = [h._replace(slots=1, max_slots=None) for h in _hosts(options)]
+    hosts = [h._replace(slots=1, max_slots=None) for h in resolve_hosts(options)[0]]
     options = options._replace(map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))
     spec = JobSpec((AppContext(argv, len(hosts), exports, wdir),), options)
     plan, _ = build_plan(spec, os.environ, ThisMachine(), hosts)
