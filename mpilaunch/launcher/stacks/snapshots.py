@@ -15,7 +15,8 @@ import time
 
 from mpilaunch.launcher.decide.events import StacksTaken
 from mpilaunch.launcher.decide.states import RUNNING, STOPPING
-from mpilaunch.protocol.messages import MessageError, RankStack, Stacks, TakeStacks
+from mpilaunch.launcher.loop.links import own_proc
+from mpilaunch.protocol.messages import RankStack, Stacks, TakeStacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -113,9 +114,7 @@ class StackSnapshots:
     # -- answers ---------------------------------------------------------------------------------
     def took(self, link: HostLink, message: Stacks) -> None:
         for stack in message.stacks:
-            proc = stack.proc
-            if not 0 <= proc < len(self.policy.procs) or self.policy.procs[proc].rank.host != link.index:
-                raise MessageError(f"process {proc!r} is not one of this host's")
+            own_proc(self.policy.procs, link, stack.proc)
         snap = self.current
         if snap is None or message.snap != snap.number or link.index not in snap.waiting:
             return  # the answer to a snapshot given up on

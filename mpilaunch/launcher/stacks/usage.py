@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from mpilaunch.protocol.messages import MessageError, RankUsage, TakeUsage, Usage
+from mpilaunch.launcher.loop.links import own_proc
+from mpilaunch.protocol.messages import RankUsage, TakeUsage, Usage
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,10 +63,8 @@ class UsageSnapshots:
             self.complete()
 
     def took(self, link: HostLink, message: Usage) -> None:
-        procs = self.policy.procs
         for usage in message.ranks:
-            if not 0 <= usage.proc < len(procs) or procs[usage.proc].rank.host != link.index:
-                raise MessageError(f"process {usage.proc!r} is not one of this host's")
+            own_proc(self.policy.procs, link, usage.proc)
         current = self.current
         if current is None or message.snap != current.number or link.index not in current.waiting:
             return  # the answer to a measurement given up on
