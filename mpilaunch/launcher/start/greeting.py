@@ -150,9 +150,11 @@ class _Greeter:
         if not data:
             self.fail(head, link.last_words() or link.ended_words())
             return
+        self.feed(head, data)
+
+    def feed(self, head: int, data: bytes) -> None:
         try:
-            frames = self.streams[head].feed(data)
-            for kind, frame in frames:
+            for kind, frame in self.streams[head].feed(data):
                 self.frame(head, kind, frame)
         except GreetingError as exc:
             self.fail(head, str(exc))
@@ -228,11 +230,7 @@ class _Greetings:
             self.fds[index] = [link.fileno()]
             if link.unread:  # read by the transport already (what an srun agent sent behind its first line)
                 data, link.unread = link.unread, b""
-                try:
-                    for kind, frame in greeter.streams[index].feed(data):
-                        greeter.frame(index, kind, frame)
-                except GreetingError as exc:
-                    greeter.fail(index, str(exc))
+                greeter.feed(index, data)
         for index in new:
             link = greeter.heads.get(index)  # type: ignore[assignment]
             if link is None or not link.outbox:
