@@ -22,6 +22,7 @@ import errno
 import os
 import time
 
+from mpilaunch.launcher.output.log_files import write_all
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
 TYPE_CHECKING = False
@@ -166,9 +167,7 @@ class ConsoleWriter:
         """Write to a destination that has no thread, here and whole (a console that does not
         read holds the caller, as it holds ranks that write to it themselves)."""
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         except OSError as exc:
             self._lost(queue, fd, exc)
 
