@@ -22,7 +22,7 @@ from mpilaunch.transport.base import Link
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from mpilaunch.launcher.decide.states import RankState
 
@@ -107,6 +107,13 @@ class Links:
             link.link.send(frame)
         except OSError:
             pass  # the agent is gone; its EOF is handled by the loop
+
+    def send_to(self, hosts: Iterable[int], message: Record) -> None:
+        """To each of these hosts that has a link, in host order."""
+        for host in sorted(hosts):
+            link = self.by_host.get(host)
+            if link is not None:
+                self.send(link, message)
 
     def broadcast(self, message: Record) -> None:
         """To every agent; a relay passes an ALL frame to the hosts below it (one frame per head)."""
