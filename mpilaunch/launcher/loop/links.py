@@ -71,6 +71,10 @@ class Links:
     def get(self, index: int) -> HostLink | None:
         return self.by_host.get(index)
 
+    def is_open(self, index: int) -> bool:
+        link = self.by_host.get(index)
+        return link is not None and link.open
+
     def add(self, index: int, agent: Link) -> HostLink:
         link = self.by_host[index] = HostLink(index, agent, heard=self.clock())
         if agent.relayed:  # its frames come on its head's connection

@@ -104,11 +104,8 @@ class StackSnapshots:
         waves = -(-max(per_host.values(), default=1) // PARALLEL)
         snap = self.current = Snapshot(self.count, why, self.clock(), LIMIT * waves + MARGIN)
         snap.asked = [s.proc for s in asked]
-        for host in sorted(per_host):
-            link = self.links.get(host)
-            if link is not None and link.open:
-                self.links.send(link, TakeStacks(snap=snap.number, limit=LIMIT))
-                snap.waiting.add(host)
+        snap.waiting = {host for host in per_host if self.links.is_open(host)}
+        self.links.send_to(snap.waiting, TakeStacks(snap=snap.number, limit=LIMIT))
         return snap
 
     # -- answers ---------------------------------------------------------------------------------
@@ -131,10 +128,8 @@ class StackSnapshots:
 
     def tick(self, now: float) -> None:
         snap = self.current
-        if snap is not None:
-            gone = {h for h in snap.waiting if not (self.links.get(h) and self.links[h].open)}
-            if now >= snap.deadline or gone == snap.waiting:
-                self.complete()
+        if snap is not None and (now >= snap.deadline or not any(self.links.is_open(h) for h in snap.waiting)):
+            self.complete()
 
     # -- the snapshot, given out ------------------------------------------------------------------
     def complete(self) -> None:
@@ -186,8 +181,7 @@ class StackSnapshots:
 
     def unanswered(self, host: int, snap: Snapshot) -> str:
         name = self.plan.hosts[host].name
-        link = self.links.get(host)
-        if link is None or not link.open:
+        if not self.links.is_open(host):
             return f"the agent of host {name} was lost"
         return f"no answer from the agent of host {name} in {snap.wait:g} s"
 

@@ -53,11 +53,8 @@ class UsageSnapshots:
             self.count += 1
             current = self.current = Measurement(self.count, self.clock() + WAIT)
             hosts = {s.rank.host for s in self.policy.procs if not s.done and s.pid is not None}
-            for host in sorted(hosts):
-                link = self.links.get(host)
-                if link is not None and link.open:
-                    self.links.send(link, TakeUsage(snap=current.number))
-                    current.waiting.add(host)
+            current.waiting = {host for host in hosts if self.links.is_open(host)}
+            self.links.send_to(current.waiting, TakeUsage(snap=current.number))
         current.clients.append(client)
         if not current.waiting:
             self.complete()
@@ -79,10 +76,7 @@ class UsageSnapshots:
 
     def tick(self, now: float) -> None:
         current = self.current
-        if current is None:
-            return
-        gone = {h for h in current.waiting if not (self.links.get(h) and self.links[h].open)}
-        if now >= current.deadline or gone == current.waiting:
+        if current is not None and (now >= current.deadline or not any(self.links.is_open(h) for h in current.waiting)):
             self.complete()
 
     def complete(self) -> None:
