@@ -6,13 +6,13 @@ everywhere; click is imported only when one of them runs.
 
 from __future__ import annotations
 
-from mpilaunch.cli.cliopts import RUN_OPTIONS
+from mpilaunch.cli.cliopts import all_rows
 from mpilaunch.cli.command import click_option
 from mpilaunch.cli.parse import exports_of
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import Options
 
-_ROWS = {opt.name: opt for opt in RUN_OPTIONS}
+_ROWS = {opt.name: opt for opt in all_rows()}
 HOST_KEYS = ("config", "hosts", "hostfile", "ssh_config", "ssh_accept_new", "ssh_client")
 ALLRUN_KEYS = ("exports", "wdir", "timeout", "allow_run_as_root")
 

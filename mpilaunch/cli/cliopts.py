@@ -246,21 +246,11 @@ def rows() -> list[Opt]:
     return [opt for launcher in (OWN, *LAUNCHERS) for opt in _rows.get(launcher, ())]
 
 
-def rows_of(launcher: str) -> list[Opt]:
-    """The rows a launcher's module holds (loaded)."""
-    return list(_rows.get(launcher, ()))
-
-
 def all_rows() -> list[Opt]:
+    """Every launcher's rows (loaded now): for click's command, --help-all and the per-host commands."""
     for launcher in LAUNCHERS:
         load(launcher)
     return rows()
-
-
-def __getattr__(name: str) -> object:
-    if name == "RUN_OPTIONS":  # every row, for click's command and the per-host commands
-        return tuple(all_rows())
-    raise AttributeError(name)
 
 
 def named(role: str) -> frozenset[str]:
