@@ -423,20 +423,25 @@ def read_job_file(path: str, params: Sequence[click.Parameter]) -> JobFile:
     return parse_job_file(text, path, params)
 
 
-def apply_job_file(
-    job: JobFile, options: dict[str, object], given: set[str], apps: list[AppContext]
-) -> list[AppContext]:
-    """Merge a job file under the command line: options the command line gave win; -x, env:
-    and -mca add up (the command line last, so it wins for a name); -H or --hostfile on the
-    command line replaces both host keys of the file; a program on the command line replaces
-    the file's. Returns the apps; options (parse_args' globals) is updated in place."""
-    for name, value in job.options.items():
+def merge_options(file_options: Mapping[str, object], options: dict[str, object], given: set[str]) -> None:
+    """A job file's options under the command line's (options, updated in place): options the
+    command line gave win; -x, env: and -mca add up (the command line last, so it wins for a
+    name); -H or --hostfile on the command line replaces both host keys of the file."""
+    for name, value in file_options.items():
         if name in ("exports", "mca"):
             options[name] = tuple(value) + tuple(options[name])  # type: ignore[arg-type]
         elif name in ("hosts", "hostfile") and given & {"hosts", "hostfile"}:
             continue
         elif name not in given:
             options[name] = value
+
+
+def apply_job_file(
+    job: JobFile, options: dict[str, object], given: set[str], apps: list[AppContext]
+) -> list[AppContext]:
+    """Merge a job file under the command line (merge_options); a program on the command line
+    replaces the file's. Returns the apps; options (parse_args' globals) is updated in place."""
+    merge_options(job.options, options, given)
     if apps and apps[0].argv:  # programs on the command line: the file's np and wdir as defaults
         single = len(apps) == 1
         return [
