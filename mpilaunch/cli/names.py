@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from mpilaunch import __version__
-from mpilaunch.cli.dialect import HYDRA, dialect_of
+from mpilaunch.cli.dialect import BY_NAME, HYDRA
 
 OPEN_MPI_LINE = "4.1"  # the mpirun whose command line (options, placement, variables) mpilaunch follows
 
@@ -22,7 +22,7 @@ def version_text(name: str) -> str:
     mpilaunch's own for torchrun (which has no --version: no tool reads one)."""
     if name in ("mpilaunch", "torchrun"):
         return f"mpilaunch {__version__}"
-    if dialect_of(name) == HYDRA:
+    if BY_NAME.get(name) == HYDRA:
         return (
             f"HYDRA build details: {name} is mpilaunch {__version__}, reading MPICH hydra's command line\n"
             f"    Version:                                 {OPEN_MPI_LINE}\n"
