@@ -43,16 +43,9 @@ def ompi_info(args: list[str]) -> int:
     """`ompi_info`: Open MPI's own when one is on PATH after the shim (it tells the truth about
     the library the ranks load: `mpi_built_with_cuda_support`, ...); else what tools and people
     read from it, as mpilaunch can say it truly."""
-    import os
+    from mpilaunch.cli.shims import exec_real
 
-    from mpilaunch.cli.shims import first_real
-
-    real = first_real("ompi_info", os.environ.get("PATH", os.defpath))
-    if real is not None:
-        try:
-            os.execv(real, [real, *args])
-        except OSError:
-            pass  # not runnable after all: mpilaunch's own answer
+    exec_real("ompi_info", args)  # else mpilaunch's own answer
     if any(word in ("--version", "-V", "-version") for word in args):
         print(f"Open MPI v{OPEN_MPI_LINE} (command line): mpilaunch {__version__}, not an MPI library")
         return 0

@@ -80,6 +80,17 @@ def first_real(name: str, path: str) -> str | None:
     return None
 
 
+def exec_real(name: str, args: list[str]) -> None:
+    """Become the real program of this name (first_real on PATH) with args; return when there is
+    none, or it is not runnable after all."""
+    real = first_real(name, os.environ.get("PATH", os.defpath))
+    if real is not None:
+        try:
+            os.execv(real, [real, *args])
+        except OSError:
+            pass
+
+
 def _not_a_file(path: str) -> str | None:
     """`is a FIFO, not a file` for what is no regular file at path (a link is followed)."""
     from mpilaunch.host.files import kind_of
