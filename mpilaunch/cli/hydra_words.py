@@ -217,11 +217,8 @@ def binding(values: dict[str, object], given: set[str]) -> tuple[dict[str, objec
         return {}, set(), []
     bind = BINDINGS.get(str(value).lower())
     if bind is None:
-        return (
-            {},
-            {"bind_to"},
-            [f"-binding {value!r} is not one mpilaunch reads (none, cpu:cores, cpu:sockets): ignored"],
-        )
+        note = f"-binding {value!r} is not one mpilaunch reads (none, cpu:cores, cpu:sockets): ignored"
+        return {}, {"bind_to"}, [note]
     return ({} if "bind_to" in given else {"bind_to": bind}), {"bind_to"}, []
 
 
@@ -291,13 +288,11 @@ def _joined_lines(text: str) -> list[tuple[int, str]]:
     """A configfile's lines, one ending in a backslash joined to the next (as hydra reads
     them), each with the number of its first line."""
     out: list[tuple[int, str]] = []
-    pending: tuple[int, str] | None = None
+    joined = False  # the last line ended in a backslash
     for number, line in enumerate(text.splitlines(), 1):
-        if pending is not None:
-            number, line = pending[0], f"{pending[1]} {line}"
-        pending = (number, line[:-1]) if line.endswith("\\") else None
-        if pending is None:
-            out.append((number, line))
-    if pending is not None:
-        out.append(pending)
+        if joined:
+            number, head = out.pop()
+            line = f"{head} {line}"
+        joined = line.endswith("\\")
+        out.append((number, line[:-1] if joined else line))
     return out
