@@ -72,8 +72,6 @@ ENVIRONMENT = (
     ("PET_<OPTION>", "an option not given (PET_NPROC_PER_NODE=2 is --nproc-per-node 2)"),
     ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "--shutdown-timeout, when not given"),
 )
-TORCH_WORDS = tuple(opt.name for opt in ROWS)  # options only torchrun has: one makes the command line torchrun's
-FLAGS = tuple(opt.name for opt in ROWS if opt.kind == FLAG)  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
 GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
@@ -86,12 +84,12 @@ def torch_options(
     """torchrun's words taken out of the parsed values: the Options fields they set (torch, and
     placement), with apps rewritten to what runs; notes for words that mean nothing here."""
     words = {opt.name: values.pop(opt.name, opt.unset) for opt in ROWS}
-    if not (name == "torchrun" or given & set(TORCH_WORDS)):
+    if not (name == "torchrun" or given & words.keys()):  # only torchrun has these: one makes the line torchrun's
         return {}, []
-    for opt in ROWS:  # torchrun reads PET_<NAME> for an option not given
+    for opt in ROWS:  # torchrun reads PET_<NAME> for an option not given (0 or 1 for a flag)
         key = opt.name
         if key not in given and IGNORED not in opt.roles and f"PET_{key.upper()}" in env:
-            words[key] = _env_flag(key, env) if key in FLAGS else env[f"PET_{key.upper()}"]
+            words[key] = _env_flag(key, env) if opt.kind == FLAG else env[f"PET_{key.upper()}"]
     notes = said_ignored(words, TORCHRUN, "torchrun's {flag} means nothing here: ignored")
     backend = str(words["rdzv_backend"] or "static").lower()
     if backend not in ("static", "c10d"):
@@ -276,13 +274,10 @@ def _graces(
     """torchrun's waits before SIGKILL: 30 s for the other workers once one failed, and after a
     signal stopped it --shutdown-timeout (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s);
     mpilaunch's own --kill-timeout, when given, is both."""
-    own = float(values["kill_timeout"]) if "kill_timeout" in given else None  # type: ignore[arg-type]
+    kill = float(values["kill_timeout"]) if "kill_timeout" in given else GRACE  # type: ignore[arg-type]
     text = words["shutdown_timeout"] or env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
-    if text is not None:
-        stop = float(_whole("--shutdown-timeout", text, 0, 3600))
-    else:
-        stop = GRACE if own is None else own
-    return {"kill_timeout": GRACE if own is None else own, "signal_grace": stop}
+    stop = kill if text is None else float(_whole("--shutdown-timeout", text, 0, 3600))
+    return {"kill_timeout": kill, "signal_grace": stop}
 
 
 def _run_id(words: Mapping[str, object], backend: str, nnodes: int | None, standalone: bool) -> str:
