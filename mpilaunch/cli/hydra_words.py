@@ -155,15 +155,13 @@ def line_defaults(values: dict[str, object], given: set[str], env: Mapping[str, 
 
 def app_env(params: Mapping[str, object]) -> tuple[tuple[str, str | None], ...]:
     """-env and -envlist of one app context, as (name, value) pairs (None: the launcher's value)."""
-    pairs = _pairs(params.get("app_env", ()))  # type: ignore[arg-type]
-    return (*pairs, *((name, None) for name in _names(params.get("app_envlist", ()))))  # type: ignore[arg-type]
+    return _pairs(params.get("app_env", ())) + _listed(params.get("app_envlist", ()))  # type: ignore[arg-type]
 
 
 def genv_exports(values: dict[str, object], env: Mapping[str, str]) -> tuple[tuple[str, str | None], ...]:
     """-genv, -genvlist and -genvall as the -x exports they mean (taken out of values); -genvnone
     is mpilaunch's default already: remote ranks get only what is exported."""
-    pairs = _pairs(values.pop("genv", ()))  # type: ignore[arg-type]
-    pairs += tuple((name, None) for name in _names(values.pop("genvlist", ())))  # type: ignore[arg-type]
+    pairs = _pairs(values.pop("genv", ())) + _listed(values.pop("genvlist", ()))  # type: ignore[arg-type]
     every, none = values.pop("genvall", False), values.pop("genvnone", False)
     if every and none:
         raise LaunchError("-genvall and -genvnone: give one of them")
@@ -192,9 +190,9 @@ def iface_exports(
     return tuple((name, iface) for name in IFACE_NAMES if name not in given)
 
 
-def _names(values: tuple[str, ...]) -> list[str]:
-    """-genvlist A,B -genvlist C -> [A, B, C]."""
-    return [name for value in values for name in value.split(",") if name]
+def _listed(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    """-genvlist A,B -genvlist C -> (A, None), (B, None), (C, None): each with the launcher's value."""
+    return tuple((name, None) for value in values for name in value.split(",") if name)
 
 
 def _pairs(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
