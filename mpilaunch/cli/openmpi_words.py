@@ -170,9 +170,9 @@ def mca_params(values: dict[str, object], env: Mapping[str, str]) -> tuple[tuple
 
 def _texts(paths: tuple[str, ...], option: str) -> Iterator[tuple[str, str]]:
     """(path, text) of each file the values name (FILE[,FILE] each), read as it is reached."""
-    from mpilaunch.plan.textfiles import read_text
-
     for path in (p for value in paths for p in value.split(",") if p):
+        from mpilaunch.plan.textfiles import read_text  # not loaded by a line without such files
+
         yield path, read_text(path, option, 1 << 20)
 
 
@@ -194,10 +194,10 @@ def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]
 def tune_file_words(paths: tuple[str, ...]) -> list[tuple[str, str]]:
     """Open MPI's --tune files: words of -x and -mca/--mca options (any lines, # comments), as
     (kind, value) pairs: ("x", "NAME[=VALUE]") or ("mca", "key\\0value")."""
-    import shlex
-
     out: list[tuple[str, str]] = []
     for path, text in _texts(paths, "--tune"):
+        import shlex  # not loaded by a line without --tune
+
         try:
             words = shlex.split(text, comments=True)
         except ValueError as exc:
