@@ -20,29 +20,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 MAX_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
-# Directive (as `ssh -G` names it) -> the value that means "not used"; any other value is not
-# honoured by the paramiko client.
+# Directive (as ssh_config spells it; `ssh -G` names it in lower case) -> the value that means
+# "not used"; any other value is not honoured by the paramiko client.
 NOT_HONOURED = {
-    "proxycommand": "none",
-    "controlmaster": "false",
-    "certificatefile": None,
-    "pkcs11provider": "none",
-    "hostkeyalias": None,
-    "localforward": None,
-    "remoteforward": None,
-    "dynamicforward": None,
-    "localcommand": None,
-}
-SPELLED = {
-    "proxycommand": "ProxyCommand",
-    "controlmaster": "ControlMaster",
-    "certificatefile": "CertificateFile",
-    "pkcs11provider": "PKCS11Provider",
-    "hostkeyalias": "HostKeyAlias",
-    "localforward": "LocalForward",
-    "remoteforward": "RemoteForward",
-    "dynamicforward": "DynamicForward",
-    "localcommand": "LocalCommand",
+    "ProxyCommand": "none",
+    "ControlMaster": "false",
+    "CertificateFile": None,
+    "PKCS11Provider": "none",
+    "HostKeyAlias": None,
+    "LocalForward": None,
+    "RemoteForward": None,
+    "DynamicForward": None,
+    "LocalCommand": None,
 }
 
 
@@ -98,10 +87,10 @@ def parse_dump(text: str) -> dict:
 def not_honoured(settings: dict) -> list[str]:
     """The directives of these settings the paramiko client ignores, as ssh_config spells them."""
     found = []
-    for key, unused in NOT_HONOURED.items():
-        value = settings.get(key)
+    for directive, unused in NOT_HONOURED.items():
+        value = settings.get(directive.lower())
         if value and value != unused and value != [] and str(value).lower() not in ("no", "none", "false"):
-            found.append(SPELLED[key])
+            found.append(directive)
     return found
 
 
