@@ -300,8 +300,7 @@ class StoreData:
         self.touched(key)
 
     def add(self, key: str, delta: int) -> int:
-        old = self.values.get(key)
-        number = delta + (as_int(old) if old is not None else 0)
+        number = delta + as_int(self.values.get(key, b"0"))
         if not INT64_MIN <= number <= INT64_MAX:
             raise ProtocolError(f"adding {delta} to {key!r} leaves int64's range")
         self.set(key, str(number).encode())
@@ -347,8 +346,7 @@ class StoreData:
     def barrier(self, peer: Peer, key: str, world_size: int) -> bool:
         """One more arrival at the key's count: True (and every earlier arrival released) when
         it reaches world_size, else the peer waits for the last one."""
-        old = self.values.get(key)
-        count = 1 + (as_int(old) if old is not None else 0)
+        count = 1 + as_int(self.values.get(key, b"0"))
         self.values[key] = str(count).encode()
         if count >= world_size:
             self.touched(key)
@@ -626,9 +624,7 @@ class StoreServer:
         for _ in range(ACCEPTS_PER_TURN):
             try:
                 sock, address = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # out of descriptors, a connection reset before accept: try later
+            except OSError:  # none waiting; out of descriptors, a connection reset before accept: try later
                 return
             sock.setblocking(False)
             try:
