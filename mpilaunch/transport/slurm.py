@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Mapping
 
 from mpilaunch.plan.hosts import Host
@@ -51,7 +52,7 @@ class SlurmTransport(Transport):
             started = None
         if started is None:
             names = [hosts[i].name for i in sorted(hosts)]
-            started = start_step(names, os.environ, self.options.python or _python())
+            started = start_step(names, os.environ, self.options.python or sys.executable)
         listener = socket.socket(fileno=started.listener.detach())
         secret, expected = started.secret, started.nodes
         step = Step(started.pid)
@@ -75,12 +76,6 @@ class SlurmTransport(Transport):
             results[by_name[name]].address = f"slurm:{name}"
             results[by_name[name]].link = link
         return results
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
 
 
 def _missing(step: Step) -> str:
