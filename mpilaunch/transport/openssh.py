@@ -35,10 +35,6 @@ REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream
 DROPPED = ("kex_exchange_identification", "Connection reset by", "Connection closed by")
 
 
-def _dropped(why: str) -> bool:
-    return any(words in why for words in DROPPED)
-
-
 class OpensshLink(Link):
     """A remote agent behind an `ssh` client process that this launcher started."""
 
@@ -245,7 +241,7 @@ class OpensshTransport(Transport):
         self._command: tuple[bool, list[str]] | None = None  # (OpenSSH's?, options up to the host), once started
 
     def retry(self, error: TransportError) -> bool:
-        return _dropped(str(error))
+        return any(words in str(error) for words in DROPPED)
 
     def addresses(self, hosts: Mapping[int, Host], results: Mapping[int, HostResult]) -> None:
         """Each host's address as ssh reaches it, user@address:port: user and port from `ssh -G`
