@@ -303,24 +303,24 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
         client = _client_for(target, options.accept_new)
         started = time.monotonic()
         try:
-            client.connect(
-                target.hostname,
-                port=target.port,
-                username=target.user,
-                key_filename=list(target.identity_files) or None,
-                look_for_keys=not target.identities_only,
-                allow_agent=not target.identities_only,
-                timeout=target.timeout,
-                banner_timeout=target.timeout,
-                auth_timeout=target.timeout,
-                sock=sock,
-            )
+            try:
+                client.connect(
+                    target.hostname,
+                    port=target.port,
+                    username=target.user,
+                    key_filename=list(target.identity_files) or None,
+                    look_for_keys=not target.identities_only,
+                    allow_agent=not target.identities_only,
+                    timeout=target.timeout,
+                    banner_timeout=target.timeout,
+                    auth_timeout=target.timeout,
+                    sock=sock,
+                )
+            except BaseException:  # a client that did not connect is closed, whatever the reason
+                client.close()
+                raise
             return client
-        except TransportError:
-            client.close()
-            raise
         except paramiko.BadHostKeyException as exc:
-            client.close()
             raise TransportError(
                 "host key",
                 f"host key of {target.name} ({target.key_name}) has CHANGED: it offers {fingerprint(exc.key)}, "
@@ -328,20 +328,15 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
                 f"old key with: ssh-keygen -R '{target.key_name}'{known_hosts_option(target)}",
             ) from None
         except paramiko.AuthenticationException as exc:
-            client.close()
             raise TransportError("auth", f"authentication as {target.user} failed: {exc}") from None
         except socket.gaierror:
-            client.close()
             raise TransportError("resolve", f"cannot resolve {target.hostname!r}") from None
         except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
-            client.close()
             raise TransportError("connect", f"connection refused by {target.hostname}:{target.port}") from None
         except (socket.timeout, TimeoutError):
-            client.close()
             where = f"{target.hostname}:{target.port}"
             raise TransportError("connect", f"no answer from {where} in {target.timeout:g} s") from None
         except (paramiko.SSHException, EOFError, ConnectionResetError, OSError) as exc:
-            client.close()
             waited = time.monotonic() - started
             if waited >= target.timeout * 0.8:  # it accepted TCP but never spoke SSH
                 raise TransportError(
@@ -406,9 +401,8 @@ class SshLink(Link):
         if self.unread:
             data, self.unread = self.unread, b""
             return data
+        self.read_diagnostics()
         chan = self.chan
-        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
-            self._stderr(chan.recv_stderr(1 << 16))  # type: ignore[attr-defined]
         if chan.recv_ready():  # type: ignore[attr-defined]
             return chan.recv(1 << 18)  # type: ignore[attr-defined]
         if chan.closed or chan.eof_received:  # type: ignore[attr-defined]
