@@ -25,7 +25,7 @@ from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh_steps import resolved
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines, ssh_on_path
 from mpilaunch.transport.sshconfig import not_honoured
 
 TYPE_CHECKING = False
@@ -85,17 +85,8 @@ def load_config(path: str | None) -> Callable[[str], dict]:
     paramiko's parser with Include expanded (transport/sshconfig.py)."""
     from mpilaunch.transport.sshconfig import resolver
 
-    ssh = _ssh_binary()
+    ssh = ssh_on_path()
     return resolver(path, ssh, None if ssh else import_paramiko())
-
-
-def _ssh_binary() -> str | None:
-    from mpilaunch.host.programs import find_program
-
-    try:
-        return find_program("ssh", {"PATH": os.environ.get("PATH", os.defpath)})
-    except OSError:
-        return None
 
 
 def ssh_target(name: str, user: str | None, port: int | None, config: Callable[[str], dict]) -> SshTarget:

@@ -43,15 +43,19 @@ def ssh_client(requested: str, path: str | None = None) -> str:
     use it: the user's whole ssh config applies), else paramiko (a machine with no ssh client)."""
     if requested != "auto":
         return requested
+    return "openssh" if ssh_on_path(path) else "paramiko"
+
+
+def ssh_on_path(path: str | None = None) -> str | None:
+    """The `ssh` on PATH (this process's, unless path is given), or None."""
     import os
 
     from mpilaunch.host.programs import find_program
 
     try:
-        find_program("ssh", {"PATH": path if path is not None else os.environ.get("PATH", os.defpath)})
+        return find_program("ssh", {"PATH": path if path is not None else os.environ.get("PATH", os.defpath)})
     except OSError:
-        return "paramiko"
-    return "openssh"
+        return None
 
 
 def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
