@@ -19,8 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 
-from mpilaunch.transport.base import Link
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, ping_from_thread
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink
 
 LOST_SETTLE = 0.5  # seconds a lost link waits for its carrier to end, to say why it was lost
 
@@ -62,15 +61,13 @@ class Carrier:
         return f"{self.program} exited with status {status}" if status is not None else ""
 
 
-class BackLink(Link):
+class BackLink(RemoteLink):
     """An agent on its TCP connection back to the launcher."""
 
     def __init__(self, name: str, sock: socket.socket, carrier: Carrier) -> None:
         super().__init__(name)
         self.sock = sock
         self.carrier = carrier
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._in = sock.fileno()
         self._out = os.dup(sock.fileno())  # the greeting watches reading and writing apart
         with carrier.lock:
@@ -126,9 +123,6 @@ class BackLink(Link):
     def send(self, frame: bytes) -> None:
         with self._lock:
             self.sock.sendall(frame)
-
-    def ping_every(self, interval: float, frame: bytes) -> None:
-        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         """The agent reads the end of its link and stops its ranks."""

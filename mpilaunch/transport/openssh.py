@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import threading
 import time
 from collections.abc import Mapping
 
@@ -24,10 +23,10 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.host import spawn
 from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.plan.hosts import Host
-from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
+from mpilaunch.transport.base import HostResult, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh_steps import failed_step, host_key_hint, resolved
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, SshOptions, show_agent_lines
 
 READ_SIZE = 1 << 18
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
@@ -35,7 +34,7 @@ REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream
 DROPPED = ("kex_exchange_identification", "Connection reset by", "Connection closed by")
 
 
-class OpensshLink(Link):
+class OpensshLink(RemoteLink):
     """A remote agent behind an `ssh` client process that this launcher started."""
 
     def __init__(self, name: str, started: spawn.Started, openssh: bool = True) -> None:
@@ -46,8 +45,6 @@ class OpensshLink(Link):
         self.reached = False  # the remote command wrote: the connection was made and authenticated
         self.ended = False  # its stdout ended
         self.stderr_text = bytearray()  # ssh's and the agent's own messages
-        self._lock = threading.Lock()  # pings from a thread and frames from the loop never interleave
-        self._stop = threading.Event()
         self._out = started.stdout
         self._err: int = started.stderr  # type: ignore[assignment]
         self._in: int = started.stdin  # type: ignore[assignment]
@@ -149,9 +146,6 @@ class OpensshLink(Link):
             view = memoryview(frame)
             while view:
                 view = view[os.write(self._in, view) :]
-
-    def ping_every(self, interval: float, frame: bytes) -> None:
-        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         """End of our side: the agent reads the end of its stdin and stops its ranks."""

@@ -22,10 +22,10 @@ from types import ModuleType
 
 from mpilaunch.plan.hosts import Host, HostSyntaxError, check_host_name, check_user_name
 from mpilaunch.protocol.record import Record
-from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
+from mpilaunch.transport.base import HostResult, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh_steps import resolved
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines, ssh_on_path
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, SshOptions, show_agent_lines, ssh_on_path
 from mpilaunch.transport.sshconfig import not_honoured
 
 TYPE_CHECKING = False
@@ -369,7 +369,7 @@ def open_connection(
         raise
 
 
-class SshLink(Link):
+class SshLink(RemoteLink):
     """A connected agent on a remote host, over a paramiko channel."""
 
     patience = CONNECT_TIMEOUT * 2
@@ -381,8 +381,6 @@ class SshLink(Link):
         self.jumps = jumps if jumps is not None else []
         self._err = bytearray()
         self._said = bytearray()  # stderr before the greeting: the host's error line takes it
-        self._lock = threading.Lock()  # frames from two threads never interleave
-        self._stop = threading.Event()
 
     def fileno(self) -> int:
         return self.chan.fileno()  # type: ignore[attr-defined]
@@ -429,9 +427,6 @@ class SshLink(Link):
     def send(self, frame: bytes) -> None:
         with self._lock:
             self.chan.sendall(frame)  # type: ignore[attr-defined]
-
-    def ping_every(self, interval: float, frame: bytes) -> None:
-        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         self._stop.set()

@@ -6,12 +6,10 @@ from __future__ import annotations
 import sys
 
 from mpilaunch.protocol.record import Record
+from mpilaunch.transport.base import Link
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import threading
-    from collections.abc import Callable
-
     from mpilaunch.protocol.messages import SshSpec
 
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, auth and the agent's hello (ConnectTimeout overrides)
@@ -69,20 +67,28 @@ def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
             print(f"mpilaunch: agent on {name}: {line.decode(errors='replace')}", file=sys.stderr)
 
 
-def ping_from_thread(
-    name: str, send: Callable[[bytes], None], stop: threading.Event, interval: float, frame: bytes
-) -> None:
-    """Keep a remote agent's heartbeat from a thread until stop is set or a send fails: the
-    event loop may be blocked (a console pipe nobody reads), and the agent must not take that
-    for a lost launcher."""
+class RemoteLink(Link):
+    """A link to an agent on another host: frames from two threads never interleave (`_lock`),
+    and a thread keeps the agent's heartbeat until the link is closed (`_stop`)."""
 
-    def loop() -> None:
-        while not stop.wait(interval):
-            try:
-                send(frame)
-            except Exception:
-                return
+    def __init__(self, name: str) -> None:
+        import threading  # here: a local run (which imports this module for SshOptions) needs no threads
 
-    import threading  # here: a local run (which imports this module for SshOptions) needs no threads
+        super().__init__(name)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
 
-    threading.Thread(target=loop, name=f"ping {name}", daemon=True).start()
+    def ping_every(self, interval: float, frame: bytes) -> None:
+        """Send frame from a thread until the link is closed or a send fails: the event loop may
+        be blocked (a console pipe nobody reads), and the agent must not take that for a lost
+        launcher."""
+        import threading
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.send(frame)
+                except Exception:
+                    return
+
+        threading.Thread(target=loop, name=f"ping {self.name}", daemon=True).start()
