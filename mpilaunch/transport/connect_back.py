@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, reap
 
 LOST_SETTLE = 0.5  # seconds a lost link waits for its carrier to end, to say why it was lost
 
@@ -41,13 +41,7 @@ class Carrier:
 
     def poll(self) -> int | None:
         if self.status is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.status = -1
-            else:
-                if pid:
-                    self.status = os.waitstatus_to_exitcode(status)
+            self.status = reap(self.pid, 0)
         return self.status
 
     def end(self, grace: float) -> None:
@@ -226,7 +220,7 @@ def send_away(sock: socket.socket) -> None:
 
 def end_group(pid: int, grace: float) -> int:
     """Wait up to grace for a carrier to leave; then SIGTERM its group, then SIGKILL. Its exit
-    status (-1 when it was not our child). Polled every 2 ms: the end of every job waits for it."""
+    status (-1 when it was not our child)."""
     import signal
 
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
@@ -235,18 +229,7 @@ def end_group(pid: int, grace: float) -> int:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        deadline = time.monotonic() + grace
-        while True:
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return -1
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)
-    try:
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    except ChildProcessError:
-        return -1
+        status = reap(pid, grace)
+        if status is not None:
+            return status
+    return reap(pid, None)  # type: ignore[return-value]  # waited for: never None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import time
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
@@ -26,7 +25,7 @@ from mpilaunch.plan.hosts import Host
 from mpilaunch.transport.base import HostResult, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh_steps import failed_step, host_key_hint, resolved
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, SshOptions, show_agent_lines
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, SshOptions, reap, show_agent_lines
 
 READ_SIZE = 1 << 18
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
@@ -170,19 +169,8 @@ class OpensshLink(RemoteLink):
     def reap(self, within: float | None) -> int | None:
         """The client's exit status once it has left (waiting up to within seconds; None: for
         as long as it takes), or None if it is still running."""
-        deadline = None if within is None else time.monotonic() + within
-        while self.status is None:
-            try:
-                pid, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
-            except ChildProcessError:
-                self.status = -1
-                break
-            if pid:
-                self.status = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() >= deadline:  # type: ignore[operator]
-                return None
-            time.sleep(0.002)  # the client leaves a moment after its agent: the job's end waits on this
+        if self.status is None:
+            self.status = reap(self.pid, within)  # the client leaves a moment after its agent
         return self.status
 
 

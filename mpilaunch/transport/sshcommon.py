@@ -3,7 +3,9 @@ agent's own stderr and its heartbeat are handled on the launcher's side."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import Link
@@ -46,8 +48,6 @@ def ssh_client(requested: str, path: str | None = None) -> str:
 
 def ssh_on_path(path: str | None = None) -> str | None:
     """The `ssh` on PATH (this process's, unless path is given), or None."""
-    import os
-
     from mpilaunch.host.programs import find_program
 
     try:
@@ -65,6 +65,23 @@ def show_agent_lines(name: str, pending: bytearray, data: bytes) -> None:
     for line in lines:
         if line.strip():
             print(f"mpilaunch: agent on {name}: {line.decode(errors='replace')}", file=sys.stderr)
+
+
+def reap(pid: int, within: float | None) -> int | None:
+    """The exit status of a child that carries remote links (an ssh client, srun, qrsh) once it
+    has left, waiting up to within seconds (None: for as long as it takes; polled every 2 ms:
+    the end of every job waits for it); None while it still runs; -1 when it is not our child."""
+    deadline = None if within is None else time.monotonic() + within
+    while True:
+        try:
+            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+        except ChildProcessError:
+            return -1
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:  # type: ignore[operator]
+            return None
+        time.sleep(0.002)
 
 
 class RemoteLink(Link):
