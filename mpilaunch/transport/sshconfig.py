@@ -74,10 +74,9 @@ def parse_dump(text: str) -> dict:
         else:
             settings[key] = value
     settings["identityfile"] = [f for f in settings["identityfile"] if os.path.isfile(os.path.expanduser(f))]
-    if settings.get("connecttimeout", "none") == "none":
-        settings.pop("connecttimeout", None)
-    if settings.get("proxyjump", "none") == "none":
-        settings.pop("proxyjump", None)
+    for key in ("connecttimeout", "proxyjump"):
+        if settings.get(key, "none") == "none":
+            settings.pop(key, None)
     strict = settings.get("stricthostkeychecking")
     if strict in ("true", "false"):
         settings["stricthostkeychecking"] = "yes" if strict == "true" else "no"
