@@ -792,13 +792,12 @@ def listening_socket(host: str = "", port: int = 0) -> socket.socket:
     """A listening TCP socket on host:port; "" listens on every address, IPv6 and IPv4 both
     where the machine has IPv6 (as torch's server does), else IPv4."""
     if host:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        candidates = [(family, kind, proto, address)]
+        candidates = [socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]]
     else:
-        candidates = [(socket.AF_INET6, socket.SOCK_STREAM, 0, ("::", port))]
-        candidates.append((socket.AF_INET, socket.SOCK_STREAM, 0, ("0.0.0.0", port)))
+        candidates = [(socket.AF_INET6, socket.SOCK_STREAM, 0, "", ("::", port))]
+        candidates.append((socket.AF_INET, socket.SOCK_STREAM, 0, "", ("0.0.0.0", port)))
     error: OSError | None = None
-    for family, kind, proto, address in candidates:
+    for family, kind, proto, _, address in candidates:
         try:
             sock = socket.socket(family, kind, proto)
         except OSError as exc:
