@@ -266,7 +266,6 @@ class OpensshTransport(Transport):
         if options.config and not os.path.isfile(options.config):
             raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
         env = dict(os.environ)
-        spec = options.spec()
         openssh, base = self._command_line(env)
         command = agent_command(options.python)
         payload = agent_payload()
@@ -280,7 +279,7 @@ class OpensshTransport(Transport):
             for index in sorted(hosts):
                 host = hosts[index]
                 if not openssh and (host.user or host.port):
-                    why = f"{spec.command[0]} is not ssh: it takes no user or port (give them to it yourself)"
+                    why = f"{base[0]} is not ssh: it takes no user or port (give them to it yourself)"
                     results[index].error = TransportError("connect", why)
                     continue
                 argv = ssh_argv(base, host.name, host.user, host.port, command, openssh)
