@@ -54,6 +54,12 @@ class Carrier:
         status = self.poll()
         return f"{self.program} exited with status {status}" if status is not None else ""
 
+    def missing(self, within: float, before: str) -> str:
+        """Why an agent it started did not connect back: it exited (`exited`, then `before`), or
+        the wait of `within` seconds ended."""
+        exited = self.exited()
+        return f"{exited}{before}" if exited else f"the agent did not connect back within {within:g} s"
+
 
 class BackLink(RemoteLink):
     """An agent on its TCP connection back to the launcher."""

@@ -30,6 +30,7 @@ from mpilaunch.transport.stage1 import SECRET_VAR, connect_back_line
 
 ACCEPT_TIMEOUT = 60.0  # seconds for every qrsh to start its task and each agent to connect back
 OUTPUT_KEPT = 4096  # bytes of qrsh's output read for its last words
+MISSING = " (before its agent connected back)"  # after `qrsh exited with status 1: its last line`
 
 
 class Qrsh(Carrier):
@@ -165,7 +166,7 @@ class SgeTransport(Transport):
         for token, carrier in carriers.items():
             index = int(token)
             if token not in joined:
-                results[index].error = TransportError("agent", _missing(carrier))
+                results[index].error = TransportError("agent", carrier.missing(ACCEPT_TIMEOUT, MISSING))
                 carrier.end(0.5)
                 continue
             sock, rest = joined[token]
@@ -180,10 +181,3 @@ class SgeTransport(Transport):
 def _all_gone(carriers: Mapping[str, Qrsh], joined: Mapping[str, object]) -> bool:
     """Every qrsh whose agent has not connected back has left: nobody else will."""
     return all(carrier.poll() is not None for token, carrier in carriers.items() if token not in joined)
-
-
-def _missing(carrier: Qrsh) -> str:
-    exited = carrier.exited()
-    if exited:
-        return f"{exited} (before its agent connected back)"
-    return f"the agent did not connect back within {ACCEPT_TIMEOUT:g} s"

@@ -23,6 +23,7 @@ from mpilaunch.transport.slurm_step import StartedStep, claim_started_step, star
 from mpilaunch.transport.sshcommon import SshOptions
 
 ACCEPT_TIMEOUT = 60.0  # seconds for srun to start every node's agent and for each to connect back
+MISSING = " before this node's agent connected back"  # after `srun exited with status 1`
 
 
 class Step(Carrier):
@@ -67,7 +68,7 @@ class SlurmTransport(Transport):
         listener.close()  # exactly the expected agents: no other connection is taken
         for name, index in by_name.items():
             if name not in joined:
-                results[index].error = TransportError("agent", _missing(step))
+                results[index].error = TransportError("agent", step.missing(ACCEPT_TIMEOUT, MISSING))
         payload = agent_payload()
         for name, (sock, rest) in joined.items():
             link = BackLink(name, sock, step)
@@ -76,13 +77,6 @@ class SlurmTransport(Transport):
             results[by_name[name]].address = f"slurm:{name}"
             results[by_name[name]].link = link
         return results
-
-
-def _missing(step: Step) -> str:
-    exited = step.exited()
-    if exited:
-        return f"{exited} before this node's agent connected back"
-    return f"the agent did not connect back within {ACCEPT_TIMEOUT:g} s"
 
 
 def _accept(
