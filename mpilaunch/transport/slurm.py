@@ -60,7 +60,10 @@ class SlurmTransport(Transport):
         agent_payload()  # read (or built) while Slurm starts the step, not after the agents connect
         results = {index: HostResult(index) for index in hosts}
         try:
-            joined = _accept(listener, by_name, secret, step, expected)
+            # agents of nodes the job does not use are sent away; srun leaving early ends the wait
+            joined = accept_agents(
+                listener, by_name, secret, expected, lambda _: step.poll() is not None, ACCEPT_TIMEOUT
+            )
         except BaseException:
             listener.close()
             step.end(0.5)
@@ -79,20 +82,6 @@ class SlurmTransport(Transport):
         return results
 
 
-def _accept(
-    listener: socket.socket,
-    by_name: Mapping[str, int],
-    secret: str,
-    step: Step,
-    expected: int,
-    within: float = ACCEPT_TIMEOUT,
-) -> dict[str, tuple[socket.socket, bytes]]:
-    """One connection per node of the step, `expected` in all; an agent of a node the job does
-    not use (a step started over the whole allocation) is sent away; srun leaving early, or the
-    deadline, ends the wait."""
-    return accept_agents(listener, by_name, secret, expected, lambda joined: step.poll() is not None, within)
-
-
 def discard_early_step() -> None:
     """End the step entry.main started if no launch took it (a refused command line): its
     agents are sent away as they connect, each ending with status 0, and srun leaves quietly."""
@@ -107,7 +96,7 @@ def send_away(early: StartedStep, within: float = 10.0) -> None:
     listener = socket.socket(fileno=early.listener.detach())
     step = Step(early.pid)
     try:
-        _accept(listener, {}, early.secret, step, early.nodes, within)
+        accept_agents(listener, {}, early.secret, early.nodes, lambda _: step.poll() is not None, within)
     finally:
         listener.close()
         step.end(step.grace)
