@@ -91,9 +91,6 @@ class BackLink(RemoteLink):
         exited = self.carrier.exited()
         return f"{exited} before the agent answered" if exited else ""
 
-    def reap(self, within: float | None) -> int | None:
-        return self.carrier.poll()
-
     def lost_because(self) -> str:
         """The carrier's end, when that is why: it ends a moment before its agent's link does (a
         killed qrsh makes Grid Engine kill its task), and may not be reaped yet."""
