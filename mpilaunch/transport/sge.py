@@ -47,19 +47,15 @@ class Qrsh(Carrier):
         self.output = output
 
     def exited(self) -> str:
+        """`qrsh exited with status 1`, then qrsh's (or the task's) last non-empty line of output."""
         exited = super().exited()
-        last = self.last_line()
-        return f"{exited}: {last}" if exited and last else exited
-
-    def last_line(self) -> str:
-        """qrsh's (or the task's) last non-empty line of output."""
         try:
             size = os.fstat(self.output).st_size
             data = os.pread(self.output, OUTPUT_KEPT, max(0, size - OUTPUT_KEPT))
         except OSError:
-            return ""
+            return exited
         lines = [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
-        return lines[-1] if lines else ""
+        return f"{exited}: {lines[-1]}" if exited and lines else exited
 
     def end(self, grace: float) -> None:
         super().end(grace)
