@@ -114,9 +114,6 @@ class BackLink(RemoteLink):
         except OSError:
             return b""
 
-    def readable(self) -> bool:
-        return bool(self.unread) or bool(select.select([self._out], [], [], 0)[0])
-
     def send(self, frame: bytes) -> None:
         with self._lock:
             self.sock.sendall(frame)

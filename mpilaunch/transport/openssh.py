@@ -14,7 +14,6 @@ it and greets the agent (launcher/start/greeting.py).
 from __future__ import annotations
 
 import os
-import select
 import signal
 from collections.abc import Mapping
 
@@ -136,9 +135,6 @@ class OpensshLink(RemoteLink):
         status = self.reap(REAP_GRACE if self.ended else 0)
         said = bytes(self.stderr_text).decode(errors="replace")
         return failed_step(status, said, self.reached, self.openssh)
-
-    def readable(self) -> bool:
-        return bool(self.unread) or bool(select.select([self._out], [], [], 0)[0])
 
     def send(self, frame: bytes) -> None:
         with self._lock:

@@ -1,9 +1,11 @@
-"""What both SSH transports share: the options of a run, the connect timeout, and how an
-agent's own stderr and its heartbeat are handled on the launcher's side."""
+"""What the transports of remote agents share: the SSH options of a run, the connect timeout,
+how an agent's own stderr is shown, a remote link's lock and heartbeat (RemoteLink), and the
+reaping of the processes that carry links (ssh clients, srun, qrsh)."""
 
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 
@@ -94,6 +96,10 @@ class RemoteLink(Link):
         super().__init__(name)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+
+    def readable(self) -> bool:
+        """What start-up left unread, or data (or the end) waiting on the link's descriptor."""
+        return bool(self.unread) or bool(select.select([self.fileno()], [], [], 0)[0])
 
     def ping_every(self, interval: float, frame: bytes) -> None:
         """Send frame from a thread until the link is closed or a send fails: the event loop may
