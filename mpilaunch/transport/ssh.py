@@ -421,8 +421,10 @@ class SshLink(RemoteLink):
         return f"the agent did not start: {last[-1] if last else f'it exited with status {status}'}"
 
     def readable(self) -> bool:
+        """What start-up left unread, or data, diagnostics or the end waiting on the channel."""
         chan = self.chan
-        return chan.recv_ready() or chan.recv_stderr_ready() or chan.closed or chan.eof_received  # type: ignore[attr-defined]
+        ready = chan.recv_ready() or chan.recv_stderr_ready()  # type: ignore[attr-defined]
+        return bool(self.unread) or ready or chan.closed or chan.eof_received  # type: ignore[attr-defined]
 
     def send(self, frame: bytes) -> None:
         with self._lock:
