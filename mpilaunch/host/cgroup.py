@@ -30,7 +30,7 @@ def _own_cgroup_dir() -> str | None:
                     if path == root or path.startswith(root.rstrip("/") + "/"):
                         relative = path[len(root.rstrip("/")) :].lstrip("/")
                         return os.path.join(mount, relative) if relative else mount
-    except (OSError, StopIteration):
+    except OSError:
         pass
     return None
 
