@@ -8,10 +8,11 @@ The ranks are mpi4py in the Intel MPI venv that tests/mpi/test_impi.py builds (i
            yielding stalls the one whose turn it is); each launcher's runs are sized by a probe to
            about --budget seconds, at most --loops loops (the `loops` column, in launcher order)
   barrier  a whole job: start, MPI_Init over PMI, one barrier, exit; seconds of wall time
-mpilaunch is given nothing beyond --allow-run-as-root --oversubscribe, Intel's mpiexec nothing
-at all; the target is a ratio mpilaunch / mpiexec of at most 1.1 everywhere. --tuned adds a row
-of mpilaunch with what Intel's launcher does by itself (--bind-to core, and I_MPI_WAIT_MODE=1
-when a host has more ranks than CPUs), to show what per-family defaults would give.
+mpilaunch (as `pip install` gives it: bench/installed.py) is given nothing beyond
+--allow-run-as-root --oversubscribe, Intel's mpiexec nothing at all; the target is a ratio
+mpilaunch / mpiexec of at most 1.1 everywhere. --tuned adds a row of mpilaunch with what Intel's
+launcher does by itself (--bind-to core, and I_MPI_WAIT_MODE=1 when a host has more ranks than
+CPUs), to show what per-family defaults would give.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import re
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +33,7 @@ SIZES = (2, 4, 8)
 PROBE = 20  # ringtest loops of the probe that sizes the runs
 SCENARIOS = [f"{kind}{n}" for kind in ("ring", "barrier") for n in SIZES]
 # What the caller's shell may carry that would tune one launcher's ranks and not the other's.
-DROPPED = ("I_MPI_", "PMI_", "MPI4PY_", "HYDRA_", "MPIEXEC_")
+DROPPED = ("I_MPI_", "PMI_", "MPI4PY_", "HYDRA_", "MPIEXEC_", "PYTHONPATH")
 
 
 def clean_env() -> dict[str, str]:
@@ -57,9 +57,10 @@ def impi_prefix(given: str | None) -> Path:
 
 
 def launchers(prefix: Path, tuned: bool) -> dict[str, Callable[[int], list[str]]]:
-    """Each launcher's argv prefix for n ranks; the mpilaunch script is run directly (no pyenv shim)."""
-    scripts = Path(sysconfig.get_path("scripts"))
-    ours = str(scripts / "mpilaunch") if (scripts / "mpilaunch").exists() else "mpilaunch"
+    """Each launcher's argv prefix for n ranks; mpilaunch as `pip install` gives it (bench/installed.py)."""
+    from bench.installed import installed
+
+    ours = str(installed() / "mpilaunch")
     cpus = len(os.sched_getaffinity(0))
     found: dict[str, Callable[[int], list[str]]] = {
         "impi mpiexec": lambda n: [str(prefix / "bin" / "mpiexec"), "-n", str(n)],

@@ -92,7 +92,9 @@ def record_costs() -> list[tuple[str, float]]:
 
 
 def payload_costs() -> list[tuple[str, float]]:
-    """ms to build the agent's payload (at zlib levels 1 and 6) and to read it back from its cache."""
+    """ms to build the agent's payload, to read it back from its cache, and an agent's side of it:
+    the bundle unmarshalled, each module's code decompressed (a plain job's agent imports about
+    half of them)."""
     import importlib.util
     import marshal
     import os
@@ -101,20 +103,26 @@ def payload_costs() -> list[tuple[str, float]]:
     from mpilaunch.transport import bootstrap
 
     magic = importlib.util.MAGIC_NUMBER
-    raw = marshal.dumps({"magic": magic, "modules": bootstrap._agent_modules(), "stage2": bootstrap.LOADER})
+    payload = bootstrap._build_payload(magic)
+    at = 10 + int(payload[:10])
+    bundle = payload[at + 10 :]
+    modules = marshal.loads(bundle)["modules"]
     rows = []
-    for level in (1, 6):
-        packed = zlib.compress(raw, level)
-        took = min(timeit.repeat(lambda level=level: zlib.compress(raw, level), number=3, repeat=3)) / 3
-        rows.append((f"compress the modules, zlib level {level} ({len(packed) // 1024} KiB)", took * 1e3))
-        undone = min(timeit.repeat(lambda packed=packed: zlib.decompress(packed), number=10, repeat=3)) / 10
-        rows.append((f"decompress them (the agent's side), level {level}", undone * 1e3))
     built = min(timeit.repeat(lambda: bootstrap._build_payload(magic), number=1, repeat=3))
-    rows.append(("build the payload (compile every module, level 1)", built * 1e3))
+    rows.append((f"build the payload (compile and compress every module; {len(payload) // 1024} KiB)", built * 1e3))
+    unmarshal = min(timeit.repeat(lambda: marshal.loads(bundle), number=20, repeat=5)) / 20
+    rows.append(("unmarshal the bundle (the agent's side)", unmarshal * 1e3))
+
+    def undo() -> None:
+        for _, _, code in modules.values():
+            zlib.decompress(code)
+
+    undone = min(timeit.repeat(undo, number=10, repeat=3)) / 10
+    rows.append((f"decompress all {len(modules)} modules' code", undone * 1e3))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "payload")
         with open(path, "wb") as out:
-            out.write(bootstrap._build_payload(magic))
+            out.write(payload)
 
         def read() -> bytes:
             with open(path, "rb") as handle:

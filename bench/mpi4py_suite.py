@@ -5,11 +5,13 @@ Run by hand (slow, not part of the tests):
 For each test module of mpi4py's suite (test/test_*.py of the mpi4py sdist of the version the ranks'
 interpreter has; downloaded once with pip and kept in ~/.cache/mpilaunch-tests/mpi4py-tests/VERSION),
 one job runs `python test/main.py --no-builddir -q test_x` (as mpi4py's tox.ini does) on --np ranks,
-under the library's mpiexec (hydra: MPICH's from the `mpich` wheel in this Python, Intel's from the
-impi-rt venv that tests/mpi/test_impi.py builds) and under mpilaunch, given nothing beyond
+under the library's mpiexec (hydra: MPICH's from the `mpich` wheel, Intel's from the impi-rt venv that
+tests/mpi/test_impi.py builds) and under mpilaunch as `pip install` gives it (bench/installed.py: a
+venv of this checkout's HEAD with mpi4py over the `mpich` wheel, whose Python and hydra are MPICH's
+ranks' and mpiexec), given nothing beyond
 --allow-run-as-root --oversubscribe; the two launchers alternate, module by module. Both get the same
 interpreter, working directory (a fresh temporary one per job) and environment, without the caller's
-I_MPI_/PMI_/MPI4PY_/HYDRA_/MPIEXEC_ variables. A job passes when it exits 0 (main.py exits 1 on a rank
+I_MPI_/PMI_/MPI4PY_/HYDRA_/MPIEXEC_ variables and PYTHONPATH. A job passes when it exits 0 (main.py exits 1 on a rank
 where a test fails) and no rank printed unittest's "FAILED"; a job that runs past --timeout is killed
 (its process group, then any process left with its tag) and counts as a timeout. Per MPI, a table:
 each launcher's result (ran N tests, f=failures, e=errors, s=skipped, as the ranks reported them; a
@@ -25,7 +27,6 @@ import re
 import signal
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tempfile
 import time
@@ -37,7 +38,7 @@ from bench import TAG, tagged
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the caller's shell may carry that would tune one launcher's ranks and not the other's.
-DROPPED = ("I_MPI_", "PMI_", "MPI4PY_", "HYDRA_", "MPIEXEC_")
+DROPPED = ("I_MPI_", "PMI_", "MPI4PY_", "HYDRA_", "MPIEXEC_", "PYTHONPATH")
 # unittest's summary, per rank: "Ran N tests in Xs", then "OK" or "FAILED", then " (failures=1, skipped=2)"
 # or nothing, in three writes. Hydra forwards chunks, not lines, so another rank's bytes may sit anywhere
 # between or around them ("OKRan 52 tests", "OKOK", "OK---- (skipped=8)"): each part is found on its own,
@@ -158,11 +159,14 @@ class Mpi:
 
 
 def mpich() -> Mpi:
-    scripts = Path(sysconfig.get_path("scripts"))
-    hydra = scripts / "mpiexec.hydra"
+    """The installed mpilaunch's venv: its Python has mpi4py over the `mpich` wheel, hydra beside it."""
+    from bench.installed import installed
+
+    venv = installed()
+    hydra = venv / "mpiexec.hydra"
     if not hydra.exists():
-        raise SystemExit(f"no {hydra}: pip install mpich mpi4py")
-    return Mpi("mpich", sys.executable, str(hydra))
+        raise SystemExit(f"no {hydra}: the bench extra brings the mpich wheel")
+    return Mpi("mpich", str(venv / "python"), str(hydra))
 
 
 def impi(venv: str | None) -> Mpi:
@@ -213,9 +217,10 @@ def suite(python: str) -> Path:
 
 
 def launchers(mpi: Mpi) -> dict[str, Callable[[int], list[str]]]:
-    """Each launcher's argv prefix for n ranks; the mpilaunch script is run directly (no pyenv shim)."""
-    scripts = Path(sysconfig.get_path("scripts"))
-    ours = str(scripts / "mpilaunch") if (scripts / "mpilaunch").exists() else "mpilaunch"
+    """Each launcher's argv prefix for n ranks; mpilaunch the installed one (bench/installed.py)."""
+    from bench.installed import installed
+
+    ours = str(installed() / "mpilaunch")
     return {
         "mpiexec": lambda n: [mpi.mpiexec, "-n", str(n)],
         "mpilaunch": lambda n: [ours, "--allow-run-as-root", "--oversubscribe", "-n", str(n)],

@@ -4,14 +4,14 @@ function in the local agent and the launcher.
 Run by hand (not part of the tests):
   python -m bench.rankcost memory -n 256 sh -c 'echo rank up; sleep 1'
   python -m bench.rankcost profile -n 256 sh -c 'echo rank up; sleep 1'
-`memory` runs `python -m mpilaunch ARGS` and samples its processes every 10 ms (the launcher,
-the local agent and its guardian; not the ranks): at the peak of their summed PSS it prints
-each one's /proc/PID/smaps_rollup and its largest mappings, and at the end each one's CPU
-seconds (run it from a folder with no `mpilaunch` package but the one meant: `-m` looks in
-the current folder first). `profile` runs the command in this
-process under cProfile, timed by each thread's CPU clock (not the wall clock, which a loaded
-machine fills with waits), the forked local agent profiled on its own: the top functions of
-each, by their own time.
+Both time mpilaunch as `pip install` gives it (bench/installed.py: a venv of this checkout's
+HEAD, or of --commit REV). `memory` runs that venv's `mpilaunch ARGS` and samples its processes every 10 ms (the
+launcher, the local agent and its guardian; not the ranks): at the peak of their summed PSS it
+prints each one's /proc/PID/smaps_rollup and its largest mappings, and at the end each one's CPU
+seconds. `profile` runs the command in a process of the venv's Python (this file, started by
+path, so only the installed mpilaunch can be imported) under cProfile, timed by each thread's CPU
+clock (not the wall clock, which a loaded machine fills with waits), the forked local agent
+profiled on its own: the top functions of each, by their own time.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import time
 
 GUARDIAN = "mpilaunch-guardian"
 FIELDS = ("Pss", "Pss_Anon", "Pss_File", "Private_Clean", "Private_Dirty", "Rss")
+
+
+IN_VENV = "BENCH_RANKCOST_INSTALLED"  # set when profile runs under the installed venv's Python
 
 
 def _rollup(pid: int) -> dict[str, int]:
@@ -72,10 +75,13 @@ def _launcher_side(pid: int, psutil) -> list:  # type: ignore[no-untyped-def]
         return []
 
 
-def memory(args: list[str], top: int) -> None:
+def memory(args: list[str], top: int, commit: str = "HEAD") -> None:
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-m", "mpilaunch", *args], stdout=subprocess.DEVNULL)
+    from bench.installed import clean_env, installed
+
+    mpilaunch = str(installed(commit) / "mpilaunch")
+    proc = subprocess.Popen([mpilaunch, *args], stdout=subprocess.DEVNULL, env=clean_env())
     peak, at_peak, cpu = 0, {}, {}
     while proc.poll() is None:
         sample = {}
@@ -144,14 +150,25 @@ def profile(args: list[str], top: int) -> None:
 
 
 def main() -> None:
-    """memory|profile [--top N] MPILAUNCH-ARGUMENTS..."""
+    """memory|profile [--top N] [--commit REV] MPILAUNCH-ARGUMENTS..."""
     words = sys.argv[1:]
     if not words or words[0] not in ("memory", "profile"):
         raise SystemExit(f"usage: python -m bench.rankcost {main.__doc__}")
     top = 12
     if words[1:2] == ["--top"]:
         top, words = int(words[2]), words[:1] + words[3:]
-    (memory if words[0] == "memory" else profile)(words[1:], top)
+    commit = "HEAD"
+    if words[1:2] == ["--commit"]:
+        commit, words = words[2], words[:1] + words[3:]
+    if words[0] == "memory":
+        memory(words[1:], top, commit)
+    elif os.environ.get(IN_VENV):
+        profile(words[1:], top)
+    else:
+        from bench.installed import clean_env, installed
+
+        python = str(installed(commit) / "python")
+        os.execve(python, [python, __file__, words[0], "--top", str(top), *words[1:]], {**clean_env(), IN_VENV: "1"})
 
 
 if __name__ == "__main__":

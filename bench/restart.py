@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from bench import TAG, tagged
+from bench.installed import clean_env, commit_of, installed
 
-ROOT = Path(__file__).resolve().parent.parent
 RANK = """\
 import time
 started = time.clock_gettime(time.CLOCK_MONOTONIC)
@@ -66,10 +66,11 @@ time.sleep(60)
 """
 
 
-def commands(nproc: int, intervals: list[float]) -> dict[str, list[str]]:
-    """Launcher setting -> argv before the script."""
+def commands(nproc: int, intervals: list[float], venv: Path) -> dict[str, list[str]]:
+    """Launcher setting -> argv before the script: mpilaunch as installed in the venv (its ranks that
+    venv's Python, bench/installed.py), torchrun this Python's."""
     common = ["--nproc-per-node", str(nproc), "--max-restarts", "1"]
-    found = {"mpilaunch": [sys.executable, "-m", "mpilaunch", *common, "--restart-delay", "0"]}
+    found = {"mpilaunch": [str(venv / "mpilaunch"), *common, "--restart-delay", "0"]}
     for interval in intervals:
         found[f"torchrun --monitor-interval {interval:g}"] = [
             sys.executable, "-m", "torch.distributed.run", *common, "--monitor-interval", f"{interval:g}",
@@ -81,7 +82,7 @@ def one_run(argv: list[str], script: Path, folder: Path, nproc: int) -> dict[str
     """One command; the seconds from the failure to the first and last rank of attempt 1 and the wall."""
     folder.mkdir()
     tag = f"restart_{os.getpid()}_{time.time_ns()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), TAG: tag}
+    env = {**clean_env(), TAG: tag}
     start = time.perf_counter()
     proc = subprocess.run([*argv, str(script), str(folder)], env=env, capture_output=True, timeout=300)
     wall = time.perf_counter() - start
@@ -109,11 +110,6 @@ def rounds(cases: dict[str, list[str]], script: Path, work: Path, nproc: int, co
     return runs
 
 
-def commit() -> str:
-    found = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return found.stdout.strip() or "unknown"
-
-
 def spread(values: list[float], scale: float = 1.0, unit: str = "") -> str:
     values = sorted(v * scale for v in values)
     return f"{statistics.median(values):.3f}{unit} ({values[0]:.3f}-{values[-1]:.3f})"
@@ -139,16 +135,20 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2, help="--nproc-per-node")
     parser.add_argument("--small-interval", type=float, default=0.01, help="torchrun's small --monitor-interval")
     parser.add_argument("--torch", action="store_true", help="the ranks import torch too (a second table)")
+    parser.add_argument("--commit", default="HEAD", help="the commit of mpilaunch to install and time")
     args = parser.parse_args()
+    venv = installed(args.commit, system_site=args.torch)  # the ranks find the system's torch with --torch
     import torch
     from torch.distributed.run import get_args_parser
 
     default = get_args_parser().get_default("monitor_interval")
     intervals = [default] + ([args.small_interval] if args.small_interval != default else [])
-    cases = commands(args.nproc, intervals)
+    cases = commands(args.nproc, intervals, venv)
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
+    commit = commit_of(args.commit)[:12]
     print(
-        f"{platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {now}; commit {commit()}; "
+        f"{platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {now}; "
+        f"mpilaunch {commit} installed; "
         f"Python {platform.python_version()}, torch {torch.__version__} (torchrun's default --monitor-interval "
         f"{default:g})"
     )

@@ -1,8 +1,10 @@
 """Benchmarks: mpilaunch against Open MPI's mpirun and MPICH's hydra mpiexec, in one run.
 
-Run by hand (not part of the tests):  python -m bench.run [--reps 7] [--write docs/performance.md]
+Run by hand (not part of the tests):  python -m bench.run [--reps 5] [--only true ...] [--write FILE]
 Each scenario runs the three launchers alternately, several times, and reports medians and the
-ratio mpilaunch / peer. Peers that are not installed are skipped.
+ratio mpilaunch / peer. Peers that are not installed are skipped. mpilaunch is the one `pip
+install` gives of this commit (bench/installed.py). --write FILE writes docs/performance.md's
+main table (bench/table.py), its heading line with the commit, the date and the runs, to paste.
 """
 
 from __future__ import annotations
@@ -27,16 +29,18 @@ from bench import TAG, tagged
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = ROOT / "tests" / "ranks" / "writer.py"
 LINE = re.compile(rb"rank \d{4} line \d{8} x{44}")
-ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# Without PYTHONPATH: the installed mpilaunch imports what pip installed, never a checkout.
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMPI_ALLOW_RUN_AS_ROOT": "1"}
+ENV["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
 
 
-def launchers() -> dict[str, list[str]]:
+def launchers(commit: str = "HEAD") -> dict[str, list[str]]:
     """Each launcher's argv prefix: mpilaunch as `pip install .` of this commit gives it
     (bench/installed.py), the peers' scripts themselves (no pyenv shim in the way)."""
     from bench.installed import installed
 
     scripts = Path(sysconfig.get_path("scripts"))
-    found = {"mpilaunch": [str(installed() / "mpilaunch")]}
+    found = {"mpilaunch": [str(installed(commit) / "mpilaunch")]}
     if Path("/usr/bin/mpirun.openmpi").exists():
         found["openmpi"] = ["/usr/bin/mpirun.openmpi", "--allow-run-as-root"]
     hydra = scripts / "mpiexec.hydra"
@@ -376,13 +380,17 @@ NO_HYDRA = {"pmix256"}  # hydra serves no PMIx
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
-    parser.add_argument("--write", help="write a Markdown report here")
+    parser.add_argument("--write", help="write performance.md's main table here (Markdown)")
     parser.add_argument("--chart", help="write a PNG chart of the scaling curves here (needs matplotlib)")
     args = parser.parse_args()
-    peers = launchers()
+    from bench.installed import commit_of
+
+    commit = commit_of()  # once: a commit made during the run changes nothing here
+    peers = launchers(commit)
     rows = []
+    counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.closing(SshHosts):
         work = Path(tmp)
         for key in args.only or SCENARIOS:
@@ -392,6 +400,7 @@ def main() -> None:
             # Short, or noisy against a 1.0x target: three times the runs, for a steadier median.
             quick = ("true", "barrier2", "barrier4", "ssh_true", "ssh_true_openssh")
             reps = max(3, args.reps // 2) if key in slow else args.reps * 3 if key in quick else args.reps
+            counts[key] = reps
             runners = {
                 n: p
                 for n, p in peers.items()
@@ -411,7 +420,9 @@ def main() -> None:
             rows.append((key, title, results))
             print(report_row(key, title, results), flush=True)
     if args.write:
-        Path(args.write).write_text(markdown(rows, args.reps))
+        from bench.table import markdown
+
+        Path(args.write).write_text(markdown(rows, commit[:7], args.reps, counts))
     if args.chart:
         chart(rows, args.chart)
 
@@ -477,40 +488,6 @@ def report_row(key: str, title: str, results: dict[str, list[dict]]) -> str:
         ratio = f" (mpilaunch/{name} = {ours / median(res):.2f}x)" if name != "mpilaunch" else ""
         parts.append(f"  {name:10s} {median(res):.3f} s{extra}{ratio}{failed_note(res)}")
     return "\n".join(parts)
-
-
-def markdown(rows: list, reps: int) -> str:
-    lines = [
-        "# Performance",
-        "",
-        "Measured by `python -m bench.run --write docs/performance.md` on this project's machines "
-        f"({os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}); medians of {reps} alternating runs "
-        f"({max(3, reps // 2)} for the output, 16- and 32-rank and 32-host scenarios, {reps * 3} for `true` and the "
-        "2- and 4-rank barriers). Peers: Open MPI 4.1 `mpirun` (Debian `openmpi-bin`) and hydra "
-        "`mpiexec` (the `mpich` wheel). Ratios are mpilaunch / peer: below 1 is faster.",
-        "",
-        "| scenario | launcher | median | ratio | notes |",
-        "|---|---|---|---|---|",
-    ]
-    for key, title, results in rows:
-        ours = median(results["mpilaunch"])
-        for name, res in results.items():
-            notes = ""
-            if key == "output":
-                notes = (f"mangled console lines {max(r['mangled'] for r in ok(res))}; "
-                         f"lines in files {min(r['file_lines'] for r in ok(res)) or '-'}")  # fmt: skip
-            if key == "abort":
-                notes = f"all ranks gone after {median(res, 'all_gone'):.3f} s; exit status {ok(res)[0]['status']}"
-            if key == "sleep256":
-                notes = f"launcher side peak PSS {median(res, 'rss_mb'):.1f} MB, CPU {median(res, 'cpu'):.2f} s"
-            if key.startswith("ssh"):
-                notes = f"launcher process CPU {median(res, 'cpu'):.2f} s"
-            ratio = "" if name == "mpilaunch" else f"{ours / median(res):.2f}x"
-            notes = (notes + failed_note(res)).lstrip("; ")
-            lines.append(f"| {title} | {name} | {median(res):.3f} s | {ratio} | {notes} |")
-    lines.append("")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,14 @@ def commands(installed: Path) -> dict[str, dict[str, list[str]]]:
     if hydra:
         out["true8"]["hydra"] = [hydra, "-n", "8", "true"]
         out["barrier8"]["hydra"] = [hydra, "-n", "8", sys.executable, "-c", BARRIER]
+    # The floor under salloc: the launcher's own start, and its step alone (mpilaunch's srun line,
+    # its task's Python doing nothing), which every `-n 8 true` of mpilaunch's waits for in turn.
+    from mpilaunch.transport.slurm_step import srun_command
+
+    out["floor"] = {
+        "mpilaunch --version": [str(installed / "mpilaunch"), "--version"],
+        "its step, python -S -c pass": srun_command(1, f"exec {installed / 'python'} -S -c pass"),
+    }
     return out
 
 
@@ -111,13 +119,14 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for how, results in runs.items():
         for scenario, times in results.items():
-            ours = statistics.median(times["mpilaunch"])
+            ours = statistics.median(times["mpilaunch"]) if times.get("mpilaunch") else None
             for name, values in times.items():
                 if not values:
                     print(f"| {how} | {scenario} | {name} | failed | |")
                     continue
                 median = statistics.median(values)
-                print(f"| {how} | {scenario} | {name} | {median:.3f} | {ours / median:.2f}x |")
+                ratio = f"{ours / median:.2f}x" if ours else ""
+                print(f"| {how} | {scenario} | {name} | {median:.3f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Two jobs of --ranks Python ranks (mpi4py, MPICH) on this machine:
   what each found; rank 0 prints the sum. Run once untouched and once with a SIGQUIT every
   1.5 s: the printed sum and the exit status must be the same.
 Each SIGQUIT's time is from the signal to the snapshot's lines on the launcher's stderr (they
-come in one write). The launcher's interpreter has py-spy beside it (the `debug` extra).
+come in one write). mpilaunch is the one `pip install` gives (bench/installed.py), its ranks that
+venv's Python (mpi4py over the `mpich` wheel), py-spy beside them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,7 +27,6 @@ from pathlib import Path
 
 from bench import TAG, tagged
 
-ROOT = Path(__file__).resolve().parent.parent
 IDLE = """
 import os, sys, time
 from mpi4py import MPI
@@ -59,7 +58,7 @@ class Job:
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mpilaunch", *args],
+            args,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip
         self.err: list[tuple[float, str]] = []
@@ -109,18 +108,22 @@ class Job:
 
 
 def run(ranks: int, rounds: int, work: int) -> None:
-    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    from bench.installed import clean_env, installed
+
+    venv = installed()
+    python = str(venv / "python")
+    py_spy = venv / "py-spy"
     if not os.access(py_spy, os.X_OK):
-        raise SystemExit(f"no py-spy beside {sys.executable}: pip install 'mpilaunch[debug]'")
+        raise SystemExit(f"no py-spy in {venv}")
     tag = uuid.uuid4().hex
-    env = {**os.environ, TAG: tag, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**clean_env(), TAG: tag, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory(prefix="bench-stacks-") as folder:
         idle, busy, flag = Path(folder, "idle.py"), Path(folder, "busy.py"), Path(folder, "flag")
         idle.write_text(IDLE)
         busy.write_text(BUSY)
-        common = ["-n", str(ranks), "--oversubscribe"]
+        common = [str(venv / "mpilaunch"), "-n", str(ranks), "--oversubscribe"]
 
-        job = Job([*common, sys.executable, str(idle), str(flag)], env)
+        job = Job([*common, python, str(idle), str(flag)], env)
         job.wait_up(ranks)
         time.sleep(1.0)
         idle_times = []
@@ -132,12 +135,12 @@ def run(ranks: int, rounds: int, work: int) -> None:
         idle_status = job.finish()
 
         started = time.monotonic()
-        plain = Job([*common, sys.executable, str(busy), str(work)], env)
+        plain = Job([*common, python, str(busy), str(work)], env)
         plain_status = plain.finish()
         plain_wall = time.monotonic() - started
 
         started = time.monotonic()
-        job = Job([*common, sys.executable, str(busy), str(work)], env)
+        job = Job([*common, python, str(busy), str(work)], env)
         job.wait_up(ranks)
         busy_times = []
         while job.proc.poll() is None and len(busy_times) < rounds:

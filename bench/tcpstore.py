@@ -7,6 +7,7 @@ Each server runs in its own process on loopback; `--clients` processes load it w
 to wait for them all), and 64 clients blocked in one WAIT released by one SET. Then the
 server's resident memory: just started, with `--connections` connections open, and with
 `--keys` keys of 100 bytes. Every loop is bounded in time or count; all traffic is on 127.0.0.1.
+mpilaunch's server is the one `pip install` gives (bench/installed.py), run by that venv's Python.
 """
 
 from __future__ import annotations
@@ -18,21 +19,25 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from mpilaunch.host.tcpstore import StoreClient
+from bench.installed import clean_env
+from mpilaunch.host.tcpstore import StoreClient  # the load: one client for both servers
 
-ROOT = Path(__file__).resolve().parent.parent
 TORCH_SERVER = """
 import sys, time, torch.distributed as dist
 store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
 print(store.port, flush=True)
 sys.stdin.read()
 """
-SERVERS = {
-    "mpilaunch": [sys.executable, "-m", "mpilaunch.host.tcpstore", "--host", "127.0.0.1"],
-    "torch (libuv)": [sys.executable, "-c", TORCH_SERVER],
-}
+
+
+def servers() -> dict[str, list[str]]:
+    from bench.installed import installed
+
+    return {
+        "mpilaunch": [str(installed() / "python"), "-m", "mpilaunch.host.tcpstore", "--host", "127.0.0.1"],
+        "torch (libuv)": [sys.executable, "-c", TORCH_SERVER],
+    }
 
 
 def rss_kib(pid: int) -> int:
@@ -150,17 +155,18 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3, help="each server measured this often, in turn")
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SERVERS}
+    env = clean_env()
+    found = servers()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in found}
     for _ in range(args.rounds):
-        for name, argv in SERVERS.items():
+        for name, argv in found.items():
             runs[name].append(measure(argv, env, args))
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {args.clients} client processes,")
     print(f"{args.seconds:g} s a rate; median (min-max) of {args.rounds} rounds")
-    print(f"{'':42}" + "".join(f"{name:>26}" for name in SERVERS))
-    for metric in runs[next(iter(SERVERS))][0]:
+    print(f"{'':42}" + "".join(f"{name:>26}" for name in found))
+    for metric in runs[next(iter(found))][0]:
         cells = []
-        for name in SERVERS:
+        for name in found:
             values = sorted(run[metric] for run in runs[name])
             cells.append(f"{number(statistics.median(values))} ({number(values[0])}-{number(values[-1])})")
         print(f"{metric:42}" + "".join(f"{cell:>26}" for cell in cells))

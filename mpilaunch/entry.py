@@ -11,6 +11,7 @@ or remote-only) ends it.
 
 from __future__ import annotations
 
+import os
 import sys
 
 TYPE_CHECKING = False
@@ -29,8 +30,6 @@ def early_start(line: CommandLine, env: Mapping[str, str] | None = None) -> int:
     takes (transport/slurm_step.py); 0, nothing: for a line that starts no job here (help, a
     version, a dry run, a subcommand, a refused line, a removed working directory), or an
     allocation the step cannot be started for."""
-    import os
-
     env = os.environ if env is None else env
     if not line.starts_a_job or not _has_working_directory():  # the latter is refused (cli/main.py)
         return 0
@@ -46,8 +45,6 @@ def early_start(line: CommandLine, env: Mapping[str, str] | None = None) -> int:
 
 
 def _has_working_directory() -> bool:
-    import os
-
     try:
         os.getcwd()
     except FileNotFoundError:
@@ -58,7 +55,7 @@ def _has_working_directory() -> bool:
 def main(quick_exit: bool = True) -> None:
     """The command. quick_exit=False raises SystemExit instead of leaving with os._exit, for a
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
-    if quick_exit:  # `python -m mpilaunch` left SIGINT at its default action until here
+    if quick_exit:  # mpilaunch/__main__.py left SIGINT at its default action until here
         import _signal
 
         from mpilaunch.launcher.decide.signal_table import ACTIONS, FAULTS
@@ -139,8 +136,6 @@ def reopen_closed_std_streams() -> None:
     before anything else opens one: else the first socket or pipe gets the number, and console
     bytes go down an agent's link, or the rank's stdin feed reads it. The run then goes as it
     would with that stream redirected to /dev/null."""
-    import os
-
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -177,6 +172,4 @@ def leave(status: int) -> None:
                 stream.flush()
         except (OSError, ValueError):  # a reader that left, or a closed stream: nothing to keep
             pass
-    import os
-
     os._exit(status)

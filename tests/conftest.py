@@ -101,12 +101,13 @@ class Launcher:
             self.argv(*args), capture_output=True, timeout=timeout, env={**self.env, **(env or {})}, **kw
         )
 
-    def popen(self, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    def popen(self, *args: str, env: dict | None = None, argv: list[str] | None = None, **kw) -> subprocess.Popen:
+        """argv: a whole command line instead of `python -m mpilaunch` and args."""
         kw.setdefault("cwd", self.tmp_path)
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
         kw.setdefault("stdin", subprocess.DEVNULL)
-        return subprocess.Popen(self.argv(*args), env={**self.env, **(env or {})}, **kw)
+        return subprocess.Popen(argv or self.argv(*args), env={**self.env, **(env or {})}, **kw)
 
 
 FOLDER_MARKS = {

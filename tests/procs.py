@@ -144,3 +144,49 @@ def listening_addresses(port: int) -> set[str]:
                 ordered = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 found.add(socket.inet_ntop(family, ordered))
     return found
+
+
+def left_in_dev_shm(before: set[str], prefixes: tuple[str, ...], within: float | None = None) -> list[str]:
+    """What a test left in /dev/shm: entries named with one of prefixes made since `before` (a
+    listing), neither another user's (test_bad_environment.py's) nor a live agent's (its folder
+    names its pid). Run one test at a time, that is all, at once (a job's agents remove their
+    own before the launcher ends), unless `within` gives what is removed later time to go.
+    Run beside other tests (pytest -n), an entry is left only if it stays `within` seconds (5
+    unless given: another job may be removing its own) and no live process maps or holds it
+    (Open MPI's segments carry no pid)."""
+    beside = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    deadline = time.monotonic() + (within if within is not None else 5.0 if beside else 0.0)
+    while True:
+        made = set(os.listdir("/dev/shm")) - before
+        left = sorted(name for name in made if name.startswith(prefixes) and _left(name, beside))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _left(name: str, beside: bool) -> bool:
+    try:
+        if os.stat(f"/dev/shm/{name}").st_uid != os.getuid():
+            return False
+    except FileNotFoundError:  # removed meanwhile
+        return False
+    from mpilaunch.host.shm import AGENTS_FOLDERS  # mpilaunch-pmix-PID-...
+
+    if name.startswith(AGENTS_FOLDERS):
+        pid = name[len(AGENTS_FOLDERS) :].split("-", 1)[0]
+        return not (pid.isdigit() and os.path.exists(f"/proc/{pid}"))
+    return not (beside and held(f"/dev/shm/{name}"))
+
+
+def held(path: str) -> bool:
+    """Whether a live process maps this file or has it open."""
+    for proc in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{proc}/maps") as maps:
+                if path in maps.read():
+                    return True
+            if any(os.readlink(f"/proc/{proc}/fd/{fd}") == path for fd in os.listdir(f"/proc/{proc}/fd")):
+                return True
+        except OSError:  # gone meanwhile, or a descriptor closed while read
+            continue
+    return False

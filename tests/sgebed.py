@@ -157,9 +157,11 @@ class SgeBed(DaemonBed):
             time.sleep(0.1)
 
     def accounting(self, job_id: str | int) -> list[dict[str, str]]:
-        """The job's records in the cell's accounting file (what qacct reads), in the order they
-        ended: one per parallel task (`pe_taskid` `1.host`, ...) and the job's own (`NONE`),
-        with `hostname`, `failed` and `exit_status` (`qsub -sync y` says 0 for a job it killed)."""
+        """The job's records in the cell's accounting file (what qacct reads): one per parallel
+        task in the order the tasks were started (`pe_taskid` `1.host`, `2.host`, ...), then the
+        job's own (`NONE`), with `hostname`, `failed` and `exit_status` (`qsub -sync y` says 0 for
+        a job it killed). The file's own order is not theirs: a task's record may be written
+        after the next task's."""
         try:
             text = (self.common / "accounting").read_text()
         except OSError:
@@ -172,7 +174,7 @@ class SgeBed(DaemonBed):
             records.append(
                 {"hostname": fields[1], "failed": fields[11], "exit_status": fields[12], "pe_taskid": fields[-4]}
             )
-        return records
+        return sorted(records, key=_started)
 
     def leftover_pids(self) -> list[int]:
         """Live processes of the cell other than its daemons: shepherds, jobs, their tasks and
@@ -431,6 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         "Grid Engine cell",
     )
+
+
+def _started(record: dict[str, str]) -> tuple[bool, int]:
+    """A record's place: parallel tasks by their number (`2.host`), the job's own (`NONE`) last."""
+    number = record["pe_taskid"].split(".", 1)[0]
+    return (not number.isdigit(), int(number) if number.isdigit() else 0)
 
 
 if __name__ == "__main__":

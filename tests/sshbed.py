@@ -1,8 +1,8 @@
 """A throw-away cluster of real OpenSSH servers on loopback aliases, for tests and benchmarks.
 
-Each "host" nodeK is its own `sshd -D` listening on 127.0.0.(K+1), so a test can stop one host's
-sshd while the others keep serving, and every connection goes through the real OpenSSH server
-(privilege separation, key checks, session set-up) the way it does on a cluster.
+Each "host" nodeK is its own `sshd -D` listening on 127.0.0.(K+1) (past node250: 127.0.1.2 on),
+so a test can stop one host's sshd while the others keep serving, and every connection goes
+through the real OpenSSH server (privilege separation, key checks, session set-up) the way it does on a cluster.
 
     with SshBed(tmp_dir, hosts=4) as bed:
         subprocess.run(["ssh", "-F", str(bed.config), "node1", "true"], check=True)
@@ -47,6 +47,7 @@ TAG_VAR = "SSHBED_TAG"
 PRIVSEP_DIR = Path("/run/sshd")
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+MAX_HOSTS = 1000  # hosts a bed can have (the benchmarks start 256)
 _BIND_ERRORS = ("Cannot bind any address", "Bind to port", "Address already in use")
 
 
@@ -92,12 +93,20 @@ def bed_available() -> tuple[bool, str]:
     return True, "ok"
 
 
+def loopback_address(index: int) -> str:
+    """nodeK's address: 127.0.0.(K+1) up to node250, then 250 hosts on each next /24 from .2 on."""
+    if index <= 250:
+        return f"127.0.0.{index + 1}"
+    block, offset = divmod(index - 251, 250)
+    return f"127.0.{block + 1}.{offset + 2}"
+
+
 class _Host:
     """One host's files and its running sshd."""
 
     def __init__(self, name: str, index: int, directory: Path) -> None:
         self.name = name
-        self.address = f"127.0.0.{index + 1}"
+        self.address = loopback_address(index)
         self.dir = directory
         self.key = directory / "ssh_host_ed25519_key"
         self.config = directory / "sshd_config"
@@ -131,8 +140,8 @@ class SshBed(Leftovers):
         port: int | None = None,
         setenv: dict[str, str] | None = None,
     ) -> None:
-        if not 1 <= hosts <= 250:
-            raise ValueError("hosts must be in 1..250 (127.0.0.2 .. 127.0.0.251)")
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise ValueError(f"hosts must be in 1..{MAX_HOSTS} (127.0.0.2 .. {loopback_address(MAX_HOSTS)})")
         self.base = Path(base).resolve()
         self.tag = uuid.uuid4().hex
         self.names = [f"node{k}" for k in range(1, hosts + 1)]
@@ -222,7 +231,7 @@ class SshBed(Leftovers):
     # -- what tests look at -----------------------------------------------------------------
 
     def address(self, name: str) -> str:
-        """The loopback address nodeK listens on: 127.0.0.(K+1)."""
+        """The loopback address nodeK listens on (`loopback_address`)."""
         return self._host(name).address
 
     def host_key(self, name: str) -> str:

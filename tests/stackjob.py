@@ -19,7 +19,7 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 def stuck_here(flag):
     while not os.path.exists(flag):
-        time.sleep(0.05)
+        time.sleep(0.5)  # long: a native snapshot finds it in nanosleep
 print("up", comm.rank, flush=True)
 if comm.rank == 2:
     stuck_here(sys.argv[1])
@@ -36,7 +36,7 @@ world = ctypes.c_void_p(ctypes.addressof(ctypes.c_void_p.in_dll(lib, "ompi_mpi_c
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 def stuck_here(flag):
     while not os.path.exists(flag):
-        time.sleep(0.05)
+        time.sleep(0.5)  # long: a native snapshot finds it in nanosleep
 print("up", rank, flush=True)
 if rank == 2:
     stuck_here(sys.argv[1])

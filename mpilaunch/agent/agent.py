@@ -11,10 +11,10 @@ the loop until the job is over.
 
 from __future__ import annotations
 
+import _signal as signal
 import _socket
 import os
 import select
-import signal
 import sys
 
 from mpilaunch.agent.launches import Launches
@@ -23,7 +23,6 @@ from mpilaunch.agent.loop import Loop, Timer
 from mpilaunch.agent.ranks import Ranks
 from mpilaunch.agent.reaper import Guardian, Reaper, become_subreaper
 from mpilaunch.agent.services.base import ServiceHost, Services
-from mpilaunch.agent.services.registry import REGISTRY
 from mpilaunch.agent.shm_watch import ShmWatch
 from mpilaunch.agent.torch_support import TorchSupport
 from mpilaunch.host import files, spawn
@@ -57,6 +56,7 @@ if TYPE_CHECKING:
 
 ORPHAN_GRACE = 1.0  # grace between SIGTERM and SIGKILL when the controller is gone
 SIGNALS = frozenset(signal.valid_signals())
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}  # what the agent takes as "stop"
 
 
 class Agent(ServiceHost, Timer):
@@ -73,7 +73,7 @@ class Agent(ServiceHost, Timer):
         self.reaper = Reaper(self.ranks)
         self.shm = ShmWatch(self.ranks)
         self.reaper.before_kill = self.shm.look  # while the ranks still map their segments
-        self.services = Services(self, REGISTRY)
+        self.services = Services(self)
         self.ranks.services = self.services
         self.launches = Launches(self.ranks, self.services, self.torch, self.send, self.host)
         self.heartbeat = Heartbeat(self.uplink)
@@ -185,7 +185,7 @@ class Agent(ServiceHost, Timer):
             sig, self.stop_requested = self.stop_requested, 0
             who = " by Slurm (scancel, or the job's time limit)" if os.environ.get("SLURM_STEP_ID") else ""
             try:
-                self.send(Note(text=f"mpilaunch: the agent on {self.host} was sent {signal.Signals(sig).name}{who}"))
+                self.send(Note(text=f"mpilaunch: the agent on {self.host} was sent {STOP_SIGNALS[sig]}{who}"))
             except OSError:
                 pass
             self.uplink.lose()
@@ -206,8 +206,8 @@ class Agent(ServiceHost, Timer):
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_stop_signal)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop_signal)
         # A handler, not SIG_IGN: an ignored signal would stay ignored in every rank we exec.
         signal.signal(signal.SIGINT, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
@@ -236,10 +236,10 @@ class Agent(ServiceHost, Timer):
                     self.uplink.release()
         finally:  # also after an exception: nothing this agent started may outlive it
             self.reaper.sweep()
-            self.reaper.release()
             self.services.close()  # a PMIx server and its files
             self.shm.clean()  # what the ranks left in /dev/shm, now that none of them maps it
             self.torch.close()
+            self.reaper.release()  # last: a folder the agent could not remove is the guardian's
         self.send(Bye())
         return 0
 

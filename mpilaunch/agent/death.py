@@ -25,8 +25,8 @@ tests give it files and a kernel log of their own. Stdlib only: shipped with the
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 
 from mpilaunch.agent.loop import Timer
 from mpilaunch.protocol.messages import Death
@@ -250,11 +250,6 @@ def core_place(pattern: str, uses_pid: bool, *, pid: int, sig: int, uid: int, gi
     return "file", found
 
 
-def handler_name(program: str) -> str:
-    """systemd-coredump, apport, or the program core_pattern pipes to."""
-    return os.path.basename(program) or program
-
-
 # -- the watch --------------------------------------------------------------------------------
 class Seen:
     """What the watch knows of one live rank."""
@@ -278,11 +273,16 @@ class DeathWatch(Timer):
         self.mounts: dict[int, Mount] | None = None  # read at the first spawn
         self.recent: dict[str, tuple[float, Counts | None]] = {}  # cgroup dir -> (when read, counts)
         self.next_look: float | None = None
+        self.born_in: str | None = None  # the memory cgroup the first rank was found in at its spawn
 
     def spawned(self, pid: int, wdir: str) -> None:
+        """A rank starts in this agent's cgroup (or the job's, put there at its gate): one read
+        serves every rank; the look (tick) finds one moved since."""
         now = self.os.clock()
         seen = self.seen[pid] = Seen(wdir or self.os.cwd_of(None) or "/", now, self.os.wall())
-        seen.dir = self.where(pid)
+        if self.born_in is None:
+            self.born_in = self.where(pid)
+        seen.dir = self.born_in
         if seen.dir is not None:
             seen.counts = self.counts_at(seen.dir, now)
         if self.next_look is None:
@@ -401,7 +401,7 @@ class DeathWatch(Timer):
         uid, gid, host = self.os.identity()
         kind, place = core_place(pattern, uses_pid, pid=pid, sig=sig, uid=uid, gid=gid, host=host)
         if kind == "pipe":
-            return None, handler_name(place), ""
+            return None, os.path.basename(place) or place, ""  # systemd-coredump, apport, ...
         full = place if place.startswith("/") else os.path.join(seen.cwd, place)
         found = [(mtime, path) for path, mtime in self.os.matches(full) if mtime >= seen.wall - SLACK]
         if found:

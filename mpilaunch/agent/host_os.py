@@ -10,8 +10,8 @@ files the agent reads and writes are its own business. Stdlib only: shipped with
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 import time
 
 from mpilaunch.host import procfs, spawn
@@ -110,8 +110,7 @@ class HostOS:
             return None
         if found.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
             self.zombie = (found.si_pid, self.read_text(f"/proc/{found.si_pid}/cgroup"))
-        pid, status, usage = os.wait4(found.si_pid, 0)
-        return pid, status, usage
+        return os.wait4(found.si_pid, 0)
 
     def zombie_cgroup(self, pid: int) -> str | None:
         """pid's /proc/PID/cgroup as it was just before it was reaped, if a signal ended it."""

@@ -47,6 +47,9 @@ class Launches:
         path = self.host_env.get("PATH", os.defpath)
         problems = []
         families: dict[str, str] | None = {} if message.families else None
+        releases: dict[str, str] | None = {} if message.torch else None
+        if releases is not None:
+            from mpilaunch.host.torch_release import torch_release  # a torch job's only (reads mpi_family's paths)
         for app in message.apps:
             where = app.path or path
             problem = program_problem(app.program, app.wdir, where, message.mpi)
@@ -55,11 +58,14 @@ class Launches:
             found = program_family(app.program, app.wdir, where) if families is not None and not problem else None
             if found is not None:
                 families[app.program] = " ".join(found)  # type: ignore[index]
+            release = torch_release(app.program, app.wdir, where) if releases is not None and not problem else None
+            if release is not None:
+                releases[app.program] = release  # type: ignore[index]
         port, port_free = message.port, None
         if port >= 0:
             port, port_free = probe_port(port)
         info = hostinfo.probe(message.probe.gpus, message.probe.hccn, path) if message.probe is not None else None
-        return Checked(problems=problems, port=port, port_free=port_free, info=info, families=families)
+        return Checked(problems=problems, port=port, port_free=port_free, info=info, families=families, torch=releases)
 
     def launch(self, message: Launch) -> None:
         drop_names, drop_prefixes = set(message.drop_names), tuple(message.drop_prefixes)

@@ -7,13 +7,12 @@ process id, unique over the run.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import selectors
-import signal
 
 from mpilaunch.agent.death import DeathWatch
 from mpilaunch.agent.host_os import HostOS
-from mpilaunch.agent.loop import Loop, Timer
+from mpilaunch.agent.loop import WRITE, Loop, Timer
 from mpilaunch.agent.services.base import ServiceError
 from mpilaunch.host import spawn
 from mpilaunch.host.limits import limit_words
@@ -202,7 +201,7 @@ class Ranks(Timer):
             return
         registered = self.loop.watched(fd)
         if rp.stdin_queue and not registered:
-            self.loop.watch(fd, lambda _fd, rp=rp: self.write_stdin(rp), selectors.EVENT_WRITE)
+            self.loop.watch(fd, lambda _fd, rp=rp: self.write_stdin(rp), WRITE)
         elif not rp.stdin_queue:
             if registered:
                 self.loop.unwatch(fd)

@@ -12,8 +12,8 @@ cgroup) if the agent dies without doing so.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 
 from mpilaunch.agent.loop import Timer
 
@@ -118,7 +118,8 @@ class Guardian:
         self.used = 0  # places ever used
         read_fd, self.fd = os.pipe()
         read_fd = above(read_fd, 5)
-        args = ["sh", "-c", GUARD_SCRIPT, "mpilaunch-guardian", str(os.getpid()), server_base()]
+        self.base = server_base()
+        args = ["sh", "-c", GUARD_SCRIPT, "mpilaunch-guardian", str(os.getpid()), self.base]
         args.append(cgroup.path if cgroup is not None else "")
         self.pid = host_os.start_guardian(args, read_fd, self.table)
         os.close(read_fd)
@@ -142,6 +143,16 @@ class Guardian:
             self._write(place, b" " * (RECORD - 1) + b"\n")
             self.free.append(place)
 
+    def folders_left(self) -> bool:
+        """Whether a folder of this agent's (its PMIx server's, torch's) is in base, or nobody can say."""
+        from mpilaunch.host.shm import SERVER_FOLDER
+
+        mine = SERVER_FOLDER.format(pid=os.getpid())
+        try:
+            return any(name.startswith(mine) for name in os.listdir(self.base))
+        except OSError:
+            return True
+
     def _write(self, place: int, record: bytes) -> None:
         try:
             os.pwrite(self.table, record, place * RECORD)
@@ -150,9 +161,13 @@ class Guardian:
 
     def release(self) -> None:
         """Every rank is gone: the guardian leaves without killing anything, and is reaped here,
-        so that nothing of the agent's session outlives it (not even a zombie for init)."""
+        so that nothing of the agent's session outlives it (not even a zombie for init). If a
+        folder of this agent's is still in /dev/shm (its removal failed: a `ulimit -n` with no
+        descriptor left to list it, say), the pipe closes without the line: the guardian's own
+        cleanup removes it."""
         try:
-            os.write(self.fd, b"\n")
+            if not self.folders_left():
+                os.write(self.fd, b"\n")
             os.close(self.fd)
         except OSError:
             pass
@@ -320,9 +335,8 @@ class Reaper(Timer):
 
     # -- timer: the kill deadline and the look at what is below the ranks ---------------------
     def next_deadline(self) -> float | None:
-        if self.kill_deadline is not None:
-            return min(self.kill_deadline, self.next_adoption_scan) if self.ranks.any() else self.kill_deadline
-        return self.next_adoption_scan if self.ranks.any() else None
+        scan = self.next_adoption_scan if self.ranks.any() else None
+        return min((t for t in (self.kill_deadline, scan) if t is not None), default=None)
 
     def tick(self, now: float) -> None:
         self.reap()

@@ -12,11 +12,10 @@ started.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import selectors
-import signal
 
-from mpilaunch.agent.loop import Loop
+from mpilaunch.agent.loop import WRITE, Loop
 from mpilaunch.host import spawn
 from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options
 from mpilaunch.protocol import wire
@@ -161,7 +160,7 @@ class Relay:
         child.outbox += data
         self.flush(child)
         if was_empty and child.outbox and child.stdin is not None:
-            self.loop.watch(child.stdin, self.writable, selectors.EVENT_WRITE)
+            self.loop.watch(child.stdin, self.writable, WRITE)
 
     def flush(self, child: Child) -> None:
         """Write what the child's pipe takes now (ssh reads it once the session is up)."""
@@ -194,10 +193,11 @@ class Relay:
         child, data = self._read(fd)
         if child is None:
             return
-        if data:
-            self._frames(child, data)
-        else:
-            self._closed(child, "its connection closed")
+        up, why = child.frames(data) if data else ([], "its connection closed")
+        if up:
+            self.send_up(b"".join(up))
+        if why:
+            self._closed(child, why)
 
     def read_err(self, fd: int) -> None:
         child, data = self._read(fd)
@@ -214,13 +214,6 @@ class Relay:
             return None, b""
         except OSError:
             return child, b""
-
-    def _frames(self, child: Child, data: bytes) -> None:
-        up, why = child.frames(data)
-        if up:
-            self.send_up(b"".join(up))
-        if why:
-            self._closed(child, why)
 
     def _stderr(self, child: Child, data: bytes) -> None:
         """The child's agent's own messages (and ssh's), shown with its name, like the launcher

@@ -13,7 +13,6 @@ has recorded every file it could.
 
 from __future__ import annotations
 
-import os
 import time
 
 from mpilaunch.agent.loop import Timer
@@ -60,9 +59,12 @@ class ShmWatch(Timer):
     def unseen(self) -> dict[str, shm.FileId] | None:
         """The files in /dev/shm a look could record: not there before the job, and not seen yet
         at their path (None: /dev/shm could not be listed in full, so any may be). Listing
-        /dev/shm costs far less than reading a rank's maps. This agent's own PMIx server folder
-        is left out: it is removed, whoever maps it, before what the ranks left (Agent.run)."""
-        present = shm.files(skip=shm.SERVER_FOLDER.format(pid=os.getpid()))
+        /dev/shm costs far less than reading a rank's maps. The agents' PMIx server folders
+        are left out: this one's is removed, whoever maps it, before what the ranks left
+        (Agent.run); another agent's (of another job, or a host of this one started here) is
+        its own to remove, and on a machine with hundreds of agents walking them all at every
+        look would cost each agent in proportion to the others."""
+        present = shm.files(skip=shm.AGENTS_FOLDERS)
         if present is None:
             return None
         before, seen = self.before, self.seen

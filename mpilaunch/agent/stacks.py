@@ -22,8 +22,8 @@ shipped with the agent, imported on the first request.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 import sys
 
 from mpilaunch.agent.loop import Loop, Timer
@@ -41,12 +41,6 @@ PARALLEL = 16  # tool processes at once: a few per core is enough to hide their 
 MAX_TEXT = 1 << 18  # bytes of one tool's output sent up (a deep stack of many threads is far less)
 SHELLS = ("sh", "bash", "dash", "zsh", "ksh")  # a rank that is a shell waiting on one child: the child is read
 NO_TOOL = "no py-spy, eu-stack or gdb"
-
-
-def find_tools(host_os: HostOS, path: str) -> dict[str, str]:
-    """name -> path of each stack tool found: the interpreter's own bin directory first, then PATH."""
-    folders = [os.path.dirname(sys.executable), *path.split(os.pathsep)]
-    return host_os.executables(("py-spy", "eu-stack", "gdb"), folders)
 
 
 def is_python(host_os: HostOS, pid: int) -> bool:
@@ -125,7 +119,8 @@ class StackTaker(Timer):
             self.begin()
 
     def begin(self) -> None:
-        self.tools = find_tools(self.os, self.env.get("PATH", os.defpath))
+        folders = [os.path.dirname(sys.executable), *self.env.get("PATH", os.defpath).split(os.pathsep)]
+        self.tools = self.os.executables(("py-spy", "eu-stack", "gdb"), folders)  # the interpreter's own bin first
         live = [(ident, rp.pid) for ident, rp in sorted(self.ranks.by_ident.items()) if rp.status is None]
         self.stopped = [pid for _, pid in live]
         self.signal_stopped(signal.SIGSTOP)

@@ -44,10 +44,22 @@ class TorchSupport:
         from mpilaunch.host.tcpstore import StoreServer, listen_host
 
         try:
-            self.store = StoreServer(self.loop.sel, listen_host(host), port)
+            self.store = StoreServer(self.loop, listen_host(host), port, on_unserved=self.unserved)
         except OSError as exc:
             said = f"mpilaunch: agent on {self.host}: cannot serve the ranks' store on port {port}: {exc}"
             self.send(Note(text=said))
+
+    def unserved(self, why: str) -> None:
+        """A rank's torch speaks commands the store does not serve (its release could not be
+        read before launch): said at once, not when its rank times out; it is dropped."""
+        from mpilaunch.host.tcpstore import SERVED_TORCH  # loaded with the store
+
+        self.send(
+            Note(
+                text=f"mpilaunch: agent on {self.host}: the ranks' store closed a rank's connection: it sent {why}; "
+                f"a torch read before launch outside {SERVED_TORCH} meets in rank 0's own store instead"
+            )
+        )
 
     def close(self) -> None:
         if self.folder is not None:

@@ -6,13 +6,13 @@ everywhere; click is imported only when one of them runs.
 
 from __future__ import annotations
 
-from mpilaunch.cli.cliopts import RUN_OPTIONS
+from mpilaunch.cli.cliopts import all_rows
 from mpilaunch.cli.command import click_option
 from mpilaunch.cli.parse import exports_of
 from mpilaunch.errors import LaunchError
 from mpilaunch.plan.spec import Options
 
-_ROWS = {opt.name: opt for opt in RUN_OPTIONS}
+_ROWS = {opt.name: opt for opt in all_rows()}
 HOST_KEYS = ("config", "hosts", "hostfile", "ssh_config", "ssh_accept_new", "ssh_client")
 ALLRUN_KEYS = ("exports", "wdir", "timeout", "allow_run_as_root")
 
@@ -87,18 +87,10 @@ def _with_job_file(params: dict, ctx) -> None:  # type: ignore[no-untyped-def]
     from click.core import ParameterSource
 
     from mpilaunch.cli.command import run_command
-    from mpilaunch.cli.jobfile import read_job_file
+    from mpilaunch.cli.jobfile import merge_options, read_job_file
 
     job = read_job_file(str(params["config"]), run_command().params)
     given = {name for name in params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-    for name, value in job.options.items():
-        if name not in params or (name in given and name != "exports"):
-            continue
-        if name == "exports":
-            params[name] = tuple(value) + tuple(params[name])
-        elif name in ("hosts", "hostfile") and given & {"hosts", "hostfile"}:
-            continue
-        else:
-            params[name] = value
+    merge_options({name: value for name, value in job.options.items() if name in params}, params, given)
     if "wdir" in params and params["wdir"] is None and job.wdir:
         params["wdir"] = job.wdir

@@ -131,8 +131,8 @@ ROWS: tuple[Opt, ...] = (  # mpilaunch's own
         help="Accept and record unknown host keys (never a changed one)."),
     Opt("ssh_client", "--ssh-client -ssh-client", check=CHOICE, choices=("auto", "openssh", "paramiko"),
         default="auto", group=RANKS, help="An ssh process per host, or paramiko (auto: ssh if on PATH)."),
-    Opt("ssh_tree_width", "--ssh-tree-width -ssh-tree-width", check=INT_MIN1, maximum=MAX_RANKS, metavar="K",
-        group=RANKS, help="Tree spawn: K hosts reached from here, each starting K more."),
+    Opt("ssh_tree_width", "--ssh-tree-width -ssh-tree-width", check=INT_MIN0, maximum=MAX_RANKS, metavar="K",
+        group=RANKS, help="Tree spawn: K hosts reached from here, each starting K more (default 32; 0: off)."),
     Opt("ssh_concurrent", "--ssh-concurrent -ssh-concurrent", check=INT_MIN1, maximum=MAX_RANKS, metavar="N",
         group=RANKS, help="At most N hosts' connections set up at once (default 32)."),
     Opt("map_by", "--map-by -map-by", default="slot", metavar="slot|node|ppr:N:node", whose=OMH,
@@ -246,21 +246,11 @@ def rows() -> list[Opt]:
     return [opt for launcher in (OWN, *LAUNCHERS) for opt in _rows.get(launcher, ())]
 
 
-def rows_of(launcher: str) -> list[Opt]:
-    """The rows a launcher's module holds (loaded)."""
-    return list(_rows.get(launcher, ()))
-
-
 def all_rows() -> list[Opt]:
+    """Every launcher's rows (loaded now): for click's command, --help-all and the per-host commands."""
     for launcher in LAUNCHERS:
         load(launcher)
     return rows()
-
-
-def __getattr__(name: str) -> object:
-    if name == "RUN_OPTIONS":  # every row, for click's command and the per-host commands
-        return tuple(all_rows())
-    raise AttributeError(name)
 
 
 def named(role: str) -> frozenset[str]:

@@ -38,11 +38,6 @@ AMBIGUOUS = {  # spelling -> (Open MPI's meaning, hydra's meaning), each an unam
 }
 
 
-def dialect_of(name: str) -> str | None:
-    """The launcher a program name stands for, or None (mpiexec, mpilaunch: by the words)."""
-    return BY_NAME.get(name)
-
-
 def _places(t: Token) -> str | None:
     """Whose way a token places ranks across hosts: --map-by node or ppr is Open MPI's (hydra's
     -map-by names binding objects); else its row's."""
@@ -67,7 +62,7 @@ def canonical(contexts: list[list[Token]], name: str = "mpilaunch") -> tuple[lis
             f"{omp[0]} places ranks as Open MPI's mpirun does and {hyd[0]} as hydra's mpiexec does; "
             "give the options of one of them"
         )
-    side = HYDRA if hyd else OPENMPI if omp else dialect_of(name)
+    side = HYDRA if hyd else OPENMPI if omp else BY_NAME.get(name)
     if side is None:
         params = {t.opt.name for t in plain}  # type: ignore[union-attr]
         if params & cliopts.only(HYDRA):

@@ -53,7 +53,7 @@ def help_text(topic: str = "") -> str:
         lines += ["", f"{title}:", *(_line(o, topic == "all") for o in rows if o.group == group and OWN in o.whose)]
     if topic == "all":
         for launcher, title in TITLES.items():
-            lines += ["", f"{title} words:", *_lines(cliopts.rows_of(launcher))]
+            lines += ["", f"{title} words:", *_lines(list(cliopts.load(launcher).ROWS))]
     return "\n".join([*lines, "", TAIL])
 
 

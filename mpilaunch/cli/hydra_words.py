@@ -155,15 +155,13 @@ def line_defaults(values: dict[str, object], given: set[str], env: Mapping[str, 
 
 def app_env(params: Mapping[str, object]) -> tuple[tuple[str, str | None], ...]:
     """-env and -envlist of one app context, as (name, value) pairs (None: the launcher's value)."""
-    pairs = _pairs(params.get("app_env", ()))  # type: ignore[arg-type]
-    return (*pairs, *((name, None) for name in _names(params.get("app_envlist", ()))))  # type: ignore[arg-type]
+    return _pairs(params.get("app_env", ())) + _listed(params.get("app_envlist", ()))  # type: ignore[arg-type]
 
 
 def genv_exports(values: dict[str, object], env: Mapping[str, str]) -> tuple[tuple[str, str | None], ...]:
     """-genv, -genvlist and -genvall as the -x exports they mean (taken out of values); -genvnone
     is mpilaunch's default already: remote ranks get only what is exported."""
-    pairs = _pairs(values.pop("genv", ()))  # type: ignore[arg-type]
-    pairs += tuple((name, None) for name in _names(values.pop("genvlist", ())))  # type: ignore[arg-type]
+    pairs = _pairs(values.pop("genv", ())) + _listed(values.pop("genvlist", ()))  # type: ignore[arg-type]
     every, none = values.pop("genvall", False), values.pop("genvnone", False)
     if every and none:
         raise LaunchError("-genvall and -genvnone: give one of them")
@@ -192,9 +190,9 @@ def iface_exports(
     return tuple((name, iface) for name in IFACE_NAMES if name not in given)
 
 
-def _names(values: tuple[str, ...]) -> list[str]:
-    """-genvlist A,B -genvlist C -> [A, B, C]."""
-    return [name for value in values for name in value.split(",") if name]
+def _listed(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    """-genvlist A,B -genvlist C -> (A, None), (B, None), (C, None): each with the launcher's value."""
+    return tuple((name, None) for value in values for name in value.split(",") if name)
 
 
 def _pairs(values: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
@@ -217,11 +215,8 @@ def binding(values: dict[str, object], given: set[str]) -> tuple[dict[str, objec
         return {}, set(), []
     bind = BINDINGS.get(str(value).lower())
     if bind is None:
-        return (
-            {},
-            {"bind_to"},
-            [f"-binding {value!r} is not one mpilaunch reads (none, cpu:cores, cpu:sockets): ignored"],
-        )
+        note = f"-binding {value!r} is not one mpilaunch reads (none, cpu:cores, cpu:sockets): ignored"
+        return {}, {"bind_to"}, [note]
     return ({} if "bind_to" in given else {"bind_to": bind}), {"bind_to"}, []
 
 
@@ -291,13 +286,11 @@ def _joined_lines(text: str) -> list[tuple[int, str]]:
     """A configfile's lines, one ending in a backslash joined to the next (as hydra reads
     them), each with the number of its first line."""
     out: list[tuple[int, str]] = []
-    pending: tuple[int, str] | None = None
+    joined = False  # the last line ended in a backslash
     for number, line in enumerate(text.splitlines(), 1):
-        if pending is not None:
-            number, line = pending[0], f"{pending[1]} {line}"
-        pending = (number, line[:-1]) if line.endswith("\\") else None
-        if pending is None:
-            out.append((number, line))
-    if pending is not None:
-        out.append(pending)
+        if joined:
+            number, head = out.pop()
+            line = f"{head} {line}"
+        joined = line.endswith("\\")
+        out.append((number, line[:-1] if joined else line))
     return out

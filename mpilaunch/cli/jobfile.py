@@ -31,6 +31,7 @@ APP_KEYS = ("np", "wdir", "command")  # what an entry of `apps:` may set
 EXTRA_KEYS = ("env", "command", "apps")
 _INT_RE = re.compile(r"[+-]?[0-9]{1,15}")
 _FLOAT_RE = re.compile(r"[+-]?(?:[0-9]{1,15}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+_NUMBERS = {"int": ("an integer", _INT_RE, int), "float": ("a number", _FLOAT_RE, float)}  # kind -> its check
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BOOLS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -178,16 +179,12 @@ def _typed(param: click.Option, key: str, node) -> object:  # type: ignore[no-un
         if text.lower() not in _BOOLS:
             raise _Bad(line, f"key {key!r}: expected true or false, got {_shown(node)}")
         return _BOOLS[text.lower()]
-    if kind == "int":
-        text = _scalar(node, key, "an integer")
-        if not _INT_RE.fullmatch(text.strip()):
-            raise _Bad(line, f"key {key!r}: expected an integer, got {_shown(node)}")
-        return _convert(param, key, int(text), line)
-    if kind == "float":
-        text = _scalar(node, key, "a number")
-        if not _FLOAT_RE.fullmatch(text.strip()):
-            raise _Bad(line, f"key {key!r}: expected a number, got {_shown(node)}")
-        return _convert(param, key, float(text), line)
+    if kind in _NUMBERS:
+        what, pattern, number = _NUMBERS[kind]
+        text = _scalar(node, key, what)
+        if not pattern.fullmatch(text.strip()):
+            raise _Bad(line, f"key {key!r}: expected {what}, got {_shown(node)}")
+        return _convert(param, key, number(text), line)
     if kind == "pairs":
         pairs = tuple((name, _scalar(value, key, "a value")) for name, value in _mapping(node, key, "names to values"))
         return _convert(param, key, pairs, line)
@@ -423,20 +420,25 @@ def read_job_file(path: str, params: Sequence[click.Parameter]) -> JobFile:
     return parse_job_file(text, path, params)
 
 
-def apply_job_file(
-    job: JobFile, options: dict[str, object], given: set[str], apps: list[AppContext]
-) -> list[AppContext]:
-    """Merge a job file under the command line: options the command line gave win; -x, env:
-    and -mca add up (the command line last, so it wins for a name); -H or --hostfile on the
-    command line replaces both host keys of the file; a program on the command line replaces
-    the file's. Returns the apps; options (parse_args' globals) is updated in place."""
-    for name, value in job.options.items():
+def merge_options(file_options: Mapping[str, object], options: dict[str, object], given: set[str]) -> None:
+    """A job file's options under the command line's (options, updated in place): options the
+    command line gave win; -x, env: and -mca add up (the command line last, so it wins for a
+    name); -H or --hostfile on the command line replaces both host keys of the file."""
+    for name, value in file_options.items():
         if name in ("exports", "mca"):
             options[name] = tuple(value) + tuple(options[name])  # type: ignore[arg-type]
         elif name in ("hosts", "hostfile") and given & {"hosts", "hostfile"}:
             continue
         elif name not in given:
             options[name] = value
+
+
+def apply_job_file(
+    job: JobFile, options: dict[str, object], given: set[str], apps: list[AppContext]
+) -> list[AppContext]:
+    """Merge a job file under the command line (merge_options); a program on the command line
+    replaces the file's. Returns the apps; options (parse_args' globals) is updated in place."""
+    merge_options(job.options, options, given)
     if apps and apps[0].argv:  # programs on the command line: the file's np and wdir as defaults
         single = len(apps) == 1
         return [

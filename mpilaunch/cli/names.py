@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from mpilaunch import __version__
-from mpilaunch.cli.dialect import HYDRA, dialect_of
+from mpilaunch.cli.dialect import BY_NAME, HYDRA
 
 OPEN_MPI_LINE = "4.1"  # the mpirun whose command line (options, placement, variables) mpilaunch follows
 
@@ -22,7 +22,7 @@ def version_text(name: str) -> str:
     mpilaunch's own for torchrun (which has no --version: no tool reads one)."""
     if name in ("mpilaunch", "torchrun"):
         return f"mpilaunch {__version__}"
-    if dialect_of(name) == HYDRA:
+    if BY_NAME.get(name) == HYDRA:
         return (
             f"HYDRA build details: {name} is mpilaunch {__version__}, reading MPICH hydra's command line\n"
             f"    Version:                                 {OPEN_MPI_LINE}\n"
@@ -43,16 +43,9 @@ def ompi_info(args: list[str]) -> int:
     """`ompi_info`: Open MPI's own when one is on PATH after the shim (it tells the truth about
     the library the ranks load: `mpi_built_with_cuda_support`, ...); else what tools and people
     read from it, as mpilaunch can say it truly."""
-    import os
+    from mpilaunch.cli.shims import exec_real
 
-    from mpilaunch.cli.shims import first_real
-
-    real = first_real("ompi_info", os.environ.get("PATH", os.defpath))
-    if real is not None:
-        try:
-            os.execv(real, [real, *args])
-        except OSError:
-            pass  # not runnable after all: mpilaunch's own answer
+    exec_real("ompi_info", args)  # else mpilaunch's own answer
     if any(word in ("--version", "-V", "-version") for word in args):
         print(f"Open MPI v{OPEN_MPI_LINE} (command line): mpilaunch {__version__}, not an MPI library")
         return 0

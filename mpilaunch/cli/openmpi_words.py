@@ -9,7 +9,7 @@ read them from): cli/parse.py calls them once per command line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from mpilaunch.cli.cliopts import (
     ADDS_UP,
@@ -75,31 +75,20 @@ RANK_BY = (*MAP_OBJECTS, "fill", "span")
 PPR_OBJECTS = ("node", "socket")
 
 
-class MapBy:
-    """--map-by read whole: the policy, ranks per object for ppr, and the modifiers."""
-
-    __slots__ = ("display", "object", "oversubscribe", "pe", "per", "policy")
-
-    def __init__(self, policy: str, per: int, obj: str, pe: int, oversubscribe: bool | None, display: bool) -> None:
-        self.policy = policy  # slot, node or ppr (Open MPI's hardware objects map as slot does)
-        self.per = per  # ppr's N
-        self.object = obj  # ppr's object (node or socket); for the others the object named
-        self.pe = pe  # cores (hwthreads with --use-hwthread-cpus) per rank, 0 when not given
-        self.oversubscribe = oversubscribe  # :OVERSUBSCRIBE True, :NOOVERSUBSCRIBE False, else None
-        self.display = display  # :DISPLAY (--display-map)
-
-
-def read_map_by(value: str) -> MapBy:
+def read_map_by(value: str) -> tuple[str, int, bool | None, bool]:
     """Open MPI 4.1's --map-by: `OBJECT[:MODIFIER[,MODIFIER]...]` or `ppr:N:OBJECT[:...]`, with the
-    modifiers PE=M, OVERSUBSCRIBE, NOOVERSUBSCRIBE, SPAN and DISPLAY."""
+    modifiers PE=M, OVERSUBSCRIBE, NOOVERSUBSCRIBE, SPAN and DISPLAY. Returns (the policy: slot,
+    node or ppr:N:OBJECT, as Open MPI's hardware objects map as slot does; cores, or hwthreads
+    with --use-hwthread-cpus, per rank, 0 when not given; :OVERSUBSCRIBE True, :NOOVERSUBSCRIBE
+    False, else None; :DISPLAY, as --display-map)."""
     parts = [p for part in value.split(":") for p in part.split(",")]
     head = parts[0].lower() or "slot"  # `:OVERSUBSCRIBE`: the default policy with modifiers
     rest = parts[1:]
-    per, obj = 0, head
+    policy = "node" if head == "node" else "slot"
     if head == "ppr":
         if len(rest) < 2 or not rest[0].isdigit() or int(rest[0]) < 1 or rest[1].lower() not in PPR_OBJECTS:
             raise LaunchError(f"--map-by {value!r}: expected ppr:N:node or ppr:N:socket (N at least 1)")
-        per, obj, rest = int(rest[0]), rest[1].lower(), rest[2:]
+        policy, rest = f"ppr:{int(rest[0])}:{rest[1].lower()}", rest[2:]
     elif head not in MAP_OBJECTS:
         raise LaunchError(
             f"--map-by {value!r}: expected slot, node, socket, core, numa, hwthread, ppr:N:node or ppr:N:socket"
@@ -118,8 +107,7 @@ def read_map_by(value: str) -> MapBy:
             display = True
         elif word != "SPAN":
             raise LaunchError(f"--map-by {value!r}: unknown modifier {modifier!r} (PE=N, OVERSUBSCRIBE, SPAN, DISPLAY)")
-    policy = "ppr" if head == "ppr" else "node" if head == "node" else "slot"
-    return MapBy(policy, per, obj, pe, over, display)
+    return policy, pe, over, display
 
 
 def mapping_options(values: dict[str, object], given: set[str]) -> dict[str, object]:
@@ -129,22 +117,18 @@ def mapping_options(values: dict[str, object], given: set[str]) -> dict[str, obj
     npersocket, cpus = values.pop("npersocket", None), values.pop("cpus_per_proc", None)
     if "map_by" not in given and npersocket:
         map_by = f"ppr:{npersocket}:socket"
-    mapping = read_map_by(map_by)
-    pe = mapping.pe or int(cpus or 0)  # type: ignore[call-overload]
+    policy, pe, oversubscribe, display = read_map_by(map_by)
+    pe = pe or int(cpus or 0)  # type: ignore[call-overload]
     rank_by = values.pop("rank_by")
     if rank_by is not None:
         head = str(rank_by).split(":", 1)[0].lower()
         if head not in RANK_BY:
             raise LaunchError(f"--rank-by {rank_by!r}: expected slot, node, core, socket, hwthread or numa")
         rank_by = "node" if head == "node" else "slot"
-    out: dict[str, object] = {
-        "map_by": mapping.policy if mapping.policy != "ppr" else f"ppr:{mapping.per}:{mapping.object}",
-        "rank_by": rank_by,
-        "cpus_per_rank": pe,
-    }
-    if mapping.oversubscribe is not None:
-        out["oversubscribe"] = mapping.oversubscribe
-    if mapping.display:
+    out: dict[str, object] = {"map_by": policy, "rank_by": rank_by, "cpus_per_rank": pe}
+    if oversubscribe is not None:
+        out["oversubscribe"] = oversubscribe
+    if display:
         out["display_map"] = True
     return out
 
@@ -184,15 +168,18 @@ def mca_params(values: dict[str, object], env: Mapping[str, str]) -> tuple[tuple
     return tuple(mca), [text for kind, text in tuned if kind == "x"]
 
 
+def _texts(paths: tuple[str, ...], option: str) -> Iterator[tuple[str, str]]:
+    """(path, text) of each file the values name (FILE[,FILE] each), read as it is reached."""
+    for path in (p for value in paths for p in value.split(",") if p):
+        from mpilaunch.plan.textfiles import read_text  # not loaded by a line without such files
+
+        yield path, read_text(path, option, 1 << 20)
+
+
 def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]]:
     """Open MPI's -am files: `key = value` lines (# comments), as -mca key value each."""
     out: list[tuple[str, str]] = []
-    if not paths:
-        return out
-    from mpilaunch.plan.textfiles import read_text
-
-    for path in (p for value in paths for p in value.split(",") if p):
-        text = read_text(path, option, 1 << 20)
+    for path, text in _texts(paths, option):
         for number, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
             if not line:
@@ -207,15 +194,10 @@ def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]
 def tune_file_words(paths: tuple[str, ...]) -> list[tuple[str, str]]:
     """Open MPI's --tune files: words of -x and -mca/--mca options (any lines, # comments), as
     (kind, value) pairs: ("x", "NAME[=VALUE]") or ("mca", "key\\0value")."""
-    if not paths:
-        return []
-    import shlex
-
-    from mpilaunch.plan.textfiles import read_text
-
     out: list[tuple[str, str]] = []
-    for path in (p for value in paths for p in value.split(",") if p):
-        text = read_text(path, "--tune", 1 << 20)
+    for path, text in _texts(paths, "--tune"):
+        import shlex  # not loaded by a line without --tune
+
         try:
             words = shlex.split(text, comments=True)
         except ValueError as exc:
@@ -278,12 +260,22 @@ def mca_defaults(
             values[name] = mca_count(key, value)
         elif key in MCA_VALUES:
             values[name] = value
-        elif value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
-            values[name] = value.strip().lower() in TRUE_WORDS
         else:
-            raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
+            values[name] = mca_flag(key, value)
         out.add(name)
+    no_tree = last_mca(mca, "plm_rsh_no_tree_spawn", env)  # Open MPI tree-spawns unless told not to, as we do
+    if no_tree is not None and "ssh_tree_width" not in given and mca_flag("plm_rsh_no_tree_spawn", no_tree):
+        values["ssh_tree_width"] = 0
+        out.add("ssh_tree_width")
     return out
+
+
+def mca_flag(key: str, value: str) -> bool:
+    """An MCA parameter's yes or no, or one line saying what it got."""
+    word = value.strip().lower()
+    if word not in TRUE_WORDS + FALSE_WORDS:
+        raise LaunchError(f"MCA parameter {key}={value!r}: expected 1 or 0, true or false, yes or no")
+    return word in TRUE_WORDS
 
 
 def mca_count(key: str, value: str) -> int:

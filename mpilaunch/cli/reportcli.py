@@ -14,10 +14,10 @@ LIMIT = 1 << 30  # a report of 65,536 ranks is tens of MiB
 
 
 def run_report(args: list[str]) -> int:
-    source, target = arguments(args)
-    if source is None:
+    if args in (["--help"], ["-h"]):
         print(USAGE)
         return 0
+    source, target = arguments(args)
     suffix = os.path.splitext(target)[1].lower()
     if suffix not in (".html", ".htm", ".png"):
         raise LaunchError(f"report: -o {target}: the output must end in .html or .png")
@@ -33,15 +33,17 @@ def run_report(args: list[str]) -> int:
         from mpilaunch.picture.page import render
 
         data = render(document).encode("utf-8")
-    write(target, data)
+    from mpilaunch.host.files import write_regular
+
+    error = write_regular(target, data)  # the picture, whole or not at all
+    if error:
+        raise LaunchError(f"report: {error}")
     print(f"mpilaunch report: wrote {os.path.abspath(target)}")
     return 0
 
 
-def arguments(args: list[str]) -> tuple[str | None, str]:
-    """(RUN.json, OUT); (None, '') for --help."""
-    if args in (["--help"], ["-h"]):
-        return None, ""
+def arguments(args: list[str]) -> tuple[str, str]:
+    """(RUN.json, OUT)."""
     source, target, rest = None, None, list(args)
     while rest:
         word = rest.pop(0)
@@ -71,12 +73,3 @@ def read_document(path: str) -> dict:
     if not isinstance(document, dict) or "schema" not in document or not isinstance(document.get("ranks"), list):
         raise LaunchError(f'report: {path} is not a --report-json document (no "schema" and "ranks")')
     return document
-
-
-def write(path: str, data: bytes) -> None:
-    """The picture, whole or not at all (host/files.write_regular)."""
-    from mpilaunch.host.files import write_regular
-
-    error = write_regular(path, data)
-    if error:
-        raise LaunchError(f"report: {error}")

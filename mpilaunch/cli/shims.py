@@ -26,7 +26,7 @@ def script(name: str, python: str) -> str:
     return (
         f"#!{python}\n"
         f"{MARK} (mpilaunch {__version__}): mpilaunch started as {name}; delete this file to undo\n"
-        "from mpilaunch.entry import main\n"
+        "from mpilaunch.__main__ import main\n"
         "\n"
         "main()\n"
     )
@@ -78,6 +78,17 @@ def first_real(name: str, path: str) -> str | None:
         except OSError:
             continue
     return None
+
+
+def exec_real(name: str, args: list[str]) -> None:
+    """Become the real program of this name (first_real on PATH) with args; return when there is
+    none, or it is not runnable after all."""
+    real = first_real(name, os.environ.get("PATH", os.defpath))
+    if real is not None:
+        try:
+            os.execv(real, [real, *args])
+        except OSError:
+            pass
 
 
 def _not_a_file(path: str) -> str | None:

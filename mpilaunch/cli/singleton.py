@@ -9,8 +9,6 @@ program's handshake with a refusal, so that the program's call fails at once, an
 
 from __future__ import annotations
 
-import os
-
 from mpilaunch.errors import LaunchError
 
 TYPE_CHECKING = False
@@ -25,14 +23,9 @@ REFUSAL = b"cmd=singinit_info versionok=no stdio=no kvsname=singinit\n"
 
 def singleton_start(argv: list[str]) -> NoReturn:
     """Exec hydra's mpiexec with these words, or refuse the program's handshake and raise."""
-    from mpilaunch.cli.shims import first_real
+    from mpilaunch.cli.shims import exec_real
 
-    hydra = first_real("mpiexec.hydra", os.environ.get("PATH", os.defpath))
-    if hydra is not None:
-        try:
-            os.execv(hydra, [hydra, *argv])
-        except OSError:
-            pass  # not runnable after all: refused below
+    exec_real("mpiexec.hydra", argv)  # else refused below
     port = _port(argv)
     refuse(port)
     raise LaunchError(

@@ -61,7 +61,8 @@ def pick_job(word: str, pid: int | None) -> tuple[int, str] | int:
         return 1
     if pid is not None:
         if pid not in jobs:
-            raise LaunchError(f"{word}: no running job of yours has launcher pid {pid}; running: {listing(jobs)}")
+            running = ", ".join(map(str, sorted(jobs)))
+            raise LaunchError(f"{word}: no running job of yours has launcher pid {pid}; running: {running}")
     elif len(jobs) > 1:
         print(f"mpilaunch {word}: {len(jobs)} jobs of yours are running; name one by its pid:", file=sys.stderr)
         for pid in sorted(jobs):
@@ -88,20 +89,17 @@ def running_jobs(folder: str) -> dict[int, str]:
         probe.setblocking(False)  # a job whose queue is full is not waited for here
         try:
             probe.connect(path)
-            jobs[int(stem)] = path
         except BlockingIOError:
-            jobs[int(stem)] = path  # it listens; many are asking at once
+            pass  # it listens; many are asking at once
         except ConnectionRefusedError:
-            if job_running(int(stem), path):
-                jobs[int(stem)] = path  # it is starting: bound, not listening yet
-            else:
+            if not job_running(int(stem), path):  # else it is starting: bound, not listening yet
                 remove(path)  # a launcher killed with kill -9 left it
-        except FileNotFoundError:
-            pass
+                continue
         except OSError:
-            pass
+            continue
         finally:
             probe.close()
+        jobs[int(stem)] = path
     return jobs
 
 
@@ -130,10 +128,6 @@ def command_of(pid: int) -> str:
     except OSError:
         return "?"
     return " ".join(w for w in words if w)[:200]
-
-
-def listing(jobs: dict[int, str]) -> str:
-    return ", ".join(str(pid) for pid in sorted(jobs))
 
 
 def connect(path: str, pid: int, pause: Callable[[float], None] = time.sleep) -> socket.socket:

@@ -137,10 +137,8 @@ def scan(words: list[str], toks: list[Token] | None = None) -> tuple[dict[str, o
             else:
                 values[opt.name] = value
     given = set(values)
-    params: dict[str, object] = {}
-    for opt in cliopts.rows():
-        value = values.get(opt.name, _NO)
-        params[opt.name] = opt.unset if value is _NO else tuple(value) if isinstance(value, list) else value
+    params = {opt.name: opt.unset for opt in cliopts.rows()}
+    params.update((name, tuple(value) if isinstance(value, list) else value) for name, value in values.items())
     at = program_at(toks, words)
     params["argv"] = tuple(words[at:])
     if at < len(words):

@@ -117,7 +117,8 @@ class Screen:
     def render(self) -> Group:
         if self.doc is None:
             return Group(Text(f"job {self.pid}: asking..."))
-        parts: list[object] = [Text(top_view.summary(self.pid, self.doc, self.rows), style="bold")]
+        line = top_view.summary(self.pid, self.doc, self.rows, self.console.size.width)
+        parts: list[object] = [Text(line, style="bold", no_wrap=True, overflow="ellipsis")]
         room = self.console.size.height - 4
         if self.stacks is not None:
             panel_lines = self.stacks.rstrip("\n").splitlines()[: max(3, room // 2)]

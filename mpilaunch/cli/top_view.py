@@ -68,16 +68,20 @@ def cells(row: RankRow) -> list[str]:
 COLUMNS = ("RANK", "HOST", "PID", "STATE", "CPU%", "MEM", "QUIET")
 
 
-def summary(pid: int, doc: dict, rows: list[RankRow]) -> str:
-    """The line above the table: the job, how long it has run, what its ranks do."""
+def summary(pid: int, doc: dict, rows: list[RankRow], width: int | None = None) -> str:
+    """The line above the table: the job, how long it has run, what its ranks do. The command
+    gives way (to 60 characters, or to what a terminal width columns wide leaves), so that a
+    screen's line does not wrap in the middle of the counts."""
     running = sum(1 for r in rows if r.state == "running")
     stuck = sum(1 for r in rows if r.stuck)
-    text = f"job {pid}: {' '.join(doc['command'])[:60]} | {duration(doc['elapsed'])} | {running} of {len(rows)} running"
+    head = f"job {pid}: "
+    tail = f" | {duration(doc['elapsed'])} | {running} of {len(rows)} running"
     if stuck:
-        text += f" | {stuck} look stuck"
+        tail += f" | {stuck} look stuck"
     if doc.get("unanswered"):
-        text += f" | no answer from {', '.join(doc['unanswered'])}"
-    return text
+        tail += f" | no answer from {', '.join(doc['unanswered'])}"
+    room = 60 if width is None else min(60, max(8, width - len(head) - len(tail)))
+    return head + " ".join(doc["command"])[:room] + tail
 
 
 def plain(pid: int, doc: dict, rows: list[RankRow]) -> str:

@@ -72,8 +72,6 @@ ENVIRONMENT = (
     ("PET_<OPTION>", "an option not given (PET_NPROC_PER_NODE=2 is --nproc-per-node 2)"),
     ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "--shutdown-timeout, when not given"),
 )
-TORCH_WORDS = tuple(opt.name for opt in ROWS)  # options only torchrun has: one makes the command line torchrun's
-FLAGS = tuple(opt.name for opt in ROWS if opt.kind == FLAG)  # PET_<NAME> of these is 0 or 1, as torchrun reads it
 STATIC_PORT = 29500  # torchrun's MASTER_PORT for a static rendezvous across nodes
 C10D_PORT = 29400  # ... and its --rdzv-endpoint port for c10d
 GRACE = 30.0  # torchrun's seconds between SIGTERM and SIGKILL of its workers
@@ -86,12 +84,12 @@ def torch_options(
     """torchrun's words taken out of the parsed values: the Options fields they set (torch, and
     placement), with apps rewritten to what runs; notes for words that mean nothing here."""
     words = {opt.name: values.pop(opt.name, opt.unset) for opt in ROWS}
-    if not (name == "torchrun" or given & set(TORCH_WORDS)):
+    if not (name == "torchrun" or given & words.keys()):  # only torchrun has these: one makes the line torchrun's
         return {}, []
-    for opt in ROWS:  # torchrun reads PET_<NAME> for an option not given
+    for opt in ROWS:  # torchrun reads PET_<NAME> for an option not given (0 or 1 for a flag)
         key = opt.name
         if key not in given and IGNORED not in opt.roles and f"PET_{key.upper()}" in env:
-            words[key] = _env_flag(key, env) if key in FLAGS else env[f"PET_{key.upper()}"]
+            words[key] = _env_flag(key, env) if opt.kind == FLAG else env[f"PET_{key.upper()}"]
     notes = said_ignored(words, TORCHRUN, "torchrun's {flag} means nothing here: ignored")
     backend = str(words["rdzv_backend"] or "static").lower()
     if backend not in ("static", "c10d"):
@@ -107,11 +105,20 @@ def torch_options(
     conf = rdzv_conf(words["rdzv_conf"])
     endpoint = None
     standalone = bool(words["standalone"])
+    meets = node_rank is not None or bool(words["rdzv_endpoint"] or words["master_addr"])
+    asked = (low, nnodes or 0) if words["nnodes"] is not None else (0, 0)
     if standalone:
         low = nnodes = 1
-    elif low == 1 and not (words["rdzv_endpoint"] or words["master_addr"]):
-        nnodes = 1  # MIN:MAX from 1 with nowhere to meet: this machine is the job
-    per_node = nnodes is not None and nnodes > 1
+        asked = (1, 1)
+    elif low == 1 and not meets:
+        nnodes = 1  # MIN:MAX from 1 with nowhere to meet: this machine is the job, or the hosts
+    per_node = nnodes is not None and nnodes > 1 and meets
+    asked = (0, 0) if per_node else asked  # one launcher for the job: its hosts are torchrun's nodes
+    if per_node and given & {"hosts", "hostfile"}:
+        raise LaunchError(
+            "-H or a hostfile with torchrun's launcher per node (--node-rank, --master-addr, --rdzv-endpoint): each "
+            "node's launcher starts its own ranks; give the hosts to one mpilaunch without those, or drop them"
+        )
     if per_node:
         if backend == "static" and (node_rank is None or low != nnodes):
             raise LaunchError(
@@ -129,9 +136,10 @@ def torch_options(
         node_rank=node_rank if per_node else None,
         endpoint=endpoint,
         min_nodes=low if per_node and low else 0,
+        nodes_asked=asked,
         **conf,
         **(_one_node_master(words, backend) if not per_node and not standalone else {}),
-        run_id=_run_id(words, backend, nnodes, standalone),
+        run_id=_run_id(words, backend, nnodes if per_node else None, standalone),
         role=str(words["role"] or "default"),
         standalone=standalone,
         local_ranks_filter=_ranks_filter(words["local_ranks_filter"]),
@@ -266,13 +274,10 @@ def _graces(
     """torchrun's waits before SIGKILL: 30 s for the other workers once one failed, and after a
     signal stopped it --shutdown-timeout (else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s);
     mpilaunch's own --kill-timeout, when given, is both."""
-    own = float(values["kill_timeout"]) if "kill_timeout" in given else None  # type: ignore[arg-type]
+    kill = float(values["kill_timeout"]) if "kill_timeout" in given else GRACE  # type: ignore[arg-type]
     text = words["shutdown_timeout"] or env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
-    if text is not None:
-        stop = float(_whole("--shutdown-timeout", text, 0, 3600))
-    else:
-        stop = GRACE if own is None else own
-    return {"kill_timeout": GRACE if own is None else own, "signal_grace": stop}
+    stop = kill if text is None else float(_whole("--shutdown-timeout", text, 0, 3600))
+    return {"kill_timeout": kill, "signal_grace": stop}
 
 
 def _run_id(words: Mapping[str, object], backend: str, nnodes: int | None, standalone: bool) -> str:

@@ -9,8 +9,8 @@ the sweep alone already ends every tree while the agent lives.
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 import time
 
 
@@ -30,7 +30,7 @@ def _own_cgroup_dir() -> str | None:
                     if path == root or path.startswith(root.rstrip("/") + "/"):
                         relative = path[len(root.rstrip("/")) :].lstrip("/")
                         return os.path.join(mount, relative) if relative else mount
-    except (OSError, StopIteration):
+    except OSError:
         pass
     return None
 

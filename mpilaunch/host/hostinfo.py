@@ -7,7 +7,6 @@ in the `checked` reply), so it is stdlib only: shipped to remote hosts.
 from __future__ import annotations
 
 import os
-import re
 
 from mpilaunch.host.programs import find_program
 
@@ -48,6 +47,8 @@ def count_gpus(path: str) -> dict:
 
 def parse_hccn(text: str) -> dict[str, str]:
     """Device IPs from hccn.conf text: {"0": "192.1.27.6", ...} from `address_0=192.1.27.6` lines."""
+    import re  # only here: the agent's start does not pay for it
+
     found: dict[str, str] = {}
     for line in text.splitlines():
         match = re.match(_ADDRESS, line)

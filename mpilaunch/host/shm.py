@@ -22,7 +22,12 @@ FileId = tuple[int, int]  # (st_dev, st_ino)
 
 
 def present() -> set[FileId]:
-    """The files in /dev/shm now (before a job: never to be removed)."""
+    """The files in /dev/shm now, at any depth as files() finds them outside the agents' own
+    folders (before a job: never to be removed, and never a reason to read the ranks' maps);
+    when files() cannot say (too many, or a folder it cannot list), its own entries."""
+    listed = files(skip=AGENTS_FOLDERS)
+    if listed is not None:
+        return set(listed.values())
     try:
         dev = os.stat(SHM_DIR).st_dev
         with os.scandir(SHM_DIR) as entries:
@@ -86,20 +91,16 @@ def _maps(pid: int | str) -> bytes | None:
 
 def mapped_by(pid: int) -> dict[str, FileId]:
     """The /dev/shm files a live process maps, by path ({} once it is gone)."""
-    found: dict[str, FileId] = {}
-    maps = _maps(pid)
-    if maps and _PREFIX_BYTES in maps:
-        for line in _shm_lines(maps):
-            entry = _file_id(line)
-            if entry is not None:
-                found[entry[0]] = entry[1]
-    return found
+    return dict(_shm_files(_maps(pid)))
 
 
-def _shm_lines(maps: bytes) -> list[bytes]:
-    """The lines of a maps text that name something in /dev/shm (an MPI rank's maps run to
-    hundreds of lines, its libraries': only these few are parsed)."""
-    return [line for line in maps.splitlines() if _PREFIX_BYTES in line]
+def _shm_files(maps: bytes | None) -> list[tuple[str, FileId]]:
+    """(path, (dev, ino)) of each /dev/shm file a maps text names (an MPI rank's maps run to
+    hundreds of lines, its libraries': only the few that name /dev/shm are parsed)."""
+    if not maps or _PREFIX_BYTES not in maps:
+        return []
+    found = (_file_id(line) for line in maps.splitlines() if _PREFIX_BYTES in line)
+    return [entry for entry in found if entry is not None]
 
 
 def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
@@ -114,11 +115,7 @@ def _mapped_anywhere(ids: set[FileId]) -> tuple[set[FileId], bool]:
         if maps is None:
             complete = complete and not os.path.exists(f"/proc/{name}")  # gone is fine; unreadable is not
             continue
-        if _PREFIX_BYTES in maps:
-            for line in _shm_lines(maps):
-                entry = _file_id(line)
-                if entry is not None and entry[1] in ids:
-                    mapped.add(entry[1])
+        mapped.update(ident for _, ident in _shm_files(maps) if ident in ids)
     return mapped, complete
 
 
@@ -154,6 +151,7 @@ def remove_left(seen: dict[str, FileId], before: set[FileId]) -> list[str]:
 
 
 SERVER_FOLDER = "mpilaunch-pmix-{pid}-"  # an agent's PMIx server's folder (agent/services/pmix.py)
+AGENTS_FOLDERS = "mpilaunch-pmix-"  # every agent's: a rank maps only its own agent's, which removes it
 
 
 def server_base() -> str:

@@ -18,8 +18,8 @@ would be on every agent's start (docs/performance.md, "Start-up tricks").
 
 from __future__ import annotations
 
+import _signal as signal
 import os
-import signal
 
 from mpilaunch.host.programs import find_program
 

@@ -8,14 +8,17 @@ handler per connection (no thread, no blocking read). Its owner reads and writes
 process and hears when a connection closes (a launcher that said it was there went away);
 StoreClient is what launchers use to meet each other through it.
 
-Checked against torch 2.13.0 CPU, whose one client (TCPStore.cpp) is used both with its libuv
-server (`use_libuv=True`, the default) and with the older one (`use_libuv=False`). The wire:
+Checked against torch 2.13.0 CPU and 2.14.1, whose one client (TCPStore.cpp) is used both with
+its libuv server (`use_libuv=True`, the default) and with the older one (`use_libuv=False`). The wire:
 each request is a command byte and its fields; integers are in the machine's byte order
 (uint32, int64, or uint64 for lengths and counts); a key or a value is a uint64 length and
 its bytes. A connection's first request is VALIDATE with 0x3C85F7CE, then torch's client sends
 PING with its pid and expects it back. A torch before 2.2 sends neither: its first request is a
 command, numbered from SET = 0 with WATCH_KEY at 7 (BEFORE_VALIDATE), and the connection is
-served in that numbering (WATCH_KEY's callbacks are not). WAIT answers one STOP_WAITING byte when every key
+served in that numbering (WATCH_KEY's callbacks are not). That is torch 2.0 to 2.14
+(SERVED_TORCH; 2.14 sends what 2.13 does, tests/tools/test_torch_releases.py); a validated
+client's command after BARRIER is a newer torch's: it is dropped
+and `on_unserved` told at once. WAIT answers one STOP_WAITING byte when every key
 exists, later if need be, and CANCEL_WAIT (the client's timeout) answers WAIT_CANCELED. ADD
 keeps the value as decimal text. Behaviour follows the libuv server where the two differ
 (CHECK and WAIT see a non-empty queue as present; GET of a missing key answers empty), with one
@@ -51,6 +54,8 @@ MULTI_GET, MULTI_SET, CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_
 BEFORE_VALIDATE = (SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, None, DELETE_KEY, APPEND, MULTI_GET,
                    MULTI_SET, CANCEL_WAIT)  # fmt: skip
 WATCH_KEY_BEFORE_VALIDATE = 7
+NEWER_MAX = 64  # commands from BARRIER to this are a newer torch's (they are added one at a time)
+SERVED_TORCH = "2.0 to 2.14"  # the releases whose commands are served (plan/finalize.STORE_SERVES)
 NOT_TORCH = "the first request was neither VALIDATE with torch's number nor a request of torch before 2.2"
 READY, NOT_READY = 0, 1  # CHECK
 STOP_WAITING, WAIT_CANCELED = 0, 1  # WAIT, BARRIER, CANCEL_WAIT
@@ -123,6 +128,10 @@ def os_words(exc: OSError) -> str:
 
 class ProtocolError(Exception):
     """A connection sent what no TCPStore client sends: it is dropped."""
+
+
+class UnservedTorch(ProtocolError):
+    """A validated client sent a command after the last one served: a newer torch's."""
 
 
 class _Short(Exception):
@@ -291,8 +300,7 @@ class StoreData:
         self.touched(key)
 
     def add(self, key: str, delta: int) -> int:
-        old = self.values.get(key)
-        number = delta + (as_int(old) if old is not None else 0)
+        number = delta + as_int(self.values.get(key, b"0"))
         if not INT64_MIN <= number <= INT64_MAX:
             raise ProtocolError(f"adding {delta} to {key!r} leaves int64's range")
         self.set(key, str(number).encode())
@@ -338,8 +346,7 @@ class StoreData:
     def barrier(self, peer: Peer, key: str, world_size: int) -> bool:
         """One more arrival at the key's count: True (and every earlier arrival released) when
         it reaches world_size, else the peer waits for the last one."""
-        old = self.values.get(key)
-        count = 1 + (as_int(old) if old is not None else 0)
+        count = 1 + as_int(self.values.get(key, b"0"))
         self.values[key] = str(count).encode()
         if count >= world_size:
             self.touched(key)
@@ -434,6 +441,8 @@ class Requests:
                 raise ProtocolError(f"unknown command {command} (of torch before 2.2)")
             command = BEFORE_VALIDATE[command]  # type: ignore[assignment]
         handler = self.table.get(command)
+        if handler is None and BARRIER < command < NEWER_MAX and not peer.before_validate:
+            raise UnservedTorch(f"command {command}, which no torch from {SERVED_TORCH} sends")
         if handler is None:
             raise ProtocolError(f"unknown command {command}")
         return handler
@@ -522,11 +531,13 @@ class Requests:
 
 
 class StoreServer:
-    """A TCPStore server on `selector`, whose keys' data are callables taking the descriptor
-    (agent/loop.Loop calls `key.data(key.fd)`; any loop that does the same can host it). With
+    """A TCPStore server on `selector`, whose keys' data are callables taking the descriptor:
+    a selector whose owner calls `key.data(key.fd)`, or anything with a selector's `register`,
+    `modify` and `unregister` that calls them so (the agent's loop, agent/loop.Loop). With
     no selector it makes its own and `run` drives it (tests, `python -m`). `sock` is a bound
     socket to listen on (the launcher's chosen MASTER_PORT), else it binds host:port.
-    `on_close(peer)` is told of every validated connection that closed or was dropped."""
+    `on_close(peer)` is told of every validated connection that closed or was dropped,
+    `on_unserved(why)` of the first that spoke a torch newer than those served."""
 
     def __init__(
         self,
@@ -536,6 +547,7 @@ class StoreServer:
         *,
         sock: socket.socket | None = None,
         on_close: Callable[[Peer], None] | None = None,
+        on_unserved: Callable[[str], None] | None = None,
     ) -> None:
         self.own_selector = selector is None
         self.sel = selectors.DefaultSelector() if selector is None else selector
@@ -545,6 +557,7 @@ class StoreServer:
         self.listener.setblocking(False)
         self.port: int = self.listener.getsockname()[1]
         self.on_close = on_close
+        self.on_unserved = on_unserved  # told once, at the first client of a torch after those served
         self.peers: dict[int, Peer] = {}  # by descriptor
         self.data = StoreData(self._released)
         self._dirty: dict[Peer, None] = {}  # peers with replies queued and not yet sent
@@ -611,9 +624,7 @@ class StoreServer:
         for _ in range(ACCEPTS_PER_TURN):
             try:
                 sock, address = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # out of descriptors, a connection reset before accept: try later
+            except OSError:  # none waiting; out of descriptors, a connection reset before accept: try later
                 return
             sock.setblocking(False)
             try:
@@ -661,6 +672,9 @@ class StoreServer:
         try:
             self._serve(peer)
         except ProtocolError as exc:
+            if isinstance(exc, UnservedTorch) and self.on_unserved is not None:
+                self.on_unserved(str(exc))
+                self.on_unserved = None
             self.refused += 1
             self.refusal = self.refusal or str(exc)
             self._hang_up(peer, str(exc))
@@ -778,13 +792,12 @@ def listening_socket(host: str = "", port: int = 0) -> socket.socket:
     """A listening TCP socket on host:port; "" listens on every address, IPv6 and IPv4 both
     where the machine has IPv6 (as torch's server does), else IPv4."""
     if host:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        candidates = [(family, kind, proto, address)]
+        candidates = [socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]]
     else:
-        candidates = [(socket.AF_INET6, socket.SOCK_STREAM, 0, ("::", port))]
-        candidates.append((socket.AF_INET, socket.SOCK_STREAM, 0, ("0.0.0.0", port)))
+        candidates = [(socket.AF_INET6, socket.SOCK_STREAM, 0, "", ("::", port))]
+        candidates.append((socket.AF_INET, socket.SOCK_STREAM, 0, "", ("0.0.0.0", port)))
     error: OSError | None = None
-    for family, kind, proto, address in candidates:
+    for family, kind, proto, _, address in candidates:
         try:
             sock = socket.socket(family, kind, proto)
         except OSError as exc:

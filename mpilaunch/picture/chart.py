@@ -9,8 +9,7 @@ import warnings
 
 from mpilaunch.picture.reading import (
     OUTCOMES,
-    cause_of,
-    integer,
+    STANDS_OUT,
     label,
     mapping,
     mark_text,
@@ -18,7 +17,7 @@ from mpilaunch.picture.reading import (
     number,
     rows,
     span,
-    text,
+    title,
 )
 
 BAR, ODD_BAR = "#7da7d9", "#e0542b"  # as the page's meters
@@ -43,15 +42,6 @@ def png(document: Mapping) -> bytes:
         figure.savefig(out, format="png", dpi=100)
     plt.close(figure)
     return out.getvalue()
-
-
-def title(document: Mapping, ranks: int) -> str:
-    """The run's outcome and, when a rank failed, its cause (as the page's title says it)."""
-    words = f"mpilaunch: {text(document.get('outcome')) or 'run'}, exit status {text(document.get('exit_status'))}"
-    first = mapping(document.get("first_failure"))
-    if first:
-        words += f", rank {integer(first.get('rank'))}: {cause_of(first)}"
-    return f"{words} ({ranks} ranks)"
 
 
 def draw(document: Mapping):  # type: ignore[no-untyped-def]
@@ -104,5 +94,9 @@ def draw(document: Mapping):  # type: ignore[no-untyped-def]
     failed_at = number(mapping(document.get("first_failure")).get("ended"))
     if failed_at is not None:
         times.axvline(failed_at - start, color=OUTCOMES["failed"][1], linestyle="--", linewidth=0.8)
-    figure.tight_layout()
+    if marked:  # what the marks mean, under the picture, as the page's legend says it
+        figure.text(0.01, 0.01, plain(STANDS_OUT), fontsize=7, color="#555", ha="left", va="bottom", wrap=True)
+        figure.tight_layout(rect=(0, 0.3 / height, 1, 1))
+    else:
+        figure.tight_layout()
     return figure

@@ -16,8 +16,8 @@ import shlex
 
 from mpilaunch.picture.reading import (
     FAILED,
-    ODD,
     OUTCOMES,
+    STANDS_OUT,
     Row,
     cause_of,
     death_words,
@@ -37,6 +37,7 @@ from mpilaunch.picture.reading import (
     span,
     status_of,
     text,
+    title,
     utc,
 )
 
@@ -101,10 +102,6 @@ def escape(text: str, quote: bool = True) -> str:
     return html.escape(shown(text), quote)
 
 
-MARKS_SAID = (
-    f"◆ marks a failed rank and a rank that stands out: its run time (slow), CPU seconds (CPU) or peak memory "
-    f"(memory) {ODD:g} times the median of the ranks or more"
-)
 STYLE += "".join(f".bar.{name},.legend i.{name}{{background:{colour}}}\n" for name, (_, colour) in OUTCOMES.items())
 
 
@@ -115,15 +112,12 @@ def render(document: Mapping) -> str:
     parts = [header(document, drawn), failure(document, window)]
     parts += [standouts(drawn, window), timeline(document, drawn, window)]
     parts += [stacks(document, window), attempts(document, window), footer(document)]
-    title = f"mpilaunch: {text(document.get('outcome')) or 'run'}"
-    first = mapping(document.get("first_failure"))
-    if first:
-        title += f", rank {integer(first.get('rank'))}: {cause_of(first)}"
-    title += f" ({len(drawn)} ranks)"
+    head = f"<title>{escape(title(document, len(drawn)))}</title><style>{STYLE}</style>"
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>\n" + "\n".join(p for p in parts if p)
-    ) + "\n</body></html>\n"
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{head}</head>\n<body>\n'
+        + "\n".join(p for p in parts if p)
+        + "\n</body></html>\n"
+    )
 
 
 def when(moment: float | None, window: tuple[float, float] | None) -> str:
@@ -269,7 +263,7 @@ def timeline(document: Mapping, drawn: Sequence[Row], window: tuple[float, float
         ticks = [window[0] + (window[1] - window[0]) * k / 4 for k in range(5)]
         axis = "".join(f'<span style="left:{percent(t, window):.0f}%">{escape(when(t, window))}</span>' for t in ticks)
     out = [
-        f'<section id="ranks"><h2>Ranks</h2><p class="legend">{legend}</p><p class="marks">{escape(MARKS_SAID)}</p>',
+        f'<section id="ranks"><h2>Ranks</h2><p class="legend">{legend}</p><p class="marks">{escape(STANDS_OUT)}</p>',
         '<table class="ranks"><colgroup><col style="width:10em"><col><col style="width:13em">'
         '<col style="width:11em"><col style="width:11em"></colgroup>',
         f'<thead><tr><th>rank</th><th><div class="axis">{axis}</div></th><th>ended by</th>'

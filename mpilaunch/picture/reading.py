@@ -25,7 +25,12 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     LOST: ("host lost / end unconfirmed", "#8e5cc4"),
     NEVER: ("never started", "#a8a8a8"),
 }
-ODD = 1.5  # a rank stands out when its time, CPU or memory is this many times the median, or more
+# A rank stands out when its run time, CPU seconds or peak memory is ODD times the ranks' median
+# or more, and more than its floor above the median (a few tenths of a second or MiB among ranks
+# that barely ran is no outlier), among at least FEW ranks.
+ODD = 1.5
+FLOORS = {"time": 0.5, "cpu": 0.2, "rss": float(16 << 20)}
+FEW = 3
 
 
 def number(value: object) -> float | None:
@@ -160,7 +165,7 @@ def median(values: Sequence[float]) -> float:
 def odd_ones(values: Mapping[int, float], floor: float) -> set[int]:
     """The rows whose value is ODD times the median or more (and more than floor above it): the
     one rank that ran much longer, or held much more memory, among many alike."""
-    if len(values) < 3:
+    if len(values) < FEW:
         return set()
     middle = median(list(values.values()))
     return {i for i, v in values.items() if v >= ODD * middle and v - middle > floor}
@@ -228,14 +233,22 @@ def death_words(death: Mapping) -> list[str]:
 CAUSE_WIDTH = 110  # characters of an exception's first line kept in a title
 
 
+def shortened(words: str, width: int = CAUSE_WIDTH) -> str:
+    """words in at most width characters: its start and its end around ` ... `, where an
+    exception says what (`FileNotFoundError: [Errno 2]`) and which (`'data.csv'`)."""
+    if len(words) <= width:
+        return words
+    tail = (width - 5) // 3
+    return f"{words[: width - 5 - tail].rstrip()} ... {words[-tail:].lstrip()}"
+
+
 def cause_of(first: Mapping) -> str:
     """The first failure in a few words, for the titles: its Python exception when the report
     found one, else the out-of-memory killer, its signal, MPI_Abort's code, or its exit status."""
     exception = mapping(first.get("exception"))
     if exception.get("type"):
         message = text(exception.get("message")).strip().split("\n", 1)[0]
-        said = f"{text(exception.get('type'))}: {message}" if message else text(exception.get("type"))
-        return said if len(said) <= CAUSE_WIDTH else said[: CAUSE_WIDTH - 3] + "..."
+        return shortened(f"{text(exception.get('type'))}: {message}" if message else text(exception.get("type")))
     if mapping(first.get("death")).get("oom"):
         return "killed by the out-of-memory killer"
     if first.get("signal") and number(first.get("exit_code")) is None:
@@ -245,17 +258,35 @@ def cause_of(first: Mapping) -> str:
     return status_of(first)
 
 
+def title(document: Mapping, ranks: int) -> str:
+    """The title of both drawings: the run's outcome and, when a rank failed, which and its cause."""
+    words = f"mpilaunch: {text(document.get('outcome')) or 'run'}"
+    first = mapping(document.get("first_failure"))
+    if first:
+        words += f", rank {integer(first.get('rank'))}: {cause_of(first)}"
+    return f"{words} ({ranks} ranks)"
+
+
 MARKS = {"time": "slow", "cpu": "CPU", "rss": "memory"}  # what stands out: the mark's word
 
 
+STANDS_OUT = (
+    f"◆ marks a failed rank (failed) and a rank that stands out: its run time (slow), CPU seconds (CPU) or peak "
+    f"memory (memory) {ODD:g} times the ranks' median or more, and more than {duration(FLOORS['time'])}, "
+    f"{duration(FLOORS['cpu'])} or {size(FLOORS['rss'])} above it, among {FEW} ranks or more"
+)  # the legend of both drawings' marks
+
+
 def odd_sets(drawn: Sequence[Row], window: tuple[float, float] | None) -> dict[str, set[int]]:
-    """Which rows stand out in run time, CPU seconds and peak memory (indices into drawn):
-    ODD times the median or more, and more than a floor above it (0.5 s, 0.2 s, 16 MiB)."""
+    """Which rows stand out in run time, CPU seconds and peak memory (indices into drawn), by
+    odd_ones with each measure's floor."""
     end = window[1] if window else 0.0
-    times = {i: s for i, r in enumerate(drawn) if (s := seconds_of(r, end)) is not None}
-    cpu = {i: r.cpu for i, r in enumerate(drawn) if r.cpu is not None}
-    rss = {i: r.rss for i, r in enumerate(drawn) if r.rss is not None}
-    return {"time": odd_ones(times, 0.5), "cpu": odd_ones(cpu, 0.2), "rss": odd_ones(rss, 16 << 20)}  # type: ignore[arg-type]
+    values: dict[str, dict[int, float]] = {
+        "time": {i: s for i, r in enumerate(drawn) if (s := seconds_of(r, end)) is not None},
+        "cpu": {i: r.cpu for i, r in enumerate(drawn) if r.cpu is not None},
+        "rss": {i: r.rss for i, r in enumerate(drawn) if r.rss is not None},
+    }
+    return {key: odd_ones(found, FLOORS[key]) for key, found in values.items()}
 
 
 def marks(drawn: Sequence[Row], window: tuple[float, float] | None) -> dict[int, list[str]]:

@@ -25,7 +25,7 @@ from mpilaunch.plan.rank_env import (
     prefixed_paths,
     rank_environment,
 )
-from mpilaunch.plan.spec import AppContext, JobSpec, Options
+from mpilaunch.plan.spec import AppContext, JobSpec, Options, TorchRun
 from mpilaunch.plan.wireup import BOTH, pmi_job, pmix_job, services
 from mpilaunch.protocol.messages import Launch, PmiJob, PmixJob, RankSpec, SpawnApp
 from mpilaunch.protocol.record import Record
@@ -110,7 +110,7 @@ def resolve_hosts(options: Options, env: Mapping[str, str] | None = None) -> tup
         found = from_environment(env)
         if found is not None:
             return hostlib.merge_local_aliases(found[0]), found[1]
-    return hostlib.localhost_default(), LOCAL_SOURCE
+    return [Host("localhost", os.cpu_count() or 1)], LOCAL_SOURCE
 
 
 LOCAL_SOURCE = "localhost (no hosts given)"
@@ -151,11 +151,7 @@ def engine_starts_here(options: Options, env: Mapping[str, str]) -> bool:
     OMPI_MCA_ variable). The -mca setting wins over the variable; the last one given wins."""
     if env.get("HYDRA_LAUNCHER_AUTOFORK", "").strip().lower() in FALSE_WORDS:
         return True
-    value = env.get("OMPI_MCA_ras_base_launch_orted_on_hn", "")
-    for key, val in options.mca:
-        if key == "ras_base_launch_orted_on_hn":
-            value = val
-    value = value.strip().lower()
+    value = options.mca_setting("ras_base_launch_orted_on_hn", env.get("OMPI_MCA_ras_base_launch_orted_on_hn", ""))
     return bool(value) and value not in FALSE_WORDS
 
 
@@ -172,6 +168,28 @@ def torchrun_slots(hosts: list[Host], per_node: int) -> list[Host]:
     """torchrun has no slots: under its words every host takes --nproc-per-node ranks, whatever
     -H, a hostfile or the allocation says of its slots (more slots stay, unused)."""
     return [h._replace(slots=max(h.slots or 0, per_node), max_slots=None) for h in hosts]
+
+
+def torchrun_nodes(torch: TorchRun, hosts: list[Host], source: str, allocated: bool) -> list[Host]:
+    """torchrun's --nnodes (or --standalone) with one launcher for the job: the hosts are its
+    nodes, so their count must be what it says; a job of another size would be silently wrong.
+    An allocation of more hosts lends its first: this machine, then the others in its order (as
+    torchrun --nnodes 1 in a batch script runs on the batch host)."""
+    low, high = torch.nodes_asked
+    if not high or low <= len(hosts) <= high:
+        return hosts
+    if allocated and len(hosts) > high:
+        return sorted(hosts, key=hostlib.needs_ssh)[:high]
+    said = "--standalone" if torch.standalone else f"--nnodes {low}" + (f":{high}" if high != low else "")
+    if source == LOCAL_SOURCE:
+        raise LaunchError(
+            f"{said}: no hosts given, so this machine alone; give -H or a hostfile with {low} hosts, or a launcher "
+            "on each node its --node-rank and where the nodes meet (--master-addr or --rdzv-endpoint)"
+        )
+    raise LaunchError(
+        f"{said} with {len(hosts)} hosts from {source}: one mpilaunch starts the ranks of all its hosts, so "
+        f"torchrun's nodes are those hosts; give as many hosts, or drop {said.split()[0]}"
+    )
 
 
 class Here:
@@ -236,23 +254,8 @@ def host_checks(job: JobPlan, host: int) -> list[dict]:
 def with_master(plan: LaunchPlan, master: tuple[str, int]) -> LaunchPlan:
     """Job 1 again with MASTER_ADDR/PORT known only once the hosts were reached (the address
     rank 0's host was reached at, a port free there)."""
-    job = plan.job
-    apps = list(zip(job.argvs, job.wdirs))
-    rebuilt = job_plan(
-        1,
-        plan.hosts,
-        job.ranks,
-        apps,
-        job_id=plan.job_id,
-        master=master,
-        options=plan.options,
-        exports=plan.exports,
-        env=plan.launcher_env,
-        host_info=plan.host_info,
-        app_exports=plan.app_exports,
-        attempt=plan.attempt,
-    )
-    return plan._replace(job=rebuilt, master=master)
+    plan = plan._replace(master=master)
+    return plan._replace(job=job_plan(plan, 1, plan.job.ranks, list(zip(plan.job.argvs, plan.job.wdirs))))
 
 
 def cores_short(plan: LaunchPlan) -> str:
@@ -345,10 +348,8 @@ def launch_messages(
             for r in job.ranks
             if r.host == index
         )
-        pmix = None
         over = len(ranks) > (plan.hosts[index].slots or 0)
-        if job.pmix is not None:
-            pmix = job.pmix._replace(node=node, oversubscribed=over)
+        pmix = job.pmix._replace(node=node, oversubscribed=over) if job.pmix is not None else None
         bind_to = options.bind_to or (open_mpi_binding(len(job.ranks), over) if serves_open_mpi(job) else "none")
         pe = options.cpus_per_rank or 1
         if options.cpus_per_rank and not options.bind_to:  # PE=M binds to M cores (hwthreads) per rank
@@ -357,7 +358,8 @@ def launch_messages(
             bind_to = "hwthread"
         if job.pmi is not None:
             ranks, bind_to = _mpich_defaults(plan, index, ranks, bind_to)
-        agent_store = options.torch is not None and options.torch.node_rank is None and job.job == 1
+        torch = options.torch
+        agent_store = torch is not None and torch.agent_store and torch.node_rank is None and job.job == 1
         launches[index] = Launch(
             store_port=plan.master[1] if agent_store and index == job.ranks[0].host else 0,
             store_host=plan.master[0] if agent_store and index == job.ranks[0].host else "",
@@ -401,23 +403,15 @@ def stdin_ranks(choice: str, np: int) -> list[int]:
 
 
 def job_plan(
+    plan: LaunchPlan,
     job: int,
-    hosts: list[Host],
     ranks: list[Rank],
     apps: Sequence[tuple[tuple[str, ...], str]],  # (argv, wdir) per app
-    *,
-    job_id: str,
-    master: tuple[str, int],
-    options: Options,
-    exports: Sequence[tuple[str, str | None]],
-    env: Mapping[str, str],
-    extra: Mapping[str, str] | None = None,
-    host_info: Mapping[int, Mapping] | None = None,
-    app_exports: Sequence[Sequence[tuple[str, str | None]]] = (),
-    attempt: int = 0,
 ) -> JobPlan:
-    """Environments and PMI data of one job's ranks; app_exports, when given, are each app's
-    exports (hydra's -env), instead of exports; attempt: restarts of the run so far."""
+    """Environments and PMI data of one job's ranks, from the rest of the plan; job 1 takes the
+    plan's app_exports, when given, as each app's exports (hydra's -env), instead of exports."""
+    options, env, hosts, exports = plan.options, plan.launcher_env, plan.hosts, plan.exports
+    first = job == 1  # app_exports, devices and the rank table belong to the launched job, not to spawned ones
     app_sizes = [sum(1 for r in ranks if r.app == i) for i in range(len(apps))]
     torch = options.torch
     per_node = torch is not None and torch.node_rank is not None  # one launcher per node: this one's ranks
@@ -425,15 +419,15 @@ def job_plan(
         ranks=ranks,
         app_sizes=app_sizes,
         universe_size=options.universe_size or sum(h.slots or 0 for h in hosts),
-        job_id=job_id if job == 1 else f"{job_id}.{job}",
-        master_addr=master[0],
-        master_port=master[1],
+        job_id=plan.job_id if first else f"{plan.job_id}.{job}",
+        master_addr=plan.master[0],
+        master_port=plan.master[1],
         mca=options.mca,
-        attempt=attempt,
+        attempt=plan.attempt,
         max_restarts=options.max_restarts,
         run_id=torch.run_id if torch is not None else "",
         role=torch.role if torch is not None else "default",
-        agent_store=torch is not None and job == 1,
+        agent_store=torch is not None and torch.agent_store and first,
         torch=torch is not None,
         offset=torch.node_rank * torch.nproc_per_node if per_node else 0,  # type: ignore[operator, union-attr]
         world=(torch.nnodes or 1) * torch.nproc_per_node if per_node else 0,  # type: ignore[union-attr]
@@ -441,19 +435,19 @@ def job_plan(
         nodes=torch.nnodes or 1 if per_node else 0,  # type: ignore[union-attr]
     )
     common = job_variables(layout, env)
-    if extra:
-        common.update(extra)
+    if not first:
+        common["PMI_SPAWNED"] = "1"  # MPI_Comm_spawn's ranks
     if options.mpi in ("pmi2", BOTH) and not any(name in env for name in PMI_VERSION_NAMES):
         # MPICH picks its PMI client at run time (the user's choice wins); offered PMI and PMIx
         # both, it would refuse to guess
         common["MPIR_CVAR_PMI_VERSION"] = "2" if options.mpi == "pmi2" else "1"
+    app_exports = plan.app_exports if first else ()
     envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env, layout) for r in ranks]
-    first = job == 1  # devices and the rank table belong to the launched job, not to spawned ones
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
         ranks,
         hosts,
-        host_info or {},
+        plan.host_info,
         per_rank=per_rank,
         rank_table=table,
         launcher_env=env,
@@ -526,9 +520,8 @@ def place_job(
     """The job's ranks, and what to say about them: hydra's round-robin (entries), else Open
     MPI's rules (only: each program's own hosts); a job on this machine alone may have more
     ranks than cores (said once)."""
-    nps = [np for np, _ in apps]
     if entries is not None:
-        return place_round_robin(entries, nps, len(hosts), options.ppn), []
+        return place_round_robin(entries, [np for np, _ in apps], len(hosts), options.ppn), []
     map_by = options.map_by
 
     def placed(over: bool) -> list[Rank]:
@@ -557,6 +550,7 @@ def build_plan(
     options = spec.options
     entries = None
     torch = options.torch
+    allocated = False  # the hosts are an allocation's (Slurm, Grid Engine, ...), not named by the user
     if hosts is not None:
         source = "the host list"
     elif torch is not None and torch.node_rank is not None:  # torchrun's way: a launcher on each node
@@ -567,14 +561,18 @@ def build_plan(
             hosts, entries, source = hydra_hosts(options, env)
         else:
             hosts, source = resolve_hosts(options, env)
+            allocated = not (options.hosts or options.hostfile) and source != LOCAL_SOURCE
         if options.launcher == "auto" and in_slurm_allocation(env, source):
             options = options._replace(launcher="slurm")
         elif options.launcher == "auto" and in_sge_job(env, source):
             options = options._replace(launcher="sge")
         if options.launcher == "sge" and engine_starts_here(options, env):
             options = options._replace(engine_starts_here=True)
-        if torch is not None and options.npernode is not None and source != LOCAL_SOURCE:
+        if torch is not None and options.npernode is not None and (source != LOCAL_SOURCE or entries is not None):
             hosts = torchrun_slots(hosts, options.npernode)
+            if entries is not None:  # hydra's host list: each host once, as torchrun's nodes (-ppn gives way)
+                entries = [(index, options.npernode) for index in range(len(hosts))]
+                options = options._replace(ppn=None)
         hosts = with_slots(hosts, source, options)
     if options.nolocal:
         kept = [i for i, host in enumerate(hosts) if hostlib.needs_ssh(host)]
@@ -584,20 +582,19 @@ def build_plan(
             renumbered = {old: new for new, old in enumerate(kept)}
             entries = [(renumbered[host], count) for host, count in entries if host in renumbered]
         hosts = [hosts[i] for i in kept]
+    if torch is not None:
+        hosts = torchrun_nodes(torch, hosts, source, allocated)
     if options.launcher == "slurm" and here.in_job_step():
         options = options._replace(in_slurm_step=True)  # the launcher's node: as mpirun, its daemon is forked
     nps = [app.np for app in spec.apps]
-    if source.startswith("MLP_MPI_") and nps == [None]:  # the platform's MLP_MPI_NP is the default -n
-        from mpilaunch.plan.hostsources import mlp_np
+    if nps == [None] and source.startswith(("MLP_MPI_", "Grid Engine")):
+        from mpilaunch.plan.hostsources import mlp_np, sge_nslots
 
-        nps[0] = mlp_np(env)
-        source += f", -n {nps[0]} from MLP_MPI_NP" if nps[0] else ""
-    elif source.startswith("Grid Engine") and nps == [None]:  # the job's slots are its ranks, as under mpirun
-        from mpilaunch.plan.hostsources import sge_nslots
-
-        nps[0] = sge_nslots(env)
-        source += f", -n {nps[0]} from NSLOTS" if nps[0] else ""
-    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None:
+        # the platform's MLP_MPI_NP is the default -n; a Grid Engine job's slots are its ranks, as under mpirun
+        mlp = source.startswith("MLP_MPI_")
+        nps[0] = mlp_np(env) if mlp else sge_nslots(env)
+        source += f", -n {nps[0]} from {'MLP_MPI_NP' if mlp else 'NSLOTS'}" if nps[0] else ""
+    if options.dialect == "hydra" and source == LOCAL_SOURCE and entries is None and torch is None:
         nps = [1 if np is None else np for np in nps]  # hydra's host list with none given: this machine, once
     sockets = here.sockets() if "socket" in options.map_by else 1
     apps_np = [(np, app.argv[0]) for np, app in zip(nps, spec.apps)]
@@ -620,37 +617,24 @@ def build_plan(
     local = sorted({r.host for r in ranks if not over_ssh(options, hosts[r.host])})
     facts = here.facts(probe, inherited(env).get("PATH", os.defpath)) if local else {}
     host_info = {index: dict(facts) for index in local}  # every name of this machine: one set of facts
-    job = job_plan(
-        1,
-        hosts,
-        ranks,
-        apps,
-        job_id=job_id,
-        master=master,
-        options=options,
-        exports=exports,
-        env=env,
-        host_info=host_info,
-        app_exports=app_exports,
-        attempt=attempt,
-    )
     plan = LaunchPlan(
         hosts=hosts,
-        job=job,
-        stdin_ranks=stdin_ranks(options.stdin, len(ranks)),
+        job=None,  # type: ignore[arg-type]  # job_plan, below, makes it of the rest of the plan
+        stdin_ranks=[],
         options=options,
         job_id=job_id,
         master=master,
         exports=exports,
         app_exports=app_exports,
         launcher_env=dict(env),
-        heartbeat=heartbeat_timeout(env),
         host_info=host_info,
         notes=(*options.notes, *notes),
         sockets=sockets,
         may_oversubscribe=options.oversubscribe or source == LOCAL_SOURCE or entries is not None,
         attempt=attempt,
     )
+    job = job_plan(plan, 1, ranks, apps)
+    plan = plan._replace(job=job, stdin_ranks=stdin_ranks(options.stdin, len(ranks)), heartbeat=heartbeat_timeout(env))
     return plan, source
 
 
@@ -720,20 +704,7 @@ def spawn_plan(
         only=[spawn_hosts(app.info, plan.hosts) for app in apps],
     )
     app_dirs = [(tuple(app.argv), app.wdir or plan.job.wdirs[0]) for app in apps]
-    child = job_plan(
-        job,
-        plan.hosts,
-        ranks,
-        app_dirs,
-        job_id=plan.job_id,
-        master=plan.master,
-        options=options,
-        exports=plan.exports,
-        env=plan.launcher_env,
-        extra={"PMI_SPAWNED": "1"},
-        host_info=plan.host_info,
-        attempt=plan.attempt,
-    )
+    child = job_plan(plan, job, ranks, app_dirs)
     for rank in child.ranks:
         child.envs[rank.rank].update(apps[rank.app].env)
     if child.pmi is not None:  # PMI-2's fullinit tells the new job's ranks who spawned them

@@ -29,11 +29,12 @@ from mpilaunch.protocol.record import Record
 
 class Facts(Record):
     """What probing the hosts found: each host's facts (hostinfo.probe's answer, "address"),
-    which MPI each program is linked with on each host, and MASTER_ADDR/PORT once rank 0's
-    host was reached (None: the plan's stands)."""
+    which MPI each program is linked with on each host and which torch it imports, and
+    MASTER_ADDR/PORT once rank 0's host was reached (None: the plan's stands)."""
 
     host_info: dict[int, dict]
     families: dict[int, dict[str, str]]
+    torch: dict[int, dict[str, str]]  # host -> program -> the torch it would import (torchrun's jobs)
     master: tuple[str, int] | None = None
 
 
@@ -70,6 +71,42 @@ def choose_mpi(plan: LaunchPlan, families: Mapping[int, Mapping[str, str]]) -> L
     return with_master(plan._replace(options=plan.options._replace(mpi=chosen)), plan.master)
 
 
+# The torch releases whose TCPStore the ranks' store serves (host/tcpstore.py: both numberings;
+# the commands are only ever added at the end). Those after it were not read.
+STORE_SERVES = ((2, 0), (2, 14))
+
+
+def store_serves(release: str) -> bool:
+    """Whether the ranks' store speaks the TCPStore of this torch `__version__` ("2.1.2+cpu")."""
+    numbers = release.split("+")[0].split(".")
+    try:
+        major, minor = int(numbers[0]), int(numbers[1])
+    except (IndexError, ValueError):
+        return False
+    return STORE_SERVES[0] <= (major, minor) <= STORE_SERVES[1]
+
+
+def own_store(plan: LaunchPlan, releases: Mapping[int, Mapping[str, str]]) -> tuple[LaunchPlan, str]:
+    """torchrun's job whose rank 0 imports a torch the ranks' store does not serve: its ranks
+    meet in rank 0's own TCPStore (TORCHELASTIC_USE_AGENT_STORE=False, as torch alone does),
+    with a note; the plan as it is otherwise. One launcher per node: the meeting's store serves."""
+    torch = plan.options.torch
+    if torch is None or torch.node_rank is not None or not torch.agent_store:
+        return plan, ""
+    rank0 = plan.job.ranks[0].host
+    unserved = sorted({r for r in releases.get(rank0, {}).values() if not store_serves(r)})
+    if not unserved:
+        return plan, ""
+    first, last = (".".join(map(str, r)) for r in STORE_SERVES)
+    note = (
+        f"the ranks' torch {unserved[0]} on {plan.hosts[rank0].name} speaks a TCPStore mpilaunch does not serve "
+        f"(it serves torch {first} to {last}): the ranks meet in rank 0's own store "
+        "(TORCHELASTIC_USE_AGENT_STORE=False)"
+    )
+    options = plan.options._replace(torch=torch._replace(agent_store=False))
+    return with_master(plan._replace(options=options), plan.master), note
+
+
 def finalize(plan: LaunchPlan, facts: Facts) -> Final:
     """The plan with the hosts' facts, every host's Launch and the notes; LaunchError where the
     facts make the job impossible (a host with too few cores for PE=M)."""
@@ -77,11 +114,12 @@ def finalize(plan: LaunchPlan, facts: Facts) -> Final:
     if facts.master is not None:
         plan = with_master(plan, facts.master)  # every rank's variables again, now that each host is known
     plan = choose_mpi(plan, facts.families)
+    plan, store_note = own_store(plan, facts.torch)
     short = cores_short(plan)
     if short:
         raise LaunchError(short)
     job, options = plan.job, plan.options
-    notes = []
+    notes = [store_note]
     launches = launch_messages(plan, job, range(len(job.ranks)), set(plan.stdin_ranks))
     bound = {launch.bind_to for launch in launches.values()} - {"none"}
     if not options.bind_to and serves_open_mpi(job) and bound:  # no note where every host has more ranks than slots

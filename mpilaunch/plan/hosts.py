@@ -76,11 +76,12 @@ def _count(key: str, value: str) -> int:
     return number
 
 
-def _split_user(word: str) -> tuple[str | None, str]:
-    if "@" in word:
-        user, _, host = word.rpartition("@")
-        return check_user_name(user), host
-    return None, word
+def _split_word(word: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:N]` as its user, its host's name and N, each checked (None: not given)."""
+    before, at, rest = word.rpartition("@")
+    user = check_user_name(before) if at else None
+    name, slots = _split_count(rest)
+    return user, check_host_name(name), slots
 
 
 def _split_count(word: str) -> tuple[str, int | None]:
@@ -108,9 +109,7 @@ def parse_hostfile_line(line: str) -> Host | None:
         return None
     text = "=".join(part.strip() for part in text.split("="))  # `slots = 2`, as Open MPI reads it
     first, *fields = text.split()
-    user, rest = _split_user(first)
-    name, slots = _split_count(rest)
-    check_host_name(name)
+    user, name, slots = _split_word(first)
     max_slots = port = None
     for item in fields:
         key, eq, value = item.partition("=")
@@ -193,17 +192,11 @@ def parse_host_list(value: str, label: str | None = None) -> list[Host]:
         if not word:
             raise LaunchError(f"{label}: empty host name")
         try:
-            user, rest = _split_user(word)
-            name, slots = _split_count(rest)
-            check_host_name(name)
+            user, name, slots = _split_word(word)
         except HostSyntaxError as exc:
             raise LaunchError(f"{label}: {exc}") from None
         entries.append(Host(name, 1 if slots is None else slots, None, user))
     return entries
-
-
-def localhost_default() -> list[Host]:
-    return [Host("localhost", os.cpu_count() or 1)]
 
 
 def is_local(name: str) -> bool:
@@ -222,13 +215,10 @@ def needs_ssh(host: Host) -> bool:
 
 def merge_local_aliases(hosts: list[Host]) -> list[Host]:
     """localhost, 127.0.0.1 and this machine's name are one node: one set of local ranks and devices."""
-    first_local = next((h.name for h in hosts if h.user is None and h.port is None and is_local(h.name)), None)
+    first_local = next((h.name for h in hosts if not needs_ssh(h)), None)
     if first_local is None:
         return hosts
-    renamed = [
-        h._replace(name=first_local) if h.user is None and h.port is None and is_local(h.name) else h for h in hosts
-    ]
-    return merge_hosts(renamed)
+    return merge_hosts([h if needs_ssh(h) else h._replace(name=first_local) for h in hosts])
 
 
 def merge_consecutive(entries: list[Host]) -> list[Host]:
@@ -248,11 +238,10 @@ def entry_hosts(entries: list[Host]) -> tuple[list[Host], list[int]]:
     """hydra's host list, in which a host may come back (`a,b,a`): the job's hosts (merged, this
     machine's names as one) and the index among them of each entry."""
     hosts = merge_local_aliases(merge_hosts(entries))
-    local = next((h.name for h in hosts if h.user is None and h.port is None and is_local(h.name)), None)
+    local = next((h.name for h in hosts if not needs_ssh(h)), None)
 
     def key(h: Host) -> tuple[str, str | None, int | None]:
-        here = h.user is None and h.port is None and is_local(h.name)
-        return (local if here and local else h.name, h.user, h.port)
+        return (local if local and not needs_ssh(h) else h.name, h.user, h.port)
 
     index = {key(h): i for i, h in enumerate(hosts)}
     return hosts, [index[key(e)] for e in entries]

@@ -17,7 +17,6 @@ from mpilaunch.plan import hosts as hostlib
 from mpilaunch.plan.hosts import Host, HostSyntaxError, shown
 from mpilaunch.plan.textfiles import read_text
 
-SOURCES = hostlib.ENVIRONMENT_SOURCES  # looked at in this order; the first one set (and not empty) is used
 MAX_HOSTS = 65536  # an expression such as node[0-999999999] is a mistake, not a cluster
 MAX_COUNT = 1_000_000  # as for slots in a hostfile
 _RANGE_RE = r"^([0-9]{1,12})(?:-([0-9]{1,12}))?$"  # ASCII digits only, never a huge int
@@ -31,6 +30,14 @@ def _is_count(text: str) -> bool:
 
 def _bad(var: str, value: str, problem: str) -> LaunchError:
     return LaunchError(f"{var}={shown(value)}: {problem}")
+
+
+def _host_name(name: str, where: str) -> str:
+    """name, if it is a valid host name; else a LaunchError that starts with where."""
+    try:
+        return hostlib.check_host_name(name)
+    except HostSyntaxError as exc:
+        raise LaunchError(f"{where}: {exc}") from None
 
 
 def _split_top(text: str, var: str) -> list[str]:
@@ -85,6 +92,7 @@ def expand_hostlist(value: str, var: str = "SLURM_JOB_NODELIST") -> list[str]:
     if not text:
         raise _bad(var, value, "no hosts")
     names: list[str] = []
+    where = f"{var}={shown(value)}"  # what a bad name's error starts with
     for item in _split_top(text, var):
         if not item:
             raise _bad(var, value, "empty host name")
@@ -101,12 +109,7 @@ def expand_hostlist(value: str, var: str = "SLURM_JOB_NODELIST") -> list[str]:
             total *= len(choices)
         if len(names) + total > MAX_HOSTS:
             raise _bad(var, value, f"more than {MAX_HOSTS} hosts")
-        for combo in itertools.product(*parts):
-            name = "".join(combo)
-            try:
-                names.append(hostlib.check_host_name(name))
-            except HostSyntaxError as exc:
-                raise _bad(var, value, str(exc)) from None
+        names.extend(_host_name("".join(combo), where) for combo in itertools.product(*parts))
     return names
 
 
@@ -160,11 +163,9 @@ def parse_lsf_hosts(value: str, var: str = "LSB_MCPU_HOSTS") -> list[Host]:
     if len(words) // 2 > MAX_HOSTS:
         raise _bad(var, value, f"more than {MAX_HOSTS} hosts")
     entries = []
+    where = f"{var}={shown(value)}"  # what a bad name's error starts with
     for name, count in zip(words[::2], words[1::2]):
-        try:
-            hostlib.check_host_name(name)
-        except HostSyntaxError as exc:
-            raise _bad(var, value, str(exc)) from None
+        _host_name(name, where)
         if not _is_count(count):
             problem = f"slot count of {shown(name)} must be a whole number from 1 to {MAX_COUNT}, not {shown(count)}"
             raise _bad(var, value, problem)
@@ -183,10 +184,7 @@ def parse_pe_hostfile(text: str, path: str, var: str = "PE_HOSTFILE") -> list[Ho
         where = f"{var}: {path}:{lineno}"
         if len(words) < 2:
             raise LaunchError(f"{where}: expected `host slots queue range`, not {shown(line)}")
-        try:
-            hostlib.check_host_name(words[0])
-        except HostSyntaxError as exc:
-            raise LaunchError(f"{where}: {exc}") from None
+        _host_name(words[0], where)
         if not _is_count(words[1]):
             problem = f"slot count must be a whole number from 1 to {MAX_COUNT}, not {shown(words[1])}"
             raise LaunchError(f"{where}: {problem}")
@@ -198,11 +196,16 @@ def parse_pe_hostfile(text: str, path: str, var: str = "PE_HOSTFILE") -> list[Ho
 
 def sge_nslots(env: Mapping[str, str]) -> int | None:
     """NSLOTS, the slots Grid Engine granted the job: its ranks when -n is not given, as mpirun."""
-    raw = env.get("NSLOTS", "").strip()
+    return _env_count(env, "NSLOTS", "expected the job's number of slots (a whole number, at least 1)")
+
+
+def _env_count(env: Mapping[str, str], var: str, expected: str) -> int | None:
+    """A count the variable var gives, None when it is not set; expected says what it must be."""
+    raw = env.get(var, "").strip()
     if not raw:
         return None
     if not _is_count(raw):
-        raise _bad("NSLOTS", raw, "expected the job's number of slots (a whole number, at least 1)")
+        raise _bad(var, raw, expected)
     return int(raw)
 
 
@@ -213,10 +216,7 @@ def parse_pbs_nodefile(text: str, path: str, var: str = "PBS_NODEFILE") -> list[
         name = line.strip()
         if not name:
             continue
-        try:
-            hostlib.check_host_name(name)
-        except HostSyntaxError as exc:
-            raise LaunchError(f"{var}: {path}:{lineno}: {exc}") from None
+        _host_name(name, f"{var}: {path}:{lineno}")
         counts[name] = counts.get(name, 0) + 1
     if not counts:
         raise LaunchError(f"{var}: {path}: no hosts in the node file")
@@ -240,33 +240,24 @@ def _hostfile(var: str, path: str) -> list[Host]:
 
 def mlp_np(env: Mapping[str, str]) -> int | None:
     """MLP_MPI_NP, the platform's number of ranks (the default -n with its hosts)."""
-    raw = env.get("MLP_MPI_NP", "").strip()
-    if not raw:
-        return None
-    if not _is_count(raw):
-        raise _bad("MLP_MPI_NP", raw, "expected a number of ranks (a whole number, at least 1)")
-    return int(raw)
+    return _env_count(env, "MLP_MPI_NP", "expected a number of ranks (a whole number, at least 1)")
 
 
 def from_environment(env: Mapping[str, str]) -> tuple[list[Host], str] | None:
-    """The first host source set in env, as (hosts, where they came from); None for none."""
-    if env.get("MLP_MPI_HOSTFILE"):
-        path = env["MLP_MPI_HOSTFILE"]
-        return _hostfile("MLP_MPI_HOSTFILE", path), f"MLP_MPI_HOSTFILE {path}"
-    if env.get("MLP_MPI_HOSTS"):
-        return parse_mlp_hosts(env["MLP_MPI_HOSTS"]), "MLP_MPI_HOSTS"
-    if env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"):
-        node_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
-        return slurm_hosts(env), f"Slurm allocation ({node_var})"
-    if env.get("PE_HOSTFILE"):
-        path = env["PE_HOSTFILE"]
-        return parse_pe_hostfile(_read_text(path, "PE_HOSTFILE"), path), f"Grid Engine job's PE_HOSTFILE {path}"
-    if env.get("PBS_NODEFILE"):
-        path = env["PBS_NODEFILE"]
-        return parse_pbs_nodefile(_read_text(path, "PBS_NODEFILE"), path), f"PBS_NODEFILE {path}"
-    if env.get("LSB_MCPU_HOSTS"):
-        return parse_lsf_hosts(env["LSB_MCPU_HOSTS"]), "LSB_MCPU_HOSTS"
-    if env.get("OMPI_MCA_orte_default_hostfile"):
-        path = env["OMPI_MCA_orte_default_hostfile"]
-        return _hostfile("OMPI_MCA_orte_default_hostfile", path), f"OMPI_MCA_orte_default_hostfile {path}"
-    return None
+    """The first host source set in env (hosts.ENVIRONMENT_SOURCES, in order), as (hosts, where
+    they came from); None for none."""
+    var = next((name for name in hostlib.ENVIRONMENT_SOURCES if env.get(name)), None)
+    if var is None:
+        return None
+    value = env[var]
+    if var in ("MLP_MPI_HOSTFILE", "OMPI_MCA_orte_default_hostfile"):
+        return _hostfile(var, value), f"{var} {value}"
+    if var == "MLP_MPI_HOSTS":
+        return parse_mlp_hosts(value), var
+    if var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        return slurm_hosts(env), f"Slurm allocation ({var})"
+    if var == "PE_HOSTFILE":
+        return parse_pe_hostfile(_read_text(value, var), value), f"Grid Engine job's PE_HOSTFILE {value}"
+    if var == "PBS_NODEFILE":
+        return parse_pbs_nodefile(_read_text(value, var), value), f"PBS_NODEFILE {value}"
+    return parse_lsf_hosts(value), var  # LSB_MCPU_HOSTS

@@ -269,10 +269,7 @@ def number_ranks(placed: list[tuple[int, int]], nhosts: int) -> list[Rank]:
     local_size = [0] * nhosts
     for _, host in placed:
         local_size[host] += 1
-    node_index: dict[int, int] = {}
-    for _, host in placed:
-        node_index.setdefault(host, len(node_index))
-    node_of = {h: n for n, h in enumerate(sorted(node_index))}
+    node_of = {h: n for n, h in enumerate(h for h in range(nhosts) if local_size[h])}  # used hosts, in order
     seen = [0] * nhosts
     ranks = []
     for rank, (app, host) in enumerate(placed):

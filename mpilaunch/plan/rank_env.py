@@ -30,13 +30,9 @@ _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # these two compiled by re on first use
 SECRET_NAME = r"(?i)TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL"
 
 
-def is_leaked(name: str) -> bool:
-    return name in LEAK_NAMES or name.startswith(LEAK_PREFIXES)
-
-
 def inherited(env: Mapping[str, str]) -> dict[str, str]:
     """The launcher's environment less an enclosing launcher's variables."""
-    return {k: v for k, v in env.items() if not is_leaked(k)}
+    return {k: v for k, v in env.items() if k not in LEAK_NAMES and not k.startswith(LEAK_PREFIXES)}
 
 
 def valid_env_name(name: str) -> bool:

@@ -77,15 +77,12 @@ def job_rank_table(
     """The rank table of job 1 and notes for the user (missing device IPs, an order HCCL may
     not accept). host_info[i] may hold "address" (server_id) and "hccn" (hostinfo.read_hccn)."""
     lists = job_device_lists(ranks, hosts, host_info, per_rank, user_device_lists(launcher_env, exports))
-    order: list[int] = []
-    devices: dict[int, list[Device]] = {}
+    devices: dict[int, list[Device]] = {}  # by host, the hosts in the order of their first rank
     for rank in sorted(ranks, key=lambda r: r.rank):
-        if rank.host not in devices:
-            order.append(rank.host)
-            devices[rank.host] = []
         device = physical_device(rank.local_rank, per_rank, lists[rank.host])
         ips = host_info.get(rank.host, {}).get("hccn", {}).get("addresses", {})
-        devices[rank.host].append((device, ips.get(device, ""), rank.rank))
+        devices.setdefault(rank.host, []).append((device, ips.get(device, ""), rank.rank))
+    order = list(devices)
     servers = [(str(host_info.get(h, {}).get("address") or hosts[h].name), devices[h]) for h in order]
     return build_rank_table(servers), rank_table_notes(servers, [hosts[h].name for h in order], host_info, order)
 

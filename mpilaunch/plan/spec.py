@@ -31,6 +31,7 @@ class TorchRun(Record):
     node_rank: int | None = None  # with nnodes: this launcher starts that node's ranks only (one launcher per node)
     endpoint: tuple[str, int] | None = None  # where the nodes' launchers meet (--rdzv-endpoint, --master-addr/port)
     min_nodes: int = 0  # --nnodes MIN:MAX's MIN (0: nnodes); with endpoint and no node_rank the meeting numbers nodes
+    nodes_asked: tuple[int, int] = (0, 0)  # --nnodes (MIN, MAX) with nowhere to meet: one launcher, the hosts' count
     last_call: float = 30.0  # c10d's last_call_timeout: the wait for more nodes once MIN joined
     join_timeout: float = 600.0  # c10d's join_timeout
     is_host: bool | None = None  # c10d's is_host: serve the meeting's store (None: if the endpoint is this machine)
@@ -43,6 +44,7 @@ class TorchRun(Record):
     redirects: tuple[tuple[int, int], ...] = ()  # (local rank or -1 for all, streams 1|2|3): to files only
     tee: tuple[tuple[int, int], ...] = ()  # ... to files and the console
     virtual_local_rank: bool = False  # LOCAL_RANK 0 and one GPU in CUDA_VISIBLE_DEVICES per rank (torchrun's)
+    agent_store: bool = True  # the ranks meet in the agent's store (False: rank 0's own, for a torch not served)
 
     def on_console(self, local_rank: int) -> int:
         """The streams (1 stdout, 2 stderr, as a mask) of this local rank the console shows."""
@@ -138,14 +140,14 @@ class Options(Record):
     in_slurm_step: bool = False  # with slurm: the launcher runs in a job step (sbatch), its node's agent is forked
     engine_starts_here: bool = False  # with sge: this machine's agent starts through qrsh too (not forked)
 
+    def mca_setting(self, key: str, default: str) -> str:
+        """The value of an -mca setting, stripped and lower-cased: the last one given, else default."""
+        return next((val for name, val in reversed(self.mca) if name == key), default).strip().lower()
+
     @property
     def abort_on_failure(self) -> bool:
         """Open MPI's orte_abort_on_non_zero_status; the last -mca setting wins."""
-        value = "1"
-        for key, val in self.mca:
-            if key == "orte_abort_on_non_zero_status":
-                value = val
-        return value.strip().lower() not in ("0", "false", "no", "off")
+        return self.mca_setting("orte_abort_on_non_zero_status", "1") not in ("0", "false", "no", "off")
 
 
 class JobSpec(Record):

@@ -8,7 +8,7 @@ from mpilaunch.protocol.messages import MPI4PY_HINT, UNKNOWN, PmiJob, PmixJob
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the early agent's guess (cli/pmix_guess.py) imports this before the fork
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from mpilaunch.plan.placement import Rank
     from mpilaunch.plan.spec import Options
@@ -86,23 +86,16 @@ def services(options: Options) -> tuple[str, ...]:
     return (pmi, "openmpi-guard")
 
 
-def pmi_job(
-    job: int,
-    ranks: Sequence[Rank],
-    universe: int,
-    job_id: str,
-    preput: Mapping[str, str] | None = None,
-    spawner: str | None = None,
-) -> PmiJob:
-    """A job as its PMI services see it: kvs_<MPILAUNCH_JOB_ID>_<job>, its size and mapping."""
+def pmi_job(job: int, ranks: Sequence[Rank], universe: int, job_id: str) -> PmiJob:
+    """A job as its PMI services see it: kvs_<MPILAUNCH_JOB_ID>_<job>, its size and mapping (a
+    spawned job's preput and spawner are set once it is planned: build.spawn_plan)."""
     return PmiJob(
         job=job,
         size=len(ranks),
         universe=universe,
         kvsname=f"kvs_{job_id}_{job}",
         mapping=process_mapping([r.node_rank for r in ranks]),
-        preput=dict(preput or {}),
-        spawner=spawner,
+        preput={},
     )
 
 

@@ -180,6 +180,7 @@ class Check(Record):
     heartbeat: float | None = None  # seconds of silence after which the launcher counts as gone
     probe: Probe | None = None
     families: bool = False  # say which MPI each program is linked with (host/mpi_family.py)
+    torch: bool = False  # say which torch each Python program would import (host/torch_release.py)
 
 
 class Put(Record):
@@ -206,9 +207,7 @@ class Launch(Record):
     bind_to: str = "none"
     cpus_per_rank: int = 1  # Open MPI's PE: each rank bound to this many of bind_to's groups
     store_port: int = 0  # host a TCPStore here on this port before the ranks start (torchrun's agent store)
-    store_host: str = (
-        ""  # the address its ranks reach it at (MASTER_ADDR): a loopback one is the only one it listens on
-    )
+    store_host: str = ""  # the address its ranks reach it at (MASTER_ADDR): if loopback, the only one it listens on
     report_bindings: bool = False
     drop_prefixes: tuple[str, ...] = ()  # variables of an enclosing launcher that must not reach the ranks
     drop_names: tuple[str, ...] = ()
@@ -379,6 +378,7 @@ class Checked(Record):
     port_free: bool | None  # None when no port was asked for
     info: dict[str, object] | None = None  # hostinfo.probe's answer
     families: dict[str, str] | None = None  # program -> "openmpi LIBRARY" or "mpich LIBRARY", when asked
+    torch: dict[str, str] | None = None  # program -> torch's __version__, when asked
 
 
 class PutDone(Record):
@@ -751,31 +751,25 @@ def _checker(annotation: str) -> Callable[[object, str], object]:
     return lambda value, where: _build(cls, value, where)
 
 
-def _int(value: object, where: str) -> object:
-    if type(value) is not int:
-        raise MessageError(f"{where}: expected an integer")
-    return value
+def _scalar(convert: type, expected: str, *types: type) -> Callable[[object, str], object]:
+    """A checker of a JSON scalar whose type is one of types (convert itself when none are given),
+    converted (an integer where a float is expected becomes one)."""
+    types = types or (convert,)
+
+    def check(value: object, where: str) -> object:
+        if type(value) not in types:
+            raise MessageError(f"{where}: expected {expected}")
+        return convert(value)
+
+    return check
 
 
-def _float(value: object, where: str) -> object:
-    if type(value) not in (int, float):
-        raise MessageError(f"{where}: expected a number")
-    return float(value)  # type: ignore[arg-type]
-
-
-def _str(value: object, where: str) -> object:
-    if type(value) is not str:
-        raise MessageError(f"{where}: expected a string")
-    return value
-
-
-def _bool(value: object, where: str) -> object:
-    if type(value) is not bool:
-        raise MessageError(f"{where}: expected true or false")
-    return value
-
-
-_SCALARS = {"int": _int, "float": _float, "str": _str, "bool": _bool}
+_SCALARS = {
+    "int": _scalar(int, "an integer"),
+    "float": _scalar(float, "a number", int, float),
+    "str": _scalar(str, "a string"),
+    "bool": _scalar(bool, "true or false"),
+}
 
 
 def catalogue() -> str:

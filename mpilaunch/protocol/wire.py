@@ -11,8 +11,9 @@ forwards what its children send wrapped in one, so every frame names its host of
 
 from __future__ import annotations
 
-import json
 import struct
+
+from mpilaunch.protocol import jsoncodec
 
 CONTROL, OUTPUT, STDIN, ROUTED = 0, 1, 2, 3
 STDOUT, STDERR = 1, 2
@@ -46,7 +47,7 @@ def past_marker(inbox: bytearray) -> bool:
 
 
 def control(op: str, **fields: object) -> bytes:
-    body = json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
+    body = jsoncodec.dumps({"op": op, **fields}).encode()
     return _HEAD.pack(len(body) + 1, CONTROL) + body
 
 
@@ -136,7 +137,7 @@ class Decoder:
 def _decode(kind: int, payload: memoryview) -> tuple[int, object]:
     if kind == CONTROL:
         try:
-            message = json.loads(bytes(payload))
+            message = jsoncodec.loads(bytes(payload).decode())
         except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise FrameError(f"bad control frame: {exc}") from None
         if not isinstance(message, dict) or not isinstance(message.get("op"), str):

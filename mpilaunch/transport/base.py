@@ -134,6 +134,7 @@ class Transport:
     (launcher/start/greeting.py). Failures are results, not exceptions: callers decide what they mean."""
 
     name = ""
+    start_blocks = False  # start returns once its connections are made (paramiko): refilled a few at a time
 
     def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         raise NotImplementedError

@@ -20,12 +20,14 @@ MIN_PYTHON = (3, 9)
 
 
 # Stage 2, sent over the channel: an in-memory importer for the bundled modules, which follow
-# as one more length-prefixed blob (marshal: a dict of strings and bytes, readable by any
-# Python 3), compressed (40% of the bytes to encrypt and send to every host). Where the
-# host's Python has our bytecode magic, modules load precompiled.
-# The importer is duck-typed, and the magic is importlib.util's, taken from where it is
-# defined: importing importlib.abc and importlib.util would put typing, contextlib and more
-# on every agent's start (docs/performance.md, "Start-up tricks").
+# as one more length-prefixed blob (marshal: a dict of bytes, readable by any Python 3), each
+# module's code and source compressed on its own, so an agent decompresses only what it
+# imports (about half of the code for a plain job). Where the host's Python has our bytecode
+# magic, modules load precompiled.
+# The importer is duck-typed, and ModuleSpec and the magic are taken from the import system's
+# own modules, loaded in every Python: importing importlib.abc and importlib.util would put
+# typing, contextlib and more on every agent's start, importlib itself `warnings`
+# (docs/performance.md, "Start-up tricks").
 # The agent gets this payload back (stage 2 is in the bundle): as a relay of tree spawn it
 # starts agents on other hosts with the very code it runs. A finished agent leaves with os._exit:
 # the interpreter's teardown would only delay the end of the job (srun, ssh wait for it).
@@ -34,16 +36,17 @@ if sys.version_info < MIN_PYTHON:
     sys.stderr.write("mpilaunch: the agent needs Python %d.%d or newer; this host runs %s\\n"
                      % (MIN_PYTHON + (sys.version.split()[0],)))
     raise SystemExit(4)
-import importlib.machinery, marshal, zlib
-from importlib._bootstrap_external import MAGIC_NUMBER
+import marshal, zlib
+ModuleSpec = sys.modules["_frozen_importlib"].ModuleSpec
+MAGIC_NUMBER = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
 PACKED = r(int(r(10)))
-BUNDLE = marshal.loads(zlib.decompress(PACKED))
+BUNDLE = marshal.loads(PACKED)
 SAME = BUNDLE["magic"] == MAGIC_NUMBER
 
 class BundleImporter:
     def find_spec(self, name, path=None, target=None):
         if name in BUNDLE["modules"]:
-            return importlib.machinery.ModuleSpec(name, self, is_package=BUNDLE["modules"][name][0])
+            return ModuleSpec(name, self, is_package=BUNDLE["modules"][name][0])
         return None
 
     def create_module(self, spec):
@@ -53,7 +56,10 @@ class BundleImporter:
         is_package, source, code = BUNDLE["modules"][module.__name__]
         if is_package:
             module.__path__ = []
-        code = marshal.loads(code) if SAME else compile(source, "<mpilaunch>/" + module.__name__, "exec")
+        if SAME:
+            code = marshal.loads(zlib.decompress(code))
+        else:
+            code = compile(zlib.decompress(source).decode(), "<mpilaunch>/" + module.__name__, "exec")
         exec(code, module.__dict__)
 
 sys.meta_path.insert(0, BundleImporter())
@@ -66,8 +72,9 @@ os._exit(status)
 """
 
 
-def _agent_modules() -> dict[str, tuple[bool, str, bytes]]:
-    """Every module the agent may import, by name: (is a package, source, marshalled code).
+def _agent_modules() -> dict[str, tuple[bool, bytes, bytes]]:
+    """Every module the agent may import, by name: (is a package, source, marshalled code), the
+    last two compressed.
     The code comes from the package's own loader, so an installed mpilaunch ships its cached
     bytecode instead of compiling the agent again at every launch."""
     modules = {}
@@ -77,7 +84,8 @@ def _agent_modules() -> dict[str, tuple[bool, str, bytes]]:
         loader = spec.loader
         code = loader.get_code(name)  # type: ignore[attr-defined]
         source = loader.get_source(name)  # type: ignore[attr-defined]
-        modules[name] = (spec.submodule_search_locations is not None, source, marshal.dumps(code))
+        packed = (zlib.compress(source.encode()), zlib.compress(marshal.dumps(code)))
+        modules[name] = (spec.submodule_search_locations is not None, *packed)
     return modules
 
 
@@ -153,12 +161,12 @@ def _whole(payload: bytes) -> bool:
 
 def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
     """(the key of this code's payload, where it is kept): the key covers every shipped file's
-    path, size and change time, the bytecode magic and this format."""
+    path, size and change time (and this file's: stage 2), the bytecode magic and this format."""
     import hashlib
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest = hashlib.sha1(b"payload 2" + magic)  # 2: key, the payload's digest, the payload
-    for name in shipped_modules():
+    digest = hashlib.sha1(b"payload 3" + magic)  # 3: modules compressed one by one
+    for name in [*shipped_modules(), "mpilaunch.transport.bootstrap"]:  # the last: stage 2
         path = os.path.join(package, *name.split(".")[1:])
         path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
         try:
@@ -175,7 +183,7 @@ def _cache_file(magic: bytes) -> tuple[bytes, str | None]:
 
 def _build_payload(magic: bytes) -> bytes:
     stage2 = f"MIN_PYTHON = {MIN_PYTHON!r}\n{LOADER}"
-    bundle = zlib.compress(marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2}))
+    bundle = marshal.dumps({"magic": magic, "modules": _agent_modules(), "stage2": stage2})
     return _blob(stage2.encode()) + _blob(bundle)
 
 

@@ -19,8 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 
-from mpilaunch.transport.base import Link
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, ping_from_thread
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, reap
 
 LOST_SETTLE = 0.5  # seconds a lost link waits for its carrier to end, to say why it was lost
 
@@ -42,13 +41,7 @@ class Carrier:
 
     def poll(self) -> int | None:
         if self.status is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.status = -1
-            else:
-                if pid:
-                    self.status = os.waitstatus_to_exitcode(status)
+            self.status = reap(self.pid, 0)
         return self.status
 
     def end(self, grace: float) -> None:
@@ -61,16 +54,20 @@ class Carrier:
         status = self.poll()
         return f"{self.program} exited with status {status}" if status is not None else ""
 
+    def missing(self, within: float, before: str) -> str:
+        """Why an agent it started did not connect back: it exited (`exited`, then `before`), or
+        the wait of `within` seconds ended."""
+        exited = self.exited()
+        return f"{exited}{before}" if exited else f"the agent did not connect back within {within:g} s"
 
-class BackLink(Link):
+
+class BackLink(RemoteLink):
     """An agent on its TCP connection back to the launcher."""
 
     def __init__(self, name: str, sock: socket.socket, carrier: Carrier) -> None:
         super().__init__(name)
         self.sock = sock
         self.carrier = carrier
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._in = sock.fileno()
         self._out = os.dup(sock.fileno())  # the greeting watches reading and writing apart
         with carrier.lock:
@@ -93,9 +90,6 @@ class BackLink(Link):
     def last_words(self) -> str:
         exited = self.carrier.exited()
         return f"{exited} before the agent answered" if exited else ""
-
-    def reap(self, within: float | None) -> int | None:
-        return self.carrier.poll()
 
     def lost_because(self) -> str:
         """The carrier's end, when that is why: it ends a moment before its agent's link does (a
@@ -120,15 +114,9 @@ class BackLink(Link):
         except OSError:
             return b""
 
-    def readable(self) -> bool:
-        return bool(self.unread) or bool(select.select([self._out], [], [], 0)[0])
-
     def send(self, frame: bytes) -> None:
         with self._lock:
             self.sock.sendall(frame)
-
-    def ping_every(self, interval: float, frame: bytes) -> None:
-        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         """The agent reads the end of its link and stops its ranks."""
@@ -232,7 +220,7 @@ def send_away(sock: socket.socket) -> None:
 
 def end_group(pid: int, grace: float) -> int:
     """Wait up to grace for a carrier to leave; then SIGTERM its group, then SIGKILL. Its exit
-    status (-1 when it was not our child). Polled every 2 ms: the end of every job waits for it."""
+    status (-1 when it was not our child)."""
     import signal
 
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
@@ -241,18 +229,7 @@ def end_group(pid: int, grace: float) -> int:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        deadline = time.monotonic() + grace
-        while True:
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return -1
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)
-    try:
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    except ChildProcessError:
-        return -1
+        status = reap(pid, grace)
+        if status is not None:
+            return status
+    return reap(pid, None)  # type: ignore[return-value]  # waited for: never None

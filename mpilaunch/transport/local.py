@@ -159,6 +159,9 @@ def _fork_agent(pmix_guess: Callable[[], tuple[str | None, str | None] | None] |
     if pid == 0:  # the agent
         status = 1
         try:
+            import _signal
+
+            _signal.set_wakeup_fd(-1)  # the launcher's signal pipe closes below, and its number is reused
             ours.close()
             keep = theirs.fileno()  # no other descriptor of the launcher (an SSH connection) stays open here
             os.closerange(3, keep)

@@ -14,20 +14,17 @@ it and greets the agent (launcher/start/greeting.py).
 from __future__ import annotations
 
 import os
-import select
 import signal
-import threading
-import time
 from collections.abc import Mapping
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.host import spawn
 from mpilaunch.host.sshcmd import is_ssh, ssh_argv, ssh_options, ssh_version
 from mpilaunch.plan.hosts import Host
-from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
+from mpilaunch.transport.base import HostResult, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh_steps import failed_step, host_key_hint, resolved
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, SshOptions, reap, show_agent_lines
 
 READ_SIZE = 1 << 18
 REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream ended
@@ -35,11 +32,7 @@ REAP_GRACE = 2.0  # seconds an ssh client gets to leave after its agent's stream
 DROPPED = ("kex_exchange_identification", "Connection reset by", "Connection closed by")
 
 
-def _dropped(why: str) -> bool:
-    return any(words in why for words in DROPPED)
-
-
-class OpensshLink(Link):
+class OpensshLink(RemoteLink):
     """A remote agent behind an `ssh` client process that this launcher started."""
 
     def __init__(self, name: str, started: spawn.Started, openssh: bool = True) -> None:
@@ -50,8 +43,6 @@ class OpensshLink(Link):
         self.reached = False  # the remote command wrote: the connection was made and authenticated
         self.ended = False  # its stdout ended
         self.stderr_text = bytearray()  # ssh's and the agent's own messages
-        self._lock = threading.Lock()  # pings from a thread and frames from the loop never interleave
-        self._stop = threading.Event()
         self._out = started.stdout
         self._err: int = started.stderr  # type: ignore[assignment]
         self._in: int = started.stdin  # type: ignore[assignment]
@@ -145,17 +136,11 @@ class OpensshLink(Link):
         said = bytes(self.stderr_text).decode(errors="replace")
         return failed_step(status, said, self.reached, self.openssh)
 
-    def readable(self) -> bool:
-        return bool(self.unread) or bool(select.select([self._out], [], [], 0)[0])
-
     def send(self, frame: bytes) -> None:
         with self._lock:
             view = memoryview(frame)
             while view:
                 view = view[os.write(self._in, view) :]
-
-    def ping_every(self, interval: float, frame: bytes) -> None:
-        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         """End of our side: the agent reads the end of its stdin and stops its ranks."""
@@ -180,19 +165,8 @@ class OpensshLink(Link):
     def reap(self, within: float | None) -> int | None:
         """The client's exit status once it has left (waiting up to within seconds; None: for
         as long as it takes), or None if it is still running."""
-        deadline = None if within is None else time.monotonic() + within
-        while self.status is None:
-            try:
-                pid, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
-            except ChildProcessError:
-                self.status = -1
-                break
-            if pid:
-                self.status = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() >= deadline:  # type: ignore[operator]
-                return None
-            time.sleep(0.002)  # the client leaves a moment after its agent: the job's end waits on this
+        if self.status is None:
+            self.status = reap(self.pid, within)  # the client leaves a moment after its agent
         return self.status
 
 
@@ -242,10 +216,10 @@ class OpensshTransport(Transport):
 
     def __init__(self, options: SshOptions) -> None:
         self.options = options
-        self._ssh_options: list[str] = []  # ssh's command line up to the host, once started (OpenSSH's only)
+        self._command: tuple[bool, list[str]] | None = None  # (OpenSSH's?, options up to the host), once started
 
     def retry(self, error: TransportError) -> bool:
-        return _dropped(str(error))
+        return any(words in str(error) for words in DROPPED)
 
     def addresses(self, hosts: Mapping[int, Host], results: Mapping[int, HostResult]) -> None:
         """Each host's address as ssh reaches it, user@address:port: user and port from `ssh -G`
@@ -253,9 +227,9 @@ class OpensshTransport(Transport):
         (SSH_CONNECTION), else the HostName resolved here as ssh resolves it (not behind a
         ProxyJump or ProxyCommand, whose hop resolves it: then the name). For `mpilaunch check`
         only: a job does not pay for the `ssh -G` runs."""
-        if not self._ssh_options:
-            return  # not OpenSSH's ssh: only what its agents say
-        for index, settings in _ssh_settings(self._ssh_options, hosts).items():
+        if self._command is None or not self._command[0]:
+            return  # not started, or not OpenSSH's ssh: only what its agents say
+        for index, settings in _ssh_settings(self._command[1], hosts).items():
             result = results[index]
             hello = result.link.hello if result.link is not None else None
             hostname = settings.get("hostname", hosts[index].name)
@@ -266,6 +240,21 @@ class OpensshTransport(Transport):
                 reached = resolved(hostname, port, settings.get("addressfamily", "any"))
             result.address = f"{settings.get('user', '?')}@{reached or hostname}:{port}"
 
+    def _command_line(self, env: dict[str, str]) -> tuple[bool, list[str]]:
+        """Whether the client is OpenSSH's, and its options up to the host: asked once (`ssh
+        -V`), not at every start of the window's next hosts."""
+        if self._command is None:
+            spec = self.options.spec()
+            openssh = is_ssh(spec)
+            version = ssh_version(env, spec.command[0] if spec.command else "ssh") if openssh else (0, 0)
+            if openssh and version == (0, 0):
+                raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
+            base = ssh_options(spec, version)
+            if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
+                base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
+            self._command = (openssh, base)
+        return self._command
+
     def start(self, hosts: Mapping[int, Host]) -> dict[int, HostResult]:
         if not hosts:
             return {}
@@ -273,15 +262,7 @@ class OpensshTransport(Transport):
         if options.config and not os.path.isfile(options.config):
             raise LaunchError(f"--ssh-config {options.config}: cannot read: no such file")
         env = dict(os.environ)
-        spec = options.spec()
-        openssh = is_ssh(spec)
-        version = ssh_version(env, spec.command[0] if spec.command else "ssh") if openssh else (0, 0)
-        if openssh and version == (0, 0):
-            raise LaunchError("--ssh-client openssh: no OpenSSH `ssh` client found on PATH")
-        base = ssh_options(spec, version)
-        if openssh:  # after the user's arguments: ssh takes an option's first value, so theirs wins
-            base += ["-o", f"ConnectTimeout={int(CONNECT_TIMEOUT)}"]
-            self._ssh_options = base
+        openssh, base = self._command_line(env)
         command = agent_command(options.python)
         payload = agent_payload()
         results = {index: HostResult(index) for index in sorted(hosts)}
@@ -294,7 +275,7 @@ class OpensshTransport(Transport):
             for index in sorted(hosts):
                 host = hosts[index]
                 if not openssh and (host.user or host.port):
-                    why = f"{spec.command[0]} is not ssh: it takes no user or port (give them to it yourself)"
+                    why = f"{base[0]} is not ssh: it takes no user or port (give them to it yourself)"
                     results[index].error = TransportError("connect", why)
                     continue
                 argv = ssh_argv(base, host.name, host.user, host.port, command, openssh)

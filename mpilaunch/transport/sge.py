@@ -30,6 +30,7 @@ from mpilaunch.transport.stage1 import SECRET_VAR, connect_back_line
 
 ACCEPT_TIMEOUT = 60.0  # seconds for every qrsh to start its task and each agent to connect back
 OUTPUT_KEPT = 4096  # bytes of qrsh's output read for its last words
+MISSING = " (before its agent connected back)"  # after `qrsh exited with status 1: its last line`
 
 
 class Qrsh(Carrier):
@@ -46,19 +47,15 @@ class Qrsh(Carrier):
         self.output = output
 
     def exited(self) -> str:
+        """`qrsh exited with status 1`, then qrsh's (or the task's) last non-empty line of output."""
         exited = super().exited()
-        last = self.last_line()
-        return f"{exited}: {last}" if exited and last else exited
-
-    def last_line(self) -> str:
-        """qrsh's (or the task's) last non-empty line of output."""
         try:
             size = os.fstat(self.output).st_size
             data = os.pread(self.output, OUTPUT_KEPT, max(0, size - OUTPUT_KEPT))
         except OSError:
-            return ""
+            return exited
         lines = [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
-        return lines[-1] if lines else ""
+        return f"{exited}: {lines[-1]}" if exited and lines else exited
 
     def end(self, grace: float) -> None:
         super().end(grace)
@@ -165,7 +162,7 @@ class SgeTransport(Transport):
         for token, carrier in carriers.items():
             index = int(token)
             if token not in joined:
-                results[index].error = TransportError("agent", _missing(carrier))
+                results[index].error = TransportError("agent", carrier.missing(ACCEPT_TIMEOUT, MISSING))
                 carrier.end(0.5)
                 continue
             sock, rest = joined[token]
@@ -180,10 +177,3 @@ class SgeTransport(Transport):
 def _all_gone(carriers: Mapping[str, Qrsh], joined: Mapping[str, object]) -> bool:
     """Every qrsh whose agent has not connected back has left: nobody else will."""
     return all(carrier.poll() is not None for token, carrier in carriers.items() if token not in joined)
-
-
-def _missing(carrier: Qrsh) -> str:
-    exited = carrier.exited()
-    if exited:
-        return f"{exited} (before its agent connected back)"
-    return f"the agent did not connect back within {ACCEPT_TIMEOUT:g} s"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Mapping
 
 from mpilaunch.plan.hosts import Host
@@ -22,6 +23,7 @@ from mpilaunch.transport.slurm_step import StartedStep, claim_started_step, star
 from mpilaunch.transport.sshcommon import SshOptions
 
 ACCEPT_TIMEOUT = 60.0  # seconds for srun to start every node's agent and for each to connect back
+MISSING = " before this node's agent connected back"  # after `srun exited with status 1`
 
 
 class Step(Carrier):
@@ -51,14 +53,17 @@ class SlurmTransport(Transport):
             started = None
         if started is None:
             names = [hosts[i].name for i in sorted(hosts)]
-            started = start_step(names, os.environ, self.options.python or _python())
+            started = start_step(names, os.environ, self.options.python or sys.executable)
         listener = socket.socket(fileno=started.listener.detach())
         secret, expected = started.secret, started.nodes
         step = Step(started.pid)
         agent_payload()  # read (or built) while Slurm starts the step, not after the agents connect
         results = {index: HostResult(index) for index in hosts}
         try:
-            joined = _accept(listener, by_name, secret, step, expected)
+            # agents of nodes the job does not use are sent away; srun leaving early ends the wait
+            joined = accept_agents(
+                listener, by_name, secret, expected, lambda _: step.poll() is not None, ACCEPT_TIMEOUT
+            )
         except BaseException:
             listener.close()
             step.end(0.5)
@@ -66,7 +71,7 @@ class SlurmTransport(Transport):
         listener.close()  # exactly the expected agents: no other connection is taken
         for name, index in by_name.items():
             if name not in joined:
-                results[index].error = TransportError("agent", _missing(step))
+                results[index].error = TransportError("agent", step.missing(ACCEPT_TIMEOUT, MISSING))
         payload = agent_payload()
         for name, (sock, rest) in joined.items():
             link = BackLink(name, sock, step)
@@ -75,33 +80,6 @@ class SlurmTransport(Transport):
             results[by_name[name]].address = f"slurm:{name}"
             results[by_name[name]].link = link
         return results
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
-
-
-def _missing(step: Step) -> str:
-    exited = step.exited()
-    if exited:
-        return f"{exited} before this node's agent connected back"
-    return f"the agent did not connect back within {ACCEPT_TIMEOUT:g} s"
-
-
-def _accept(
-    listener: socket.socket,
-    by_name: Mapping[str, int],
-    secret: str,
-    step: Step,
-    expected: int,
-    within: float = ACCEPT_TIMEOUT,
-) -> dict[str, tuple[socket.socket, bytes]]:
-    """One connection per node of the step, `expected` in all; an agent of a node the job does
-    not use (a step started over the whole allocation) is sent away; srun leaving early, or the
-    deadline, ends the wait."""
-    return accept_agents(listener, by_name, secret, expected, lambda joined: step.poll() is not None, within)
 
 
 def discard_early_step() -> None:
@@ -118,7 +96,7 @@ def send_away(early: StartedStep, within: float = 10.0) -> None:
     listener = socket.socket(fileno=early.listener.detach())
     step = Step(early.pid)
     try:
-        _accept(listener, {}, early.secret, step, early.nodes, within)
+        accept_agents(listener, {}, early.secret, early.nodes, lambda _: step.poll() is not None, within)
     finally:
         listener.close()
         step.end(step.grace)

@@ -22,10 +22,10 @@ from types import ModuleType
 
 from mpilaunch.plan.hosts import Host, HostSyntaxError, check_host_name, check_user_name
 from mpilaunch.protocol.record import Record
-from mpilaunch.transport.base import HostResult, Link, Transport, TransportError
+from mpilaunch.transport.base import HostResult, Transport, TransportError
 from mpilaunch.transport.bootstrap import agent_command, agent_payload
 from mpilaunch.transport.ssh_steps import resolved
-from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, SshOptions, ping_from_thread, show_agent_lines
+from mpilaunch.transport.sshcommon import CONNECT_TIMEOUT, RemoteLink, SshOptions, show_agent_lines, ssh_on_path
 from mpilaunch.transport.sshconfig import not_honoured
 
 TYPE_CHECKING = False
@@ -85,17 +85,8 @@ def load_config(path: str | None) -> Callable[[str], dict]:
     paramiko's parser with Include expanded (transport/sshconfig.py)."""
     from mpilaunch.transport.sshconfig import resolver
 
-    ssh = _ssh_binary()
+    ssh = ssh_on_path()
     return resolver(path, ssh, None if ssh else import_paramiko())
-
-
-def _ssh_binary() -> str | None:
-    from mpilaunch.host.programs import find_program
-
-    try:
-        return find_program("ssh", {"PATH": os.environ.get("PATH", os.defpath)})
-    except OSError:
-        return None
 
 
 def ssh_target(name: str, user: str | None, port: int | None, config: Callable[[str], dict]) -> SshTarget:
@@ -303,24 +294,24 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
         client = _client_for(target, options.accept_new)
         started = time.monotonic()
         try:
-            client.connect(
-                target.hostname,
-                port=target.port,
-                username=target.user,
-                key_filename=list(target.identity_files) or None,
-                look_for_keys=not target.identities_only,
-                allow_agent=not target.identities_only,
-                timeout=target.timeout,
-                banner_timeout=target.timeout,
-                auth_timeout=target.timeout,
-                sock=sock,
-            )
+            try:
+                client.connect(
+                    target.hostname,
+                    port=target.port,
+                    username=target.user,
+                    key_filename=list(target.identity_files) or None,
+                    look_for_keys=not target.identities_only,
+                    allow_agent=not target.identities_only,
+                    timeout=target.timeout,
+                    banner_timeout=target.timeout,
+                    auth_timeout=target.timeout,
+                    sock=sock,
+                )
+            except BaseException:  # a client that did not connect is closed, whatever the reason
+                client.close()
+                raise
             return client
-        except TransportError:
-            client.close()
-            raise
         except paramiko.BadHostKeyException as exc:
-            client.close()
             raise TransportError(
                 "host key",
                 f"host key of {target.name} ({target.key_name}) has CHANGED: it offers {fingerprint(exc.key)}, "
@@ -328,20 +319,15 @@ def connect_client(target: SshTarget, options: SshOptions, sock: paramiko.Channe
                 f"old key with: ssh-keygen -R '{target.key_name}'{known_hosts_option(target)}",
             ) from None
         except paramiko.AuthenticationException as exc:
-            client.close()
             raise TransportError("auth", f"authentication as {target.user} failed: {exc}") from None
         except socket.gaierror:
-            client.close()
             raise TransportError("resolve", f"cannot resolve {target.hostname!r}") from None
         except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
-            client.close()
             raise TransportError("connect", f"connection refused by {target.hostname}:{target.port}") from None
         except (socket.timeout, TimeoutError):
-            client.close()
             where = f"{target.hostname}:{target.port}"
             raise TransportError("connect", f"no answer from {where} in {target.timeout:g} s") from None
         except (paramiko.SSHException, EOFError, ConnectionResetError, OSError) as exc:
-            client.close()
             waited = time.monotonic() - started
             if waited >= target.timeout * 0.8:  # it accepted TCP but never spoke SSH
                 raise TransportError(
@@ -383,7 +369,7 @@ def open_connection(
         raise
 
 
-class SshLink(Link):
+class SshLink(RemoteLink):
     """A connected agent on a remote host, over a paramiko channel."""
 
     patience = CONNECT_TIMEOUT * 2
@@ -395,8 +381,6 @@ class SshLink(Link):
         self.jumps = jumps if jumps is not None else []
         self._err = bytearray()
         self._said = bytearray()  # stderr before the greeting: the host's error line takes it
-        self._lock = threading.Lock()  # frames from two threads never interleave
-        self._stop = threading.Event()
 
     def fileno(self) -> int:
         return self.chan.fileno()  # type: ignore[attr-defined]
@@ -406,9 +390,8 @@ class SshLink(Link):
         if self.unread:
             data, self.unread = self.unread, b""
             return data
+        self.read_diagnostics()
         chan = self.chan
-        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
-            self._stderr(chan.recv_stderr(1 << 16))  # type: ignore[attr-defined]
         if chan.recv_ready():  # type: ignore[attr-defined]
             return chan.recv(1 << 18)  # type: ignore[attr-defined]
         if chan.closed or chan.eof_received:  # type: ignore[attr-defined]
@@ -438,15 +421,14 @@ class SshLink(Link):
         return f"the agent did not start: {last[-1] if last else f'it exited with status {status}'}"
 
     def readable(self) -> bool:
+        """What start-up left unread, or data, diagnostics or the end waiting on the channel."""
         chan = self.chan
-        return chan.recv_ready() or chan.recv_stderr_ready() or chan.closed or chan.eof_received  # type: ignore[attr-defined]
+        ready = chan.recv_ready() or chan.recv_stderr_ready()  # type: ignore[attr-defined]
+        return bool(self.unread) or ready or chan.closed or chan.eof_received  # type: ignore[attr-defined]
 
     def send(self, frame: bytes) -> None:
         with self._lock:
             self.chan.sendall(frame)  # type: ignore[attr-defined]
-
-    def ping_every(self, interval: float, frame: bytes) -> None:
-        ping_from_thread(self.name, self.send, self._stop, interval, frame)
 
     def close(self) -> None:
         self._stop.set()
@@ -494,6 +476,7 @@ class ParamikoTransport(Transport):
     """One paramiko connection per host, opened in parallel under a cap, from threads."""
 
     name = "paramiko"
+    start_blocks = True  # each start connects its hosts in threads and waits for them
 
     def __init__(self, options: SshOptions) -> None:
         self.options = options

@@ -20,29 +20,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 MAX_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
-# Directive (as `ssh -G` names it) -> the value that means "not used"; any other value is not
-# honoured by the paramiko client.
+# Directive (as ssh_config spells it; `ssh -G` names it in lower case) -> the value that means
+# "not used"; any other value is not honoured by the paramiko client.
 NOT_HONOURED = {
-    "proxycommand": "none",
-    "controlmaster": "false",
-    "certificatefile": None,
-    "pkcs11provider": "none",
-    "hostkeyalias": None,
-    "localforward": None,
-    "remoteforward": None,
-    "dynamicforward": None,
-    "localcommand": None,
-}
-SPELLED = {
-    "proxycommand": "ProxyCommand",
-    "controlmaster": "ControlMaster",
-    "certificatefile": "CertificateFile",
-    "pkcs11provider": "PKCS11Provider",
-    "hostkeyalias": "HostKeyAlias",
-    "localforward": "LocalForward",
-    "remoteforward": "RemoteForward",
-    "dynamicforward": "DynamicForward",
-    "localcommand": "LocalCommand",
+    "ProxyCommand": "none",
+    "ControlMaster": "false",
+    "CertificateFile": None,
+    "PKCS11Provider": "none",
+    "HostKeyAlias": None,
+    "LocalForward": None,
+    "RemoteForward": None,
+    "DynamicForward": None,
+    "LocalCommand": None,
 }
 
 
@@ -85,10 +74,9 @@ def parse_dump(text: str) -> dict:
         else:
             settings[key] = value
     settings["identityfile"] = [f for f in settings["identityfile"] if os.path.isfile(os.path.expanduser(f))]
-    if settings.get("connecttimeout", "none") == "none":
-        settings.pop("connecttimeout", None)
-    if settings.get("proxyjump", "none") == "none":
-        settings.pop("proxyjump", None)
+    for key in ("connecttimeout", "proxyjump"):
+        if settings.get(key, "none") == "none":
+            settings.pop(key, None)
     strict = settings.get("stricthostkeychecking")
     if strict in ("true", "false"):
         settings["stricthostkeychecking"] = "yes" if strict == "true" else "no"
@@ -98,10 +86,10 @@ def parse_dump(text: str) -> dict:
 def not_honoured(settings: dict) -> list[str]:
     """The directives of these settings the paramiko client ignores, as ssh_config spells them."""
     found = []
-    for key, unused in NOT_HONOURED.items():
-        value = settings.get(key)
+    for directive, unused in NOT_HONOURED.items():
+        value = settings.get(directive.lower())
         if value and value != unused and value != [] and str(value).lower() not in ("no", "none", "false"):
-            found.append(SPELLED[key])
+            found.append(directive)
     return found
 
 

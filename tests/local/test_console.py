@@ -34,6 +34,14 @@ def _stalled_run(launcher: Launcher, *args: str) -> tuple[subprocess.Popen, int]
     return proc, read_end
 
 
+def _wait_for_lines(logs: list[Path], lines: int, within: float = 60) -> None:
+    """Until each log holds `lines` lines of tests/ranks/writer.py's (69 bytes each)."""
+    deadline = time.monotonic() + within
+    while not all(log.exists() and log.stat().st_size > lines * 69 for log in logs):
+        assert time.monotonic() < deadline, [log.stat().st_size if log.exists() else None for log in logs]
+        time.sleep(0.05)
+
+
 def _lines_in_order(path: Path, rank: int) -> int:
     """Every line of a rank's log whole and in order (a cut last line allowed: the rank was
     killed mid-write); the number of whole lines."""
@@ -49,7 +57,8 @@ def _lines_in_order(path: Path, rank: int) -> int:
 def test_a_signal_is_acted_on_while_the_console_does_not_read(launcher: Launcher, tmp_path: Path, sig: int) -> None:
     proc, read_end = _stalled_run(launcher, "-n", "2", "--output-filename", "out", PY, WRITER, FLOOD)
     try:
-        time.sleep(2.0)  # the pipe (64 KiB) filled long ago, and the 4 MiB backlog too
+        logs = [tmp_path / "out" / "1" / f"rank.{rank}" / "stdout" for rank in range(2)]
+        _wait_for_lines(logs, 100_001)  # far past the pipe (64 KiB) and the 4 MiB backlog
         assert proc.poll() is None
         sent = time.monotonic()
         proc.send_signal(sig)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Launcher, write_script
+from tests.smalldisk import fill, small_tmpfs
 
 PY = sys.executable
 PRIVATE_DEV = """
@@ -63,15 +64,8 @@ def private_dev() -> None:
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A small tmpfs of the test's own, where device nodes may be made (mounted in this
     namespace, so that the launcher's agents and the bed's hosts see it too)."""
-    where = tmp_path / "fs"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "fs", "1m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 def kind(path: Path | str) -> tuple[str, int, int]:
@@ -340,18 +334,6 @@ def test_a_fifo_at_a_hydra_pattern_file_is_refused(launcher: Launcher, tmp_path:
 
 
 # -- what the launcher reads and the files it makes besides a run's (issue 35) ----------------------
-def fill(path: Path) -> None:
-    """Write zeros to path until its file system is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, bytes(4096))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 REPORT = {"mpilaunch": "0.1.0", "schema": 1, "outcome": "success", "exit_status": 0, "ranks": []}
 
 

@@ -84,7 +84,10 @@ def _with_program(args: list[str], program: list[str]) -> list[str]:
 def _hydra_map(args: list[str], tmp_path: Path) -> list[str]:
     """rank:host of each rank as hydra places them (its fork launcher: nothing leaves this machine)."""
     words = _with_program(args, ["sh", "-c", "echo $PMI_RANK $PMI_HOSTNAME"])
-    proc = subprocess.run([str(HYDRA), "-launcher", "fork", *words], capture_output=True, text=True, timeout=60)
+    for _ in range(3):  # hydra itself dies of a SIGPIPE now and then on a busy machine: its trouble, not the map's
+        proc = subprocess.run([str(HYDRA), "-launcher", "fork", *words], capture_output=True, text=True, timeout=60)
+        if proc.returncode >= 0:
+            break
     assert proc.returncode == 0, proc.stderr
     pairs = sorted((int(rank), host) for rank, host in (line.split() for line in proc.stdout.splitlines()))
     return [f"{rank}:{host}" for rank, host in pairs]

@@ -38,12 +38,16 @@ TRIED = [s for s in TERMINATE if s not in NOT_CAUGHT] + ["SIGRTMIN", "SIGRTMIN+3
 assert len(set(TRIED)) == len(TRIED)
 RANK = """
 import os, signal, time
+got = []
 def said(signum, frame):
     print(f"rank {os.environ['RANK']} got {signal.Signals(signum).name}", flush=True)
+    got.append(signum)
 for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
     signal.signal(sig, said)
 print("up", flush=True)
-time.sleep(20)
+end = time.monotonic() + 20
+while not got and time.monotonic() < end:  # a forwarded signal ends the rank's wait, and it exits 0
+    time.sleep(0.05)
 """
 
 

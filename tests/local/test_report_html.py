@@ -105,9 +105,11 @@ def test_the_page_of_a_failed_job_in_chromium(launcher: Launcher, tmp_path: Path
     assert "rank 3 on node1 failed: exit 3" in standout and "rank 6 on node2 ran" in standout
 
     shot = tmp_path / "shot.png"
-    chromium(launcher, tmp_path, f"--screenshot={shot}", "--window-size=1200,900", page_file.as_uri())
+    chromium(
+        launcher, tmp_path, f"--screenshot={shot}", "--window-size=1200,1400", page_file.as_uri()
+    )  # the whole table, whatever the command's wrapping
     picture = shot.read_bytes()
-    assert png_size(picture) == (1200, 900)
+    assert png_size(picture) == (1200, 1400)
     colours = png_colours(picture)
     for colour in (GREEN, RED, ORANGE):  # the bars, not only the legend's 14x10 swatches
         assert colours.get(colour, 0) > 1000, colour

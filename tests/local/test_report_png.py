@@ -42,9 +42,10 @@ def test_the_png_marks_what_the_page_marks() -> None:
     figure = draw(document)
     try:
         times, cpu, rss = figure.axes[:3]
-        assert times.get_title(loc="left") == "mpilaunch: failed, exit status 1, rank 3: KeyError: 'lr' (8 ranks)"
-        drawn = {label.get_text() for label in times.get_yticklabels() if "◆" in label.get_text()}
         page = parse(render(document))
+        title = "mpilaunch: failed, rank 3: KeyError: 'lr' (8 ranks)"
+        assert times.get_title(loc="left") == page.find("title").text() == title  # one title, both drawings
+        drawn = {label.get_text() for label in times.get_yticklabels() if "◆" in label.get_text()}
         on_page = {
             f"{r.attrs['data-host']}: rank {r.attrs['data-rank']} {r.find('span', 'mark').text()}"
             for r in rows(page)
@@ -53,6 +54,8 @@ def test_the_png_marks_what_the_page_marks() -> None:
         assert drawn == on_page == {
             "node1: rank 2 ◆ memory", "node1: rank 3 ◆ failed", "node2: rank 5 ◆ slow", "node2: rank 6 ◆ CPU"
         }  # fmt: skip
+        legend = page.find("p", "marks").text()
+        assert [t.get_text() for t in figure.texts] == [legend] and "among 3 ranks or more" in legend  # the rule
         colours = [[to_hex(bar.get_facecolor()) for bar in axes.patches] for axes in (cpu, rss)]
         assert colours == [
             [ODD_BAR if i == 6 else BAR for i in range(8)],
@@ -60,3 +63,6 @@ def test_the_png_marks_what_the_page_marks() -> None:
         ]
     finally:
         plt.close(figure)
+    plain = draw(eight_ranks())
+    assert plain.texts == [] and not any("◆" in t.get_text() for t in plain.axes[0].get_yticklabels())  # no mark
+    plt.close(plain)

@@ -18,9 +18,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import Launcher, write_script
+from tests.smalldisk import small_tmpfs
 
 PY = sys.executable
 HANG = 120
@@ -206,16 +205,10 @@ def test_a_hard_link_inside_the_log_tree_is_refused(launcher: Launcher, tmp_path
 def test_a_full_disk_under_a_shared_pattern_file_is_said_once(launcher: Launcher, tmp_path: Path) -> None:
     """A pattern file that fills its disk: one line naming it, the status stays the ranks'. Before:
     the rest of the output was lost without a word."""
-    (tmp_path / "disk").mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp_path / "disk")])
-    if made.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        script = write_script(tmp_path, "lines.py", LINES)
+    script = write_script(tmp_path, "lines.py", LINES)
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
         proc = launcher.run("-n", "2", "-outfile-pattern", "disk/out", PY, script, "20000", timeout=HANG)
-        full = os.statvfs(tmp_path / "disk").f_bfree == 0
-    finally:
-        subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=True)
+        full = os.statvfs(disk).f_bfree == 0
     said = "mpilaunch: cannot write disk/out: No space left on device; the rest of that output is not kept\n"
     assert proc.returncode == 0 and full and proc.stderr.decode().count(said) == 1, proc.stderr.decode()
 

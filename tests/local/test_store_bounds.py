@@ -7,6 +7,7 @@ break the protocol are dropped, end nothing, and are said once, in one line.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import time
@@ -156,3 +157,30 @@ def test_connections_that_break_the_protocol_end_nothing_and_are_said_in_one_lin
         f": the ranks' store on port {job.port} dropped 4 connections that broke TCPStore's protocol (the first: "
         "the first request was neither VALIDATE with torch's number nor a request of torch before 2.2)"
     ), err
+
+
+def test_a_newer_torchs_command_is_said_at_once_and_its_connection_closed(job: Job) -> None:
+    """A client that opens as torch does and then sends a command after BARRIER, as a torch
+    after 2.13 whose release was not read before launch would: its connection is closed (its
+    rank fails at once rather than waiting) and the launcher says so while the job still runs;
+    the job's own ranks go on using their store."""
+    opening = bytes((tcpstore.VALIDATE,)) + struct.pack("=I", tcpstore.MAGIC) + ping(7)
+    with socket.create_connection((job.addr, job.port), timeout=HANG) as sock:
+        sock.sendall(opening)
+        assert read_exactly(sock, 4) == struct.pack("=I", 7)
+        sock.sendall(request(19, b"/newer"))
+        assert sock.recv(100) == b""
+    assert select.select([job.proc.stderr], [], [], HANG)[0], "nothing was said while the job ran"
+    line = job.proc.stderr.readline().decode()  # type: ignore[union-attr]
+    assert not (job.folder / "go").exists()  # said before the job ends
+    assert line.startswith("mpilaunch: agent on ") and line.endswith(
+        ": the ranks' store closed a rank's connection: it sent command 19, which no torch from 2.0 to 2.14 sends; "
+        "a torch read before launch outside 2.0 to 2.14 meets in rank 0's own store instead\n"
+    ), line
+    host = line[len("mpilaunch: agent on ") :].split(":")[0]
+    status, err = job.finish()
+    assert status == 0, err
+    assert err.splitlines() == [
+        f"mpilaunch: agent on {host}: the ranks' store on port {job.port} dropped 1 connection that broke "
+        "TCPStore's protocol (the first: command 19, which no torch from 2.0 to 2.14 sends)"
+    ], err

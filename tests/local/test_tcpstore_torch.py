@@ -5,7 +5,8 @@ get from it the answers torch's own server gives them, request for request; a wa
 until another client's set and ends at its timeout with the connection still usable; a rank
 killed while waiting is forgotten and its owner told; and 4 gloo ranks started as torchrun
 starts them (TORCHELASTIC_USE_AGENT_STORE=True, only clients) form their process groups on it,
-then 4 more on the same server after its owner cleared the first job's keys, as a restarted job.
+then 4 more on the same server after its owner cleared the first job's keys, as a restarted job;
+and ranks whose torch says it is a release the store does not serve meet in rank 0's own store.
 torch's clients hold the GIL in some calls (list_keys), so a server they talk to from this
 process runs in another one (`python -m mpilaunch.host.tcpstore`); the in-process server is
 driven by this thread while its clients are other processes.
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,3 +228,54 @@ def test_four_gloo_ranks_meet_on_it_twice_as_a_restarted_job(launcher: Launcher)
             assert server.clear() > 0  # the next attempt's ranks must not find these addresses
     finally:
         server.close()
+
+
+OWN_STORE_RANK = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+print(dist.get_rank(), int(total.item()), os.environ["TORCHELASTIC_USE_AGENT_STORE"], torch.__version__, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def newer_torch_venv(venv: Path) -> Path:
+    """An interpreter whose torch says it is 2.99: a venv over this one whose `torch` is the
+    installed 2.13 file for file (links) but for its version.py, a release after those served."""
+    import torch
+
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    package = venv / "lib" / minor / "site-packages" / "torch"
+    package.mkdir()
+    real = Path(torch.__file__).parent
+    for entry in real.iterdir():
+        if entry.name != "version.py":
+            (package / entry.name).symlink_to(entry)
+    text = (real / "version.py").read_text()
+    (package / "version.py").write_text(text.replace(f"'{torch.__version__}'", "'2.99.0+cpu'"))
+    return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def newer_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return newer_torch_venv(tmp_path_factory.mktemp("torch299"))
+
+
+def test_a_torch_the_store_does_not_serve_meets_in_rank_0s_own_store(launcher: Launcher, newer_torch: Path) -> None:
+    """A torch after the served range on rank 0's host: said in one line before the ranks
+    start, and the ranks meet in rank 0's own TCPStore (TORCHELASTIC_USE_AGENT_STORE=False),
+    as torch alone would have them; every rank runs that torch and the job ends 0."""
+    script = launcher.tmp_path / "own_store.py"
+    script.write_text(OWN_STORE_RANK)
+    argv = [str(newer_torch), "-m", "mpilaunch", "--nproc-per-node", "3", str(script)]
+    done = subprocess.run(argv, env=environment(launcher), capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 0, done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line[:1].isdigit())
+    assert lines == [f"{rank} 6 False 2.99.0+cpu" for rank in range(3)], done.stdout
+    said = [line for line in done.stderr.splitlines() if "does not serve" in line]
+    assert said == [
+        "mpilaunch: the ranks' torch 2.99.0+cpu on localhost speaks a TCPStore mpilaunch does not serve "
+        "(it serves torch 2.0 to 2.14): the ranks meet in rank 0's own store (TORCHELASTIC_USE_AGENT_STORE=False)"
+    ], done.stderr

@@ -65,6 +65,7 @@ print(json.dumps({"rank": rank, "world": world, "gathered": [float(g) for g in g
 if sys.argv[1:] == ["stay"]:
     print("ready", flush=True)
     time.sleep(600)
+dist.barrier()  # no rank tears its gloo group down while a peer still uses it
 dist.destroy_process_group()
 """
 

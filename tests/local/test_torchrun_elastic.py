@@ -36,7 +36,8 @@ import json, os, pathlib, sys, time
 folder, want = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 seen = {k: os.environ[k] for k in ("WORLD_SIZE", "RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")}
 seen["pid"] = str(os.getpid())
-(folder / f"seen.{os.getpid()}").write_text(json.dumps(seen))
+(folder / f".seen.{os.getpid()}").write_text(json.dumps(seen))
+os.rename(folder / f".seen.{os.getpid()}", folder / f"seen.{os.getpid()}")  # whole when the test reads it
 if int(seen["WORLD_SIZE"]) < want:  # until the late node is taken in, or the test says so
     while not (folder / "stop").exists():
         time.sleep(0.05)

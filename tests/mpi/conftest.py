@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.procs import left_in_dev_shm
+
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, whose python3-mpi4py is built for Open MPI 4.1
 FAMILIES = ["mpich", "openmpi"]  # the mpich wheel's mpi4py (the tests' own Python), Debian's on Open MPI
 
@@ -33,30 +35,17 @@ def family_python(family: str) -> str:
         if not _has_mpi4py(SYSTEM_PYTHON):
             pytest.skip("needs Debian's python3-mpi4py")
         return SYSTEM_PYTHON
-    from tests.venvs import cached_venv
+    from tests.venvs import venv_or_skip
 
-    python, why = cached_venv("ompi5", ["openmpi==5.0.*", "mpi4py>=4"])  # test_openmpi_wheel.py's venv
-    if python is None:
-        pytest.skip(why)
-    return str(python)
+    return str(venv_or_skip("ompi5"))
 
 
 OPEN_MPI_SHM = ("mpilaunch-pmix-", "vader", "sm_segment", "pmix")
-
-
-def _left(name: str) -> bool:
-    """An agent's PMIx folder (mpilaunch-pmix-PID-...) is left only once its agent is gone: a
-    live one is another run's, still in use. Open MPI's segments carry no pid."""
-    if not name.startswith("mpilaunch-pmix-"):
-        return True
-    pid = name[len("mpilaunch-pmix-") :].split("-", 1)[0]
-    return not (pid.isdigit() and os.path.exists(f"/proc/{pid}"))
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_in_dev_shm() -> Iterator[None]:
     before = set(os.listdir("/dev/shm"))
     yield
-    made = set(os.listdir("/dev/shm")) - before
-    left = sorted(name for name in made if name.startswith(OPEN_MPI_SHM) and _left(name))
+    left = left_in_dev_shm(before, OPEN_MPI_SHM)
     assert not left, f"left in /dev/shm: {left}"

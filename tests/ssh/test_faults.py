@@ -290,7 +290,10 @@ def test_rank_that_never_reads_a_large_stdin(launcher: Launcher, bed: SshBed, tm
     assert out.endswith(b"done\n")
     # the window (64 KiB), the stdin pipe and one chunk being written: far below 16 MiB
     assert taken_while_running < 16 << 20, taken_while_running
-    assert written[0] > taken_while_running  # it did drain (and drop) stdin once the rank was gone
+    # Nothing of the job holds the stdin pipe once the launcher is gone (no ssh client, no
+    # agent): the writer's next write fails. (Whether the launcher read more of it between the
+    # rank's end and its own depends on the machine's load.)
+    assert not writer.is_alive()
     assert peak.mb() < 200, peak.mb()
     report("unread stdin", taken_while_running_kib=taken_while_running / 1024, launcher_peak_rss_mb=peak.mb())
 

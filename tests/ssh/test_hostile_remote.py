@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Launcher, environ_text, is_remote_agent, sshbed_fixtures, write_script
+from tests.smalldisk import small_tmpfs
 from tests.sshbed import bed_available
 
 available, why = bed_available()
@@ -87,15 +87,8 @@ def test_a_frozen_agent_is_lost_but_its_ranks_are_not_called_killed(launcher: La
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A small tmpfs where a device node may be made; mounted in this namespace, which the
     bed's hosts share."""
-    where = tmp_path / "fs"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "fs", "1m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 def test_the_agents_write_the_rank_table_through_a_device(launcher: Launcher, bed, tmpfs: Path) -> None:  # type: ignore[no-untyped-def]

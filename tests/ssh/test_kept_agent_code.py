@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Launcher, sshbed_fixtures
+from tests.smalldisk import NOT_A_FILE, fill, put_not_a_file, small_tmpfs
 from tests.sshbed import bed_available
 
 available, why = bed_available()
@@ -52,15 +53,8 @@ def _damage(path: Path, shape: str) -> str:
     elif shape == "another-key":
         path.write_bytes(b"0" * 40 + data[40:])
         return "not this code's"
-    elif shape == "empty-directory":
-        path.mkdir()
-        return "a directory, not a file"
-    elif shape == "fifo":
-        os.mkfifo(path)
-        return "a FIFO, not a file"
-    elif shape == "link-to-dev-zero":
-        path.symlink_to("/dev/zero")
-        return "a character device, not a file"
+    elif shape in NOT_A_FILE:
+        return f"{put_not_a_file(path, shape)}, not a file"
     return "cut short or damaged"
 
 
@@ -96,19 +90,12 @@ def test_a_cache_that_cannot_be_written_leaves_nothing(launcher: Launcher, bed, 
     launcher's `NAME.PID`) is removed by the next write. The directory is removed by the first
     job, which keeps the code there, and the next says nothing (before, issue 35: every job said
     it was "built and kept again", and the directory stayed)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
         (disk / "mpilaunch").mkdir()
         fill(disk / "filler")
         for _ in range(3):
             assert _job(launcher, bed, disk) == []
             assert os.listdir(disk / "mpilaunch") == []
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
     cache = tmp_path / "cache"
     assert _job(launcher, bed, cache) == []
     (kept,) = (cache / "mpilaunch").glob("agent-*.bin")
@@ -127,15 +114,3 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
-
-
-def fill(path: Path) -> None:
-    """Write zeros to path until its file system is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, bytes(4096))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

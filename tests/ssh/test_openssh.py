@@ -65,3 +65,27 @@ def test_a_start_slowed_by_its_machine_is_slow_not_failed(launcher: Launcher, be
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
     assert sorted(proc.stdout.decode().splitlines()) == [f"rank {r}" for r in range(4)]
+
+
+def test_a_slow_host_holds_only_its_own_place_in_the_window(launcher: Launcher, bed: SshBed, tmp_path: Path) -> None:
+    """node1's connection is made only once node3's has begun (as a host stuck behind a busy
+    machine's queue of logins waits on others). Two in flight at a time: when node2 answers,
+    node3 is opened at once in its place and node1 goes on. In batches of two, node3 waited for
+    node1, which waited for node3 until its 20 s patience ran out ("no answer in 20 s")."""
+    mark = tmp_path / "node3-began"
+    shell = tmp_path / "waiting-ssh"
+    shell.write_text(
+        "#!/bin/sh\n"
+        'for word in "$@"; do\n'
+        f'  case "$word" in node3) touch "{mark}";; node1) while [ ! -e "{mark}" ]; do sleep 0.05; done;; esac\n'
+        "done\n"
+        f'exec ssh -F "{bed.config}" "$@"\n'
+    )
+    shell.chmod(0o755)
+    hosts = "node1:1,node2:1,node3:1,node4:1"
+    proc = launcher.run(
+        "-mca", "plm_rsh_agent", str(shell), "--ssh-concurrent", "2", "-H", hosts, "-n", "4",
+        "sh", "-c", "echo rank $RANK", timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(proc.stdout.decode().splitlines()) == [f"rank {r}" for r in range(4)]

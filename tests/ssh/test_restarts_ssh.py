@@ -72,16 +72,21 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("hosts", ["-H", "--hostfile"])
+@pytest.mark.parametrize("hosts", ["-H", "--hostfile", "--nnodes", "-hosts"])
 def test_the_guides_torchrun_line_runs_nproc_per_node_on_each_host(
     launcher: Launcher, bed: SshBed, tmp_path: Path, hosts: str
 ) -> None:
     """The user guide's `mpilaunch -H node1,node2 --nproc-per-node 2 train.py` (and a hostfile of
-    `slots=1` lines): torchrun has no slots, so 2 ranks on each host, one torch job of 4 (before,
-    issue "Drop-in II": refused, -H's one slot per host capping torchrun's ranks per node)."""
+    `slots=1` lines, with `--nnodes 2`, or hydra's `-hosts`): torchrun has no slots, so 2 ranks on
+    each host, one torch job of 4 (before, issue "Drop-in II": refused, -H's one slot per host
+    capping torchrun's ranks per node; with --nnodes 2, read as a launcher per node with no
+    --node-rank; with -hosts, one rank per host)."""
     script = write_script(tmp_path, "train.py", TRAIN)
     (tmp_path / "hosts").write_text("node1 slots=1\nnode2 slots=1\n")
-    where = ["-H", "node1,node2"] if hosts == "-H" else ["--hostfile", "hosts"]
+    where = {"--hostfile": ["--hostfile", "hosts"], "-hosts": ["-hosts", "node1,node2"]}.get(
+        hosts, ["-H", "node1,node2"]
+    )
+    where += ["--nnodes", "2"] if hosts == "--nnodes" else []  # torchrun's node count: the hosts'
     proc = launcher.run("--ssh-config", str(bed.config), *where, "--nproc-per-node", "2", script, timeout=240)
     err = proc.stderr.decode()
     assert proc.returncode == 0, err[-3000:]

@@ -523,8 +523,15 @@ def test_signals_reach_remote_ranks(launcher: Launcher, bed: SshBed, tmp_path: P
     script = write_script(
         tmp_path,
         "trap.py",
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGUSR1, lambda *a: (print('usr1', flush=True), sys.exit(5)))\n"
+        "import os, signal, sys, time\n"
+        f"seen = {str(tmp_path)!r} + '/usr1.'\n"
+        "def usr1(*_):\n"  # each exits 5 once both have it: the first exit would abort the other
+        "    print('usr1', flush=True)\n"
+        "    open(seen + os.environ['RANK'], 'w').close()\n"
+        "    while not all(os.path.exists(seen + r) for r in '01'):\n"
+        "        time.sleep(0.02)\n"
+        "    sys.exit(5)\n"
+        "signal.signal(signal.SIGUSR1, usr1)\n"
         "print('up', flush=True)\ntime.sleep(60)\n",
     )
     proc = launcher.popen(*client_args(bed, client, "-H", "node1:1,node2:1", "-n", "2", PY, script))

@@ -75,6 +75,17 @@ def wait_for(proc: subprocess.Popen, word: bytes, count: int, timeout: float = 6
     return "".join(lines)
 
 
+def ended(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes]:
+    """The job's stdout and stderr once it ends; if it has not within timeout, it is stopped
+    (SIGTERM: the launcher names what still ran) and the test fails with all it said."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(f"the job did not end in {timeout} s; stdout {out!r}, stderr:\n{err.decode()}") from None
+
+
 def test_allreduce_over_a_tree_with_two_connections_from_the_launcher(
     launcher: Launcher, bed: SshBed, tmp_path: Path
 ) -> None:
@@ -110,7 +121,7 @@ def test_allreduce_over_a_tree_with_two_connections_from_the_launcher(
             assert targets == sorted(h for h, parent in PARENTS.items() if parent == name), name
     finally:
         go.touch()
-    _, err = proc.communicate(timeout=60)
+    _, err = ended(proc, 60)
     assert proc.returncode == 0, err.decode()
     for rank, name in enumerate(HOSTS):
         line = f"rank {rank} of 7 sum 21 at {bed.address(name)} {bed.address('node1')}"
@@ -170,7 +181,7 @@ def test_signals_reach_ranks_behind_relays(launcher: Launcher, bed: SshBed, tmp_
     assert proc.stdout is not None
     wait_for(proc, b"up", 7)
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=30)
+    out, err = ended(proc, 30)
     assert out == b"usr1\n" * 7, err  # each exits 0: none ends the job before the others got it
     assert proc.returncode == 0
 
@@ -184,7 +195,7 @@ def test_kill_9_of_a_relay_names_every_host_below_it(launcher: Launcher, bed: Ss
     assert proc.stdout is not None
     wait_for(proc, b"up", 7)
     os.kill(agents_by_host(bed)["node1"], signal.SIGKILL)
-    _, err = proc.communicate(timeout=30)
+    _, err = ended(proc, 30)
     text = err.decode()
     assert proc.returncode != 0
     assert "lost the agent of host node1" in text
@@ -212,6 +223,7 @@ def test_a_host_a_relay_cannot_reach_is_named_with_sshs_words(launcher: Launcher
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert err.startswith("mpilaunch: node6: ") and "Connection refused" in err, err
+    assert "(tree spawn through node2; --ssh-tree-width 0 starts each host from here)" in err, err
     assert len(err.splitlines()) == 1, err
 
 
@@ -231,7 +243,7 @@ def test_a_silent_cut_below_a_relay_is_detected(launcher: Launcher, bed: SshBed,
         os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        _, err = proc.communicate(timeout=30)
+        _, err = ended(proc, 30)
         assert time.monotonic() - started < 6
         assert proc.returncode != 0
         assert "lost the agent of host node5 (no word from it for 2 s)" in err.decode()
@@ -292,7 +304,7 @@ def test_a_paused_console_does_not_lose_an_idle_host_behind_a_relay(
     hosts = ("-H", "node1,node2,node3", "--output-filename", "logs")
     proc = tree_popen(launcher, bed, *hosts, PY, script, env={"MPILAUNCH_HEARTBEAT_TIMEOUT": "2"})
     time.sleep(5)  # stdout unread: the launcher's console backlog fills, then it stalls
-    out, err = proc.communicate(timeout=60)
+    out, err = ended(proc, 60)
     assert proc.returncode == 0, err.decode()
     assert (tmp_path / "logs" / "1" / "rank.0" / "stdout").read_bytes() == (b"x" * 99 + b"\n") * 200000
     # No line holds two ranks' bytes (one cut short where the console's copy was dropped may be).

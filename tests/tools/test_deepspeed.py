@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import Launcher, sshbed_fixtures, write_script
 from tests.sshbed import SshBed, bed_available
-from tests.tools.conftest import EXTENSIONS, free_port, tail, tool_env
+from tests.tools.conftest import free_port, tail, tool_env
+from tests.venvs import EXTENSIONS
 
 available, why = bed_available()
 pytestmark = pytest.mark.skipif(not available, reason=why)

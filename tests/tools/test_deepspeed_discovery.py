@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 from tests.conftest import Launcher, write_script
-from tests.tools.conftest import deepspeed_env, free_port, tail
+from tests.tools.conftest import free_port, tail
+from tests.venvs import deepspeed_env
 
 DISCOVERY = """
 import os, sys

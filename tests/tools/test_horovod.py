@@ -40,7 +40,7 @@ RANK = (
 @pytest.fixture(scope="module")
 def horovod() -> Iterator[tuple[ModuleType, ModuleType]]:
     """(horovod.runner.mpi_run, horovod.runner.common.util.settings), imported from the sdist."""
-    tree, reason = cached_sdist("horovod==0.28.1", "horovod-0.28.1")
+    tree, reason = cached_sdist("horovod-0.28.1")
     if tree is None:
         pytest.skip(reason)
     sys.path.insert(0, str(tree))

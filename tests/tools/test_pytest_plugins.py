@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Launcher, write_script
-from tests.tools.conftest import ROOT_FLAGS, tail, tool_env, venv_or_skip
+from tests.tools.conftest import ROOT_FLAGS, tail, tool_env
+from tests.venvs import venv_or_skip
 
 WITH_MPI = """
 import os
@@ -49,12 +50,12 @@ def test_three():
 
 @pytest.fixture(scope="module")
 def pytest_mpi() -> Path:
-    return venv_or_skip("pytest-mpi", ["pytest", "pytest-mpi==0.6", "mpi4py>=4", "mpich"])
+    return venv_or_skip("pytest-mpi")
 
 
 @pytest.fixture(scope="module")
 def mpi_pytest() -> Path:
-    return venv_or_skip("mpi-pytest", ["pytest", "mpi-pytest==2026.0", "mpi4py>=4", "mpich"])
+    return venv_or_skip("mpi-pytest")
 
 
 def test_pytest_mpi_with_mpi_runs_the_marked_test_at_two_ranks(

@@ -13,7 +13,7 @@ import pytest
 from mpilaunch.agent.reaper import ADOPTION_SCAN, GUARD_SCRIPT, RECORD, SWEEP_LIMIT, Guardian
 from mpilaunch.agent.relay import Relay
 from mpilaunch.agent.stacks import NO_TOOL, StackTaker
-from mpilaunch.host.shm import server_base
+from mpilaunch.host.shm import SERVER_FOLDER, server_base
 from mpilaunch.host.sshcmd import KEX
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
@@ -243,6 +243,21 @@ def test_the_guardian_gets_its_pipe_and_table_and_leaves_on_a_line(agent: Agent)
     assert record(guardian, 0) == b"%10d %20s\n" % (6002, b"-")
     guardian.release()
     assert os.read(pipe, 10) == b"\n" and agent.os.waited == [5000]
+
+
+def test_a_folder_the_agent_could_not_remove_is_left_to_the_guardian(agent: Agent) -> None:
+    """The agent removes its PMIx and torch folders before it lets the guardian go; one still
+    there (no descriptor left to list it under a low `ulimit -n`) keeps the line back, so the
+    guardian's cleanup (rm -rf of the agent's folders) runs."""
+    guardian = Guardian(agent.os)
+    _, pipe, _ = agent.os.guardian
+    folder = os.path.join(server_base(), SERVER_FOLDER.format(pid=os.getpid()) + "unit")
+    os.mkdir(folder)
+    try:
+        guardian.release()
+    finally:
+        os.rmdir(folder)
+    assert os.read(pipe, 10) == b"" and agent.os.waited == [5000]  # the pipe's end, no line
 
 
 def test_what_is_below_the_ranks_is_told_to_the_guardian_with_its_start_time(agent: Agent) -> None:

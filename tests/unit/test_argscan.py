@@ -15,7 +15,7 @@ from mpilaunch.cli import tokens as argscan
 from mpilaunch.cli.command import run_command
 from mpilaunch.cli.parse import parse_args
 
-SPELLINGS = [flag for opt in cliopts.RUN_OPTIONS for flag in opt.flags]
+SPELLINGS = [flag for opt in cliopts.all_rows() for flag in opt.flags]
 VALUES = [
     "4",
     "0",

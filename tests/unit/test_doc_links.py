@@ -38,3 +38,9 @@ def test_every_link_lands(page: Path) -> None:
         elif anchor and anchor not in anchors(path):
             broken.append(f"{target}{anchor}: no such heading")
     assert not broken, broken
+
+
+def test_the_map_of_the_code_stays_short() -> None:
+    """architecture.md is a map a newcomer reads whole (issue "House III": at most 500 lines);
+    detail belongs in the docstrings it points to."""
+    assert len((ROOT / "docs" / "architecture.md").read_text().splitlines()) <= 500

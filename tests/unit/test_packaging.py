@@ -23,7 +23,7 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_second() -> None:
 
 def test_the_package_has_its_console_script_and_extras() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'mpilaunch = "mpilaunch.entry:main"' in text
+    assert 'mpilaunch = "mpilaunch.__main__:main"' in text
     runtime = text.split("[project.optional-dependencies]")[0]
     for dep in ("click", "pyyaml", "paramiko"):
         assert dep in runtime
@@ -31,7 +31,7 @@ def test_the_package_has_its_console_script_and_extras() -> None:
     # launcher inspects no process: psutil (11 ms to import) is only the tests' way to look.
     assert "psutil" not in runtime
     test_extra = text.split("test = [", 1)[1].split("]", 1)[0]
-    for dep in ("pytest", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
+    for dep in ("pytest", "pytest-xdist", "hypothesis", "psutil", "mpi4py", "mpich", "numpy"):
         assert dep in test_extra
     assert 'report = ["matplotlib' in text  # `mpilaunch report -o report.png`
     assert 'debug = ["py-spy' in text and '"py-spy' in test_extra  # Python ranks' stacks (tests/local/test_stacks.py)

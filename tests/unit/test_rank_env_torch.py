@@ -8,6 +8,7 @@ import os
 import pytest
 
 from mpilaunch.cli.parse import parse_args
+from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan.build import build_plan
 from mpilaunch.plan.placement import Rank
@@ -154,10 +155,21 @@ def test_omp_num_threads_as_torchrun_sets_it() -> None:
     assert plan_envs(["-n", "1", "true"])[0]["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
 
 
-@pytest.mark.parametrize("hosts", ["-H node1,node2", "-H node1:1,node2:1", "hostfile slots=1", "hostfile slots=4"])
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "-H node1,node2",
+        "-H node1:1,node2:1",
+        "hostfile slots=1",
+        "hostfile slots=4",
+        "-hosts node1,node2",
+        "-ppn 1 -hosts node1:1,node2:1,node1",
+    ],
+)
 def test_torchruns_words_put_nproc_per_node_on_every_host_whatever_its_slots(tmp_path, hosts: str) -> None:  # type: ignore[no-untyped-def]
     """torchrun has no slots: `-H node1,node2 --nproc-per-node 2` (one slot each, as Open MPI
-    reads -H) is 2 ranks on each host, as a hostfile whose lines say fewer or more slots."""
+    reads -H) is 2 ranks on each host, as a hostfile whose lines say fewer or more slots, and
+    hydra's host list, each host once, whatever its counts and -ppn say."""
     if hosts.startswith("hostfile"):
         (tmp_path / "hosts").write_text("".join(f"{name} {hosts.split()[1]}\n" for name in ("node1", "node2")))
         words = ["--hostfile", str(tmp_path / "hosts")]
@@ -173,3 +185,74 @@ def test_torchruns_words_put_nproc_per_node_on_every_host_whatever_its_slots(tmp
         ("2", "0", "2", "4", "1"),
         ("3", "1", "2", "4", "1"),
     ]
+
+
+ALLOCATION = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_CPUS_PER_NODE": "1(x2)"}
+
+
+@pytest.mark.parametrize(
+    "words, env",
+    [
+        ("-H node1,node2 --nnodes 2", {}),
+        ("-H node1,node2 --nnodes 1:4 --rdzv-backend c10d", {}),
+        ("--nnodes 2", ALLOCATION),
+    ],
+)
+def test_nnodes_with_the_hosts_of_one_launcher_is_their_count(words: str, env: dict[str, str]) -> None:
+    """torchrun's --nnodes with hosts and nowhere to meet: one mpilaunch for the job, whose
+    hosts are torchrun's nodes (before: refused, as if each node had a launcher of its own)."""
+    line = [*words.split(), "--nproc-per-node", "2", "train.py"]
+    for name in ("mpilaunch", "torchrun"):
+        plan, _ = build_plan(parse_args(line, name), {"PATH": os.defpath, **env}, ThisMachine())
+        placed = [(plan.hosts[r.host].name, r.local_rank) for r in plan.job.ranks]
+        assert placed == [("node1", 0), ("node1", 1), ("node2", 0), ("node2", 1)], name
+
+
+@pytest.mark.parametrize(
+    "words, env, says",
+    [
+        ("-H node1,node2 --nnodes 3", {}, "--nnodes 3 with 2 hosts from -H: one mpilaunch starts the ranks of all"),
+        ("-H node1,node2 --nnodes 1", {}, "--nnodes 1 with 2 hosts from -H:"),
+        ("-H node1,node2 --standalone", {}, "--standalone with 2 hosts from -H:"),
+        ("--nnodes 2:4", {}, "--nnodes 2:4: no hosts given, so this machine alone; give -H or a hostfile with 2"),
+        ("-H node1,node2 --nnodes 2 --node-rank 0 --master-addr h", {}, "-H or a hostfile with torchrun's launcher"),
+    ],
+)
+def test_nnodes_that_the_hosts_contradict_is_refused_in_one_line(words: str, env: dict[str, str], says: str) -> None:
+    """A count of nodes the hosts do not have would start a job of another size than asked
+    (before: `--nnodes 1` with two hosts ran on both, and -H was dropped with a launcher per node)."""
+    with pytest.raises(LaunchError) as caught:
+        spec = parse_args([*words.split(), "--nproc-per-node", "2", "train.py"])
+        build_plan(spec, {"PATH": os.defpath, **env}, ThisMachine())
+    assert str(caught.value).startswith(says) and "\n" not in str(caught.value), caught.value
+    assert caught.value.status == 2
+
+
+@pytest.mark.parametrize(
+    "words, nodelist, placed",
+    [
+        ("--nnodes 1", "node1,{me}", ["{me}", "{me}"]),
+        ("--standalone", "node1,{me}", ["{me}", "{me}"]),
+        ("--nnodes 2", "node1,{me},node3", ["{me}", "{me}", "node1", "node1"]),
+    ],
+)
+def test_nnodes_in_a_larger_allocation_takes_this_machine_first(words: str, nodelist: str, placed: list[str]) -> None:
+    """torchrun --nnodes 1 in a batch script runs on the batch host: an allocation of more hosts
+    lends --nnodes of them, this machine first (before: refused as a contradiction)."""
+    me = os.uname().nodename
+    env = {
+        **ALLOCATION,
+        "SLURM_JOB_NODELIST": nodelist.format(me=me),
+        "SLURM_JOB_CPUS_PER_NODE": f"1(x{nodelist.count(',') + 1})",
+    }
+    line = [*words.split(), "--nproc-per-node", "2", "train.py"]
+    plan, _ = build_plan(parse_args(line), {"PATH": os.defpath, **env}, ThisMachine())
+    assert [plan.hosts[r.host].name for r in plan.job.ranks] == [name.format(me=me) for name in placed]
+
+
+@pytest.mark.parametrize("words, ranks", [("-genv A 1 --nproc-per-node 3", 3), ("-ppn 3 --nproc-per-node 2", 2)])
+def test_torchruns_ranks_per_node_on_this_machine_with_hydras_words(words: str, ranks: int) -> None:
+    """hydra's words beside torchrun's on this machine: --nproc-per-node ranks, not hydra's one
+    rank for a host list of none, nor -ppn's count (torchrun's gives way to none, as over -N)."""
+    plan, _ = build_plan(parse_args([*words.split(), "train.py"]), {"PATH": os.defpath}, ThisMachine())
+    assert [(r.rank, r.local_rank) for r in plan.job.ranks] == [(r, r) for r in range(ranks)]

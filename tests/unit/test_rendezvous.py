@@ -369,7 +369,12 @@ def test_fewer_than_min_nodes_is_said_by_every_launcher() -> None:
             j.value()
         said.append(str(caught.value))
     assert f"2 of at least 3 nodes joined at {HOST}:{port} within 2 s" in said
-    assert any(s.startswith(f"the nodes' meeting at {HOST}:{port} did not close within 2 s") for s in said), said
+    # the other: its own 2 s, or the store's end, if the store's launcher gave up first (a busy machine)
+    other = (
+        f"the nodes' meeting at {HOST}:{port} did not close within 2 s",
+        f"the rendezvous store at {HOST}:{port} went away while the nodes met",
+    )
+    assert any(s.startswith(other) for s in said), said
 
 
 def test_a_launcher_of_the_next_attempt_waits_for_the_store_of_the_one_before_to_go() -> None:
@@ -508,6 +513,9 @@ def test_a_late_node_waits_and_the_running_nodes_restart_their_ranks_to_take_it_
             loops[1 - first].turn_until(lambda: bool(loops[1 - first].regrouped))
         line = f"node at {socket.gethostname()} joined late: restarting the ranks with 3 nodes"
         assert [loop.regrouped for loop in loops] == [[line], [line]]
+        deadline = time.monotonic() + 10  # the late node says it on its own thread, maybe after the regroup
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert said == [
             f"the nodes' meeting at {HOST}:{port} closed with 2 nodes before this one came: "
             "it waits to be taken in at their next restart"

@@ -140,7 +140,11 @@ def test_the_odd_rank_stands_out() -> None:
     assert marked == {("6", 3), ("2", 4)}
     marks = {r.attrs["data-rank"]: r.find("span", "mark").text() for r in rows(page) if r.find_all("span", "mark")}
     assert marks == {"5": "◆ slow", "6": "◆ CPU", "2": "◆ memory"}  # each mark says what it marks
-    assert "1.5 times the median" in page.find("p", "marks").text()
+    assert page.find("p", "marks").text() == (
+        "◆ marks a failed rank (failed) and a rank that stands out: its run time (slow), CPU seconds (CPU) or peak "
+        "memory (memory) 1.5 times the ranks' median or more, and more than 0.50 s, 0.20 s or 16 MiB above it, "
+        "among 3 ranks or more"
+    )  # the rule, whole, as the page's legend
     lines = [li.text() for li in page.find("section", id="standout").find_all("li")]
     assert lines == [
         "rank 5 on node2 ran 24.9 s, more than the others",
@@ -250,7 +254,10 @@ def test_the_title_names_the_cause_the_report_found() -> None:
     cases = [
         ({"type": "FileNotFoundError", "message": "[Errno 2] No such file or directory: 'data.csv'\nmore"},
          {}, "FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'"),
-        ({"type": "ValueError", "message": "x" * 300}, {}, "ValueError: " + "x" * 95 + "..."),
+        ({"type": "ValueError", "message": "x" * 300}, {}, "ValueError: " + "x" * 58 + " ... " + "x" * 35),
+        ({"type": "FileNotFoundError", "message": f"[Errno 2] No such file or directory: '/{'d/' * 60}data.csv'"},
+         {}, "FileNotFoundError: [Errno 2] No such file or directory: '/d/d/d/d/d/d/ ... "
+         "d/d/d/d/d/d/d/d/d/d/d/d/d/data.csv'"),
         (None, {"exit_code": None, "signal": "SIGSEGV"}, "killed by SIGSEGV"),
         (None, {"abort_code": 7}, "MPI_Abort with code 7"),
         (None, {}, "exit 1"),
@@ -263,3 +270,26 @@ def test_the_title_names_the_cause_the_report_found() -> None:
         assert page.find("title").text() == f"mpilaunch: failed, rank 3: {cause} (8 ranks)"
         assert page.find("section", id="failure").find("h2").text() == f"First failure: rank 3 on node1: {cause}"
         assert page.find("tr", "failed").find("span", "mark").text().startswith("◆ failed")
+
+
+def test_the_rule_that_marks_ranks_has_a_floor_and_needs_ranks() -> None:
+    """reading.marks, the one rule of the page and the PNG: a value 1.5 times the median marks
+    a rank only when it is also more than the floor above it (1 s of CPU against 0.5 s is no
+    outlier), and only among 3 ranks or more; the failed rank is marked whatever its values."""
+    from mpilaunch.picture.reading import marks, rows, span
+
+    def marked(document: dict) -> dict[int, list[str]]:
+        drawn = rows(document)
+        return {drawn[i].rank: words for i, words in marks(drawn, span(document, drawn)).items()}
+
+    little = {f"r{r}": {"cpu_seconds": 0.1} for r in range(8)}
+    under_floor = eight_ranks(**{**little, "r4": {"cpu_seconds": 0.29}})
+    assert marked(under_floor) == {}  # 2.9 times the median, 0.19 s above it
+    over_floor = eight_ranks(**{**little, "r4": {"cpu_seconds": 0.31}})
+    assert marked(over_floor) == {4: ["CPU"]}
+    two = eight_ranks(r1={"peak_rss_bytes": 900 * MIB})
+    two["ranks"] = two["ranks"][:2]
+    assert marked(two) == {}  # two ranks have no median to stand out from
+    failed = eight_ranks(r3={"state": "failed", "exit_code": 1, "ended": T0 + 25.0, "peak_rss_bytes": 900 * MIB})
+    failed["first_failure"] = failed["ranks"][3]
+    assert marked(failed) == {3: ["failed", "slow", "memory"]}

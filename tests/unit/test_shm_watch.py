@@ -95,3 +95,40 @@ def test_a_look_reads_no_maps_without_a_new_file_and_stops_once_it_has_recorded_
     segment("not-mapped")
     watch.look()
     assert read == [me, me, me]  # a new file no rank maps: every rank's maps are read, as before
+
+
+def test_a_file_deep_in_a_folder_made_before_the_job_is_no_reason_to_read_maps(
+    segment, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Another job's PMIx folder (or one a killed job left) holds files below /dev/shm: they
+    were there before, so no look reads a rank's maps for them (before: the files there before
+    were listed one level deep only, so every look of every job read every rank's maps)."""
+    segment("before-the-job")
+    read: list[int] = []
+    monkeypatch.setattr(shm, "mapped_by", lambda pid: read.append(pid) or {})
+    monkeypatch.setattr(shm_watch, "with_descendants", lambda pid: [pid])
+    watch = ShmWatch(Ranks([os.getpid()]))  # type: ignore[arg-type]
+    for _ in range(3):
+        watch.look()
+    assert read == []
+
+
+def test_another_agents_folder_is_never_walked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Hundreds of agents on one machine (the ssh bed, a fork launcher's hosts) each have a
+    PMIx folder in /dev/shm that only its own ranks map: a look walks none of them, so an
+    agent's looks do not grow with the others' (and their files are no reason to read maps)."""
+    read: list[int] = []
+    monkeypatch.setattr(shm, "mapped_by", lambda pid: read.append(pid) or {})
+    monkeypatch.setattr(shm_watch, "with_descendants", lambda pid: [pid])
+    watch = ShmWatch(Ranks([os.getpid()]))  # type: ignore[arg-type]
+    folder = Path(shm.SHM_DIR) / f"{shm.SERVER_FOLDER.format(pid=1)}unit-{os.getpid()}"
+    folder.mkdir()
+    try:
+        (folder / "dstore").write_bytes(b"\0" * 4096)  # made after the watch began: new, yet not ours
+        watch.look()
+        listed = shm.files(skip=shm.AGENTS_FOLDERS)
+        assert listed is not None and not [path for path in listed if path.startswith(str(folder))]
+    finally:
+        (folder / "dstore").unlink()
+        folder.rmdir()
+    assert read == []

@@ -38,6 +38,18 @@ def test_ended_ranks_never_look_stuck_and_the_text_view_names_them() -> None:
     assert text.splitlines()[3].split() == ["1", "node1", "101", "running", "50", "4", "KiB", "1m21s"]
 
 
+def test_the_command_gives_way_so_the_line_fits_its_terminal() -> None:
+    first = answer(1.0, (0, "running", 1.0, None, 0.1), (1, "running", 1.0, None, 0.1), (2, "running", 1.0, None, 89.0))
+    long = answer(2.0, (0, "running", 2.0, None, 0.1), (1, "running", 2.0, None, 0.1), (2, "running", 1.0, None, 90.0))
+    long["command"] = ["/root/.pyenv/versions/3.11.7/bin/python", "/tmp/pytest-of-root/pytest-698/job.py"]
+    rows = top_view.rank_rows(long, first, stuck_after=60)
+    for pid in (448, 4194303):
+        line = top_view.summary(pid, long, rows, width=80)
+        assert len(line) == 80 and line.endswith(" | 1m30s | 3 of 3 running | 1 look stuck"), line
+        assert line.startswith(f"job {pid}: /root/.pyenv/versions/"), line
+    assert top_view.summary(448, long, rows).startswith("job 448: " + " ".join(long["command"])[:60] + " | ")
+
+
 def test_a_rank_is_measured_with_the_processes_below_it_from_proc() -> None:
     """agent/usage.py on this very process: no process is started to test it."""
     import os

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from mpilaunch.agent.loop import Loop, Timer
+from mpilaunch.agent.services.registry import REGISTRY, service_class
 from mpilaunch.protocol.messages import MessageError, PmiError, mixed_reason
 from mpilaunch.protocol.record import Record
 
@@ -94,9 +95,8 @@ class Services(Timer):
     """The services this agent runs, started by name on first use (one instance each); a timer
     of the agent's loop for the check of jobs served PMI and PMIx (spoke)."""
 
-    def __init__(self, host: ServiceHost, registry: dict[str, tuple[str, tuple[type, ...]]]) -> None:
+    def __init__(self, host: ServiceHost) -> None:
         self.host = host
-        self.registry = registry
         self.running: dict[str, Service] = {}
         self.of_job: dict[int, list[Service]] = {}
         self.speakers: dict[int, dict[str, dict[int, int]]] = {}  # job -> protocol -> process id -> rank
@@ -118,11 +118,9 @@ class Services(Timer):
         """The running service of that name, started (and its module imported) on first use."""
         service = self.running.get(name)
         if service is None:
-            if name not in self.registry:
+            if name not in REGISTRY:
                 raise MessageError(f"no agent service is called {name!r}")
-            module, _, cls = self.registry[name][0].partition(":")
-            kind = getattr(__import__(module, fromlist=[cls]), cls)  # imported on first use
-            service = self.running[name] = kind(self.host)
+            service = self.running[name] = service_class(name)(self.host)  # imported on first use
             self.host.loop.add_timer(service)
         return service
 
@@ -138,7 +136,7 @@ class Services(Timer):
     def dispatch_rows(self) -> dict[type, object]:
         """Rows for the agent's dispatch table: every message a registered service handles goes to
         each running service that handles it (one that was never started has none to handle)."""
-        return {kind: self.route for _, handles in self.registry.values() for kind in handles}
+        return {kind: self.route for _, handles in REGISTRY.values() for kind in handles}
 
     def route(self, message: Record) -> None:
         for service in self.running.values():

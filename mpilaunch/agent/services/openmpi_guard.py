@@ -15,8 +15,6 @@ from mpilaunch.protocol.messages import PmiError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from mpilaunch.protocol.messages import RankSpec
 
 # Open MPI up to 4.x (ORTE; tested with 4.1): a rank that finds no PMIx server becomes a
@@ -96,36 +94,59 @@ class _Watched:
         self.maps_gap, self.maps_at = FIRST_MAPS_LOOK, now + FIRST_MAPS_LOOK
 
 
-class OpenMpiWatch:
-    """The agent's watch over its ranks that have not spoken PMI (yet). An MPICH rank speaks PMI
-    in MPI_Init and is dropped at its first look, a rank that exits is dropped, so ordinary ranks
-    cost a poll(2) or two; Open MPI ranks are reported once, by the first look that sees them."""
+class OpenMpiGuard(Service):
+    """The agent's watch over its ranks that have not spoken PMI (yet), as a service: every rank
+    of a job served PMI gets the trap variable and is watched until it speaks PMI; one found
+    using Open MPI is reported as a PMI failure. An MPICH rank speaks PMI in MPI_Init and is
+    dropped at its first look, a rank that exits is dropped, so ordinary ranks cost a poll(2) or
+    two; Open MPI ranks are reported once, by the first look that sees them."""
 
-    def __init__(self) -> None:
+    name = "openmpi-guard"
+
+    def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(host)
         self.trap: int | None = None  # the pipe's write end; its read end is closed
         self.poller: select.poll | None = None
         self.link = ""
         self.watched: dict[int, _Watched] = {}  # by process id
         self.soonest: float | None = None  # the earliest look_at, so that most loop turns cost one compare
         self.reported = False
+        self.job_of: dict[int, int] = {}  # process id -> job
+        self.served_pmix: set[int] = set()  # process ids that got PMIx: an Open MPI rank is no singleton there
 
-    def rank_env(self) -> dict[str, str]:
-        """The variable that stops an Open MPI 4 singleton in MPI_Init (the pipe is made on first use)."""
-        if self.trap is None:
+    def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
+        if "PMIX_NAMESPACE" in env:  # served PMIx as well (by the "pmix" service, before this one)
+            self.served_pmix.add(spec.proc)
+            return []
+        if self.trap is None:  # the pipe that stops an Open MPI 4 singleton in MPI_Init, made on first use
             read_end, self.trap = os.pipe()  # not inheritable: no rank holds a writer
             os.close(read_end)
             self.poller = select.poll()
             self.poller.register(self.trap, select.POLLOUT)
             self.link = f"pipe:[{os.fstat(self.trap).st_ino}]"
-        return {TRAP_VARIABLE: f"file:/proc/{os.getpid()}/fd/{self.trap}"}
+        env.setdefault(TRAP_VARIABLE, f"file:/proc/{os.getpid()}/fd/{self.trap}")  # a user's -mca or -x wins
+        return []
 
-    def watch(self, ident: int, pid: int, now: float) -> None:
-        if not self.reported:
-            self.watched[ident] = _Watched(pid, now)
-            self.soonest = min(self.soonest or now + FIRST_LOOK, now + FIRST_LOOK)
+    def spawned(self, job: int, spec: RankSpec, pid: int) -> None:
+        if spec.proc in self.served_pmix or self.reported:
+            return
+        self.job_of[spec.proc] = job
+        now = time.monotonic()
+        self.watched[spec.proc] = _Watched(pid, now)
+        self.soonest = min(self.soonest or now + FIRST_LOOK, now + FIRST_LOOK)
 
     def next_deadline(self) -> float | None:
         return self.soonest
+
+    def tick(self, now: float) -> None:
+        found = self.look(now)
+        if found is not None:
+            self.host.send(PmiError(proc=found[0], error=found[1]))
+
+    def silent(self, ident: int) -> bool:
+        """Alive, served PMI and never sent `init`: only such a rank can be an Open MPI singleton."""
+        job = self.job_of.get(ident)
+        return job is not None and self.host.rank_running(ident) and self.host.mpi_state(job, ident) == "new"
 
     def trap_has_reader(self) -> bool:
         """Whether some process holds the pipe open for reading: an Open MPI singleton waiting in MPI_Init."""
@@ -133,13 +154,13 @@ class OpenMpiWatch:
             return False
         return any(not events & select.POLLERR for _, events in self.poller.poll(0))
 
-    def look(self, now: float, silent: Callable[[int], bool]) -> tuple[int, str] | None:
-        """Look at the ranks that are due; silent(ident) says a rank is alive and has not spoken PMI.
-        Returns (process id, reason) for the first rank found using Open MPI."""
+    def look(self, now: float) -> tuple[int, str] | None:
+        """Look at the silent ranks that are due. Returns (process id, reason) for the first rank
+        found using Open MPI."""
         if self.soonest is None or self.soonest > now:
             return None
         soon = now + LOOK_SLACK
-        due = {ident for ident, entry in self.watched.items() if entry.look_at <= soon and silent(ident)}
+        due = {ident for ident, entry in self.watched.items() if entry.look_at <= soon and self.silent(ident)}
         self.watched = {ident: e for ident, e in self.watched.items() if ident in due or e.look_at > soon}
         trapped = self.trap_has_reader()
         for ident, entry in self.watched.items():
@@ -164,43 +185,3 @@ class OpenMpiWatch:
         self.watched.clear()
         self.soonest = None
         return ident, open_mpi_reason(open_mpi_mapped(pid), rank_pid, pid)
-
-
-class OpenMpiGuard(Service):
-    """The watch as an agent service: every rank of a job served PMI gets the trap variable and
-    is watched until it speaks PMI; one found using Open MPI is reported as a PMI failure."""
-
-    name = "openmpi-guard"
-
-    def __init__(self, host) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(host)
-        self.watch = OpenMpiWatch()
-        self.job_of: dict[int, int] = {}  # process id -> job
-        self.served_pmix: set[int] = set()  # process ids that got PMIx: an Open MPI rank is no singleton there
-
-    def prepare(self, job: int, spec: RankSpec, env: dict[str, str]) -> list[int]:
-        if "PMIX_NAMESPACE" in env:  # served PMIx as well (by the "pmix" service, before this one)
-            self.served_pmix.add(spec.proc)
-            return []
-        for name, value in self.watch.rank_env().items():
-            env.setdefault(name, value)  # a user's -mca or -x wins
-        return []
-
-    def spawned(self, job: int, spec: RankSpec, pid: int) -> None:
-        if spec.proc in self.served_pmix:
-            return
-        self.job_of[spec.proc] = job
-        self.watch.watch(spec.proc, pid, time.monotonic())
-
-    def next_deadline(self) -> float | None:
-        return self.watch.next_deadline()
-
-    def tick(self, now: float) -> None:
-        found = self.watch.look(now, self.silent)
-        if found is not None:
-            self.host.send(PmiError(proc=found[0], error=found[1]))
-
-    def silent(self, ident: int) -> bool:
-        """Alive, served PMI and never sent `init`: only such a rank can be an Open MPI singleton."""
-        job = self.job_of.get(ident)
-        return job is not None and self.host.rank_running(ident) and self.host.mpi_state(job, ident) == "new"

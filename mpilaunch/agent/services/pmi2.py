@@ -108,27 +108,15 @@ def fields(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 def format_frame(cmd: str, pairs: Iterable[tuple[str, object]] = ()) -> bytes:
     """One frame: the length, then `cmd=...;` and each `key=value;`, with `;` doubled in values."""
-    parts = [f"cmd={cmd};"] + [f"{key}={_escape(str(value))};" for key, value in pairs]
+    parts = [f"cmd={cmd};"] + [f"{key}={str(value).replace(';', ';;')};" for key, value in pairs]
     body = "".join(parts).encode("ascii", "replace")
     return b"%6d" % len(body) + body
-
-
-def _escape(value: str) -> str:
-    return value.replace(";", ";;")
 
 
 def response(cmd: str, thrid: str | None, rc: int = 0, pairs: Iterable[tuple[str, object]] = ()) -> bytes:
     """The answer to a `cmd` request: `cmd-response`, the request's thrid, rc, then the fields."""
     head: list[tuple[str, object]] = [("thrid", thrid)] if thrid is not None else []
     return format_frame(f"{cmd}-response", [*head, ("rc", rc), *pairs])
-
-
-def boolean(value: bool) -> str:
-    return "TRUE" if value else "FALSE"
-
-
-def is_true(value: str | None) -> bool:
-    return (value or "").upper() == "TRUE"
 
 
 def spawn_apps(pairs: Sequence[tuple[str, str]]) -> list[dict]:

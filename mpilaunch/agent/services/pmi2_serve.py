@@ -13,7 +13,6 @@ from mpilaunch.agent.services.pmi2 import (
     VALLEN_MAX,
     Pairs,
     fields,
-    is_true,
     parse_body,
     response,
     spawn_apps,
@@ -93,7 +92,7 @@ def _put_node_attr(server: JobState, client: PmiClient, msg: dict[str, str], pai
 
 def _get_node_attr(server: JobState, client: PmiClient, msg: dict[str, str], pairs: Pairs) -> None:
     key = msg.get("key", "")
-    if key not in server.node_attrs and is_true(msg.get("wait")):
+    if key not in server.node_attrs and (msg.get("wait") or "").upper() == "TRUE":
         server.node_waits.append((client, key, msg.get("thrid")))  # answered by the put
     else:
         _answer(server, client, msg, **found(server.node_attrs.get(key)))
@@ -176,11 +175,6 @@ def answer(server: JobState, client: PmiClient, thrid: str | None, message: PmiN
     cmd = NAMES_BACK.get(message.cmd, "name-lookup")
     if message.rc != 0:
         out = [("errmsg", message.msg or "failed")]
-    else:
-        out = looked_up(message.port) if cmd == "name-lookup" else []
+    else:  # a found name: MPICH's client reads `port` (hydra's key), Slurm's `value` (its server's key)
+        out = [("port", message.port), ("value", message.port)] if cmd == "name-lookup" else []
     server.send(client, response(cmd, thrid, message.rc, out))
-
-
-def looked_up(port: str) -> list[tuple[str, str]]:
-    """A found name: MPICH's client reads `port` (hydra's key), Slurm's `value` (its server's key)."""
-    return [("port", port), ("value", port)]

@@ -32,13 +32,6 @@ def hello_words(buf: bytes | bytearray) -> dict[str, str]:
     return dict(word.split("=", 1) for word in line.split() if "=" in word)
 
 
-def pmi2_first(buf: bytes | bytearray) -> bool:
-    """A PMI-2 frame where the first line was expected: it has no newline to wait for."""
-    from mpilaunch.agent.services.pmi2 import looks_like_frame  # compiles its patterns: TCP hellos only
-
-    return looks_like_frame(buf)
-
-
 def verdict(buf: bytes | bytearray, ended: bool) -> tuple[str, int]:
     """What a connection's first bytes say: (WAIT, 0) while its first line is not whole (and it
     has not ended or run out of time: `ended`), (ID, N) for a whole line `cmd=initack pmiid=N`,
@@ -46,7 +39,9 @@ def verdict(buf: bytes | bytearray, ended: bool) -> tuple[str, int]:
     `cmd=init pmi_version=2` or a frame and never send PMI_ID."""
     if not buf:
         return ("silent", 0) if ended else (WAIT, 0)
-    frame = pmi2_first(buf)
+    from mpilaunch.agent.services.pmi2 import looks_like_frame  # compiles its patterns: TCP hellos only
+
+    frame = looks_like_frame(buf)  # a PMI-2 frame where the first line was expected: no newline to wait for
     if b"\n" not in buf and not frame:
         return (WAIT, 0) if not ended and len(buf) < HELLO_MAX else ("garbage", 0)
     words = hello_words(buf)

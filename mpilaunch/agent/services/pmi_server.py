@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from mpilaunch.agent.services.pmi1 import INITIALIZED, LINE_MAX, NEW, ProtocolError
 from mpilaunch.agent.services.pmi_job import JobState, PmiClient
-from mpilaunch.protocol.messages import PmiError, PmiFenceDone, PmiJob, PmiNameReply, PmiSpawnReply
-from mpilaunch.protocol.record import Record
+from mpilaunch.protocol.messages import PmiError, PmiFenceDone, PmiNameReply, PmiSpawnReply
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import ModuleType
 
 
@@ -25,20 +23,6 @@ def serving(version: int) -> ModuleType:
 
 
 class JobServer(JobState):
-    def __init__(
-        self,
-        job: PmiJob,
-        send_up: Callable[[Record], None],
-        on_hangup: Callable[[int], None] | None = None,
-        on_init: Callable[[int, int], None] | None = None,
-    ) -> None:
-        super().__init__(job, send_up, on_hangup, on_init)
-        self.answers = {
-            PmiFenceDone: self.fence_done,
-            PmiNameReply: self.answer_request,
-            PmiSpawnReply: self.answer_request,
-        }
-
     # -- reading ------------------------------------------------------------------------
     def readable(self, fd: int) -> bool:
         """Handle what a rank sent; False when its socket must be dropped (closed or misbehaving)."""
@@ -79,9 +63,12 @@ class JobServer(JobState):
         return serving(client.version).next_message(self, client)
 
     # -- answers from the controller -------------------------------------------------------
-    def handle(self, message: Record) -> None:
+    def handle(self, message: PmiFenceDone | PmiNameReply | PmiSpawnReply) -> None:
         """PmiFenceDone, PmiNameReply or PmiSpawnReply from the controller."""
-        self.answers[type(message)](message)  # type: ignore[operator]
+        if isinstance(message, PmiFenceDone):
+            self.fence_done(message)
+        else:
+            self.answer_request(message)
 
     def fence_done(self, message: PmiFenceDone) -> None:
         self.kvs.update(message.kvs)

@@ -178,12 +178,8 @@ class PmiTcp(PmiFd):
     # -- time -----------------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
         oldest = next(iter(self.hellos.values()), None)
-        due = [
-            t
-            for t in (super().next_deadline(), self.paused_until, oldest.since + HELLO_WAIT if oldest else None)
-            if t is not None
-        ]
-        return min(due) if due else None
+        due = (super().next_deadline(), self.paused_until, oldest.since + HELLO_WAIT if oldest else None)
+        return min((t for t in due if t is not None), default=None)
 
     def tick(self, now: float) -> None:
         super().tick(now)

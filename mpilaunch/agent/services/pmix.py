@@ -179,9 +179,9 @@ class PmixService(Service, PmixSide):
             PmixDmodexAsk: self.modex.ask,
             PmixDmodexDone: self.modex.dmodex_done,
             PmixNspace: lambda message: self.know(message.pmix),
-            PmixSpawnReply: self.dyn.spawned,
+            PmixSpawnReply: self.dyn.answered,
             PmixJoinDone: self.dyn.joined,
-            PmixNamesReply: self.dyn.named,
+            PmixNamesReply: self.dyn.answered,
         }
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)

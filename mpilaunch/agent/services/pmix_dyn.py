@@ -203,9 +203,6 @@ class PmixDyn:
                 return problem
         return ""
 
-    def spawned(self, message: PmixSpawnReply) -> None:
-        self.answer(self.pending.pop(message.req, None), message)
-
     def join(self, kind: str, members: list[tuple[str, int]], blob: bytes, cb: object, cbdata: int) -> None:
         """A collective of ranks of several jobs: each host with a participant sends its part up,
         under a key every one of them makes alike (the participants and how many came before)."""
@@ -267,10 +264,9 @@ class PmixDyn:
         req = self.request(answer_names, cb, cbdata)
         self.service.host.send(PmixUnpublish(job=found[0].number, proc=found[1], req=req, keys=keys))
 
-    def named(self, message: PmixNamesReply) -> None:
-        self.answer(self.pending.pop(message.req, None), message)
-
-    def answer(self, entry: Entry | None, message: object) -> None:
+    def answered(self, message: PmixSpawnReply | PmixNamesReply) -> None:
+        """The controller's answer to a spawn or a name request, to the callback that waits for it."""
+        entry = self.pending.pop(message.req, None)
         if entry is None:
             self.service.host.send(Note(text=f"mpilaunch agent: a PMIx answer nobody waits for: {message!r}"[:300]))
             return

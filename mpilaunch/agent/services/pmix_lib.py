@@ -327,13 +327,7 @@ class Server:
         status = self.lib.PMIx_server_setup_fork(ctypes.byref(who), ctypes.byref(env))
         if status != SUCCESS:
             raise LibraryError(f"PMIx_server_setup_fork failed with status {status}")
-        found: dict[str, str] = {}
-        index = 0
-        while env and env[index]:
-            name, _, value = env[index].decode(errors="surrogateescape").partition("=")
-            found[name] = value
-            index += 1
-        return found
+        return dict(line.partition("=")[::2] for line in strings(env))
 
     def dmodex_request(self, who: Proc, answer: Callable[[int, bytes], None]) -> None:
         """Ask this server for a local rank's data (it answers once the rank has committed it),
@@ -363,7 +357,10 @@ class Server:
             self.finalize()
 
         worker = threading.Thread(target=stopping, name="pmix-stop", daemon=True)
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError:  # no thread to be had (`ulimit -u` counts threads): the agent leaves without
+            return False  # PMIx's goodbye, as when it does not answer; its folder is removed all the same
         worker.join(limit)
         return not worker.is_alive()
 

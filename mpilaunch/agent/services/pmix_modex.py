@@ -11,6 +11,7 @@ to that rank's host (PmixDmodex), whose server gives the data once the rank has 
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import time
 
@@ -30,19 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from mpilaunch.agent.services.pmix_served import PmixSide
-
-
-def b64encode(data: bytes) -> bytes:
-    """base64, imported when a fence or a direct modex spans hosts (one host's never do)."""
-    import base64
-
-    return base64.b64encode(data)
-
-
-def b64decode(text: str) -> bytes:
-    import base64
-
-    return base64.b64decode(text)
 
 
 REQUIRED_KEY = "pmix.req.key"  # PMIX_REQUIRED_KEY in a direct modex's info
@@ -94,7 +82,7 @@ class PmixModex:
         served.fences[who] = count + 1
         key = f"{who}#{count}"
         self.waiting[(served.number, key)] = (cb, cbdata)
-        text = b64encode(blob).decode()
+        text = base64.b64encode(blob).decode()
         self.service.host.send(PmixFence(job=served.number, key=key, ranks=() if everyone else ranks, blob=text))
 
     def fence_done(self, done: PmixFenceDone) -> None:
@@ -102,7 +90,7 @@ class PmixModex:
         if entry is None:
             self.service.host.send(Note(text=f"mpilaunch agent: a PMIx fence {done.key!r} that nobody waits for"))
             return
-        self.answer(entry, done.status, b64decode(done.blob))
+        self.answer(entry, done.status, base64.b64decode(done.blob))
 
     def dmodex(self, nspace: str, rank: int, cb: object, cbdata: int, key: str) -> None:
         job = self.service.job_number(nspace)
@@ -116,18 +104,14 @@ class PmixModex:
     def dmodex_done(self, message: PmixDmodexDone) -> None:
         entry = self.dmodex_waiting.pop(message.req, None)
         if entry is not None:
-            self.answer(entry, message.status, b64decode(message.blob))
+            self.answer(entry, message.status, base64.b64decode(message.blob))
 
     def ask(self, ask: PmixDmodexAsk) -> None:
         """Another host's rank wants the data of one of ours: PMIx gives it once committed. A job
         this agent has not registered yet (its launch is on the way) keeps the ask until then."""
         service = self.service
         if ask.job in service.refused:
-            service.host.send(
-                PmixDmodexData(
-                    job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob="", status=lib.ERR_NOT_FOUND
-                )
-            )
+            self.dmodex_data(ask, lib.ERR_NOT_FOUND, b"")
             return
         served = service.jobs.get(ask.job)
         if served is None or service.server is None:
@@ -147,7 +131,7 @@ class PmixModex:
             self.asks_later.append((time.monotonic() + DMODEX_RETRY, ask))  # committed, not yet that key
             return
         self.asked_since.pop((ask.job, ask.host, ask.req), None)
-        blob = b64encode(data).decode()
+        blob = base64.b64encode(data).decode()
         self.service.host.send(
             PmixDmodexData(job=ask.job, rank=ask.rank, host=ask.host, req=ask.req, blob=blob, status=status)
         )

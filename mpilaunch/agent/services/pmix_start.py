@@ -56,6 +56,10 @@ class ServerStart:
                 ],
                 self.upcalls(),
             )
+        except BaseException:  # no server (a limit on threads, say): its folder goes with it
+            remove_folder(self.dir)
+            self.dir = None
+            raise
         finally:
             topology.after()
         self.topology = topology

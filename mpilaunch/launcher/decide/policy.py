@@ -216,7 +216,7 @@ class Policy:
             self.publish(FinishAgents(FINISH_GRACE))
 
     def next_deadline(self) -> float | None:
-        due = [t for t in (self.deadline, self.kill_at, self.stops.next_deadline()) if t is not None]
+        due = [t for t in (self.deadline, self.kill_at, self.stops.escalate_at) if t is not None]
         return min(due) if due else None
 
     def links_closed(self) -> None:

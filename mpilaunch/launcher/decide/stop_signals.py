@@ -80,9 +80,6 @@ class StopSignals:
         self.escalate_at = policy.clock() + grace
         policy.publish(StopNotice(sig, sent, grace, self.escalate_grace > 0))
 
-    def next_deadline(self) -> float | None:
-        return self.escalate_at
-
     def tick(self, now: float) -> None:
         """The grace after the first stop signal has passed: the ranks left are stopped."""
         if self.escalate_at is not None and now >= self.escalate_at:

@@ -9,6 +9,7 @@ garbles or falls silent is lost, with its ranks and every host it relayed to.
 from __future__ import annotations
 
 from mpilaunch.launcher.decide.events import Garbled, HostLost
+from mpilaunch.launcher.loop.links import own_proc
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import UP, Bye, Gone, MessageError, decode
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from mpilaunch.launcher.decide.policy import Policy
     from mpilaunch.launcher.loop.links import HostLink, Links
     from mpilaunch.launcher.output.sink import OutputSink
-    from mpilaunch.launcher.stacks.snapshots import StackSnapshots
+    from mpilaunch.launcher.stacks.watch import StacksWatch
     from mpilaunch.plan.build import LaunchPlan
     from mpilaunch.protocol.record import Record
 
@@ -33,7 +34,7 @@ class AgentFrames:
         links: Links,
         output: OutputSink,
         events: Events,
-        stacks: StackSnapshots,
+        stacks: StacksWatch,
         handlers: dict[type, Callable[[HostLink, Record], None]],
         heartbeat: float,
     ) -> None:
@@ -53,12 +54,6 @@ class AgentFrames:
         """The agent's last message: why it stopped, if something stopped it (said when its
         link ends, which follows)."""
         link.last_words = message.why
-
-    def _own_proc(self, link: HostLink, proc: int) -> int:
-        """A process id an agent sent: one of the processes of its own host, or the frame is bad."""
-        if not 0 <= proc < len(self.policy.procs) or self.policy.procs[proc].rank.host != link.index:
-            raise MessageError(f"process {proc!r} is not one of this host's")
-        return proc
 
     def read_link(self, link: HostLink, now: float) -> None:
         data = link.link.recv()
@@ -84,11 +79,11 @@ class AgentFrames:
         if kind == wire.OUTPUT:
             proc, stream, chunk = value  # type: ignore[misc]
             self.stacks.last_output = now  # --hang-timeout counts from here
-            self.output.write(self._own_proc(link, proc), stream, chunk, now)
+            self.output.write(own_proc(self.policy.procs, link, proc), stream, chunk, now)
         elif kind == wire.CONTROL:
             message = decode(value, UP)  # type: ignore[arg-type]
             if "proc" in message._fields:
-                self._own_proc(link, message.proc)  # type: ignore[attr-defined]
+                own_proc(self.policy.procs, link, message.proc)  # type: ignore[attr-defined]
             self.handlers[type(message)](link, message)  # type: ignore[operator]
         elif kind == wire.ROUTED:  # from a host below this one (tree spawn)
             host, frame = value  # type: ignore[misc]

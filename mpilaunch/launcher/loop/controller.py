@@ -39,8 +39,7 @@ from mpilaunch.launcher.mpi.spawn_agents import AgentStarts
 from mpilaunch.launcher.mpi.spawns import Spawner
 from mpilaunch.launcher.output.sink import OutputSink
 from mpilaunch.launcher.report.console_report import ConsoleReporter
-from mpilaunch.launcher.stacks.snapshots import StackSnapshots
-from mpilaunch.launcher.stacks.usage import UsageSnapshots
+from mpilaunch.launcher.stacks.watch import StacksWatch
 from mpilaunch.plan.build import JobPlan, LaunchPlan, launch_messages
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import (
@@ -117,8 +116,7 @@ class Controller:
         self.signals = signals if signals is not None else SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
         self.started = False  # the loop started: links adopted later are read at once
-        self.stacks = StackSnapshots(plan, self.policy, self.links, output, clock)
-        self.usage = UsageSnapshots(plan, self.policy, self.links, output, clock)  # `mpilaunch top`
+        self.stacks = StacksWatch(plan, self.policy, self.links, output, clock)  # and `mpilaunch top`
         self.agent_starts = AgentStarts(self.sel, remote_agents) if remote_agents is not None else None
         self.spawner = Spawner(
             plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch,
@@ -150,7 +148,6 @@ class Controller:
             **self.pmi.rows(),
             **self.spawner.rows(),
             **self.stacks.rows(),
-            **self.usage.rows(),
         }
         self.events.subscribe(
             table(
@@ -248,7 +245,7 @@ class Controller:
     def start(self) -> None:
         self.started = True
         self.signals.install(self.sel)
-        self.stacks.serve(self.sel, self.usage.client_asked)
+        self.stacks.serve(self.sel)
         now = self.clock()
         for link in self.links:
             if link.link.unread:  # frames read during start-up, not used there
@@ -278,7 +275,6 @@ class Controller:
                     self.output.next_deadline(),
                     self.pmi.next_deadline(),
                     self.stacks.next_deadline(),
-                    self.usage.next_deadline(),
                     silent_at,
                     look_again,
                     self.signals.next_deadline(),
@@ -304,7 +300,6 @@ class Controller:
             self.output.flush_idle(now)
             self.pmi.tick(now)
             self.stacks.tick(now)
-            self.usage.tick(now)
             self.signals.tick(now)
         self.output.close()
         self.policy.links_closed()
@@ -323,9 +318,6 @@ class Controller:
             waited += 0.05
             if self.signals.drain() or (self.policy.stop_signal is not None and waited >= STOPPED_DRAIN):
                 return
-
-    def exit_status(self) -> int:
-        return self.policy.exit_status()
 
 
 def _is_terminal(fd: int) -> bool:

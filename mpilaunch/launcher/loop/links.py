@@ -16,13 +16,15 @@ import signal
 import time
 
 from mpilaunch.protocol import wire
-from mpilaunch.protocol.messages import encode
+from mpilaunch.protocol.messages import MessageError, encode
 from mpilaunch.protocol.record import Record
 from mpilaunch.transport.base import Link
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator, Sequence
+
+    from mpilaunch.launcher.decide.states import RankState
 
 PENDING_READS = 16  # reads of a head's backlog (up to 4 MB) before a silent host behind it is lost
 
@@ -40,6 +42,13 @@ class HostLink:
         self.open = True
         self.heard = heard  # when the agent last sent anything (remote links are lost after a silence)
         self.last_words = ""  # what stopped the agent, as its Bye said (a limit of its host)
+
+
+def own_proc(procs: Sequence[RankState], link: HostLink, proc: int) -> int:
+    """A process id an agent sent: one of the processes of its own host, or the frame is bad."""
+    if not 0 <= proc < len(procs) or procs[proc].rank.host != link.index:
+        raise MessageError(f"process {proc!r} is not one of this host's")
+    return proc
 
 
 class Links:
@@ -61,6 +70,10 @@ class Links:
 
     def get(self, index: int) -> HostLink | None:
         return self.by_host.get(index)
+
+    def is_open(self, index: int) -> bool:
+        link = self.by_host.get(index)
+        return link is not None and link.open
 
     def add(self, index: int, agent: Link) -> HostLink:
         link = self.by_host[index] = HostLink(index, agent, heard=self.clock())
@@ -98,6 +111,13 @@ class Links:
             link.link.send(frame)
         except OSError:
             pass  # the agent is gone; its EOF is handled by the loop
+
+    def send_to(self, hosts: Iterable[int], message: Record) -> None:
+        """To each of these hosts that has a link, in host order."""
+        for host in sorted(hosts):
+            link = self.by_host.get(host)
+            if link is not None:
+                self.send(link, message)
 
     def broadcast(self, message: Record) -> None:
         """To every agent; a relay passes an ALL frame to the hosts below it (one frame per head)."""

@@ -34,6 +34,15 @@ class SignalPipe:
         self.faults_at: float | None = None  # when catch_faults runs (the controller's clock)
 
     def install(self, sel: selectors.BaseSelector) -> None:
+        self.catch()
+        sel.register(self.read_fd, selectors.EVENT_READ, "signal")
+
+    def catch(self) -> None:
+        """From now on a signal waits in the pipe for the loop. The launch calls it before job 1's
+        ranks start (launch.execute), so a Ctrl-C while the controller is still being made is
+        the run's (forwarded, then the grace), not the start-up's (leave at once)."""
+        if self.saved is not None:
+            return
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self.write_fd, False)
@@ -48,7 +57,6 @@ class SignalPipe:
         for sig in self.saved:
             if sig not in FAULTS:  # those once the run has started: catch_faults
                 signal.signal(sig, _ignore)
-        sel.register(self.read_fd, selectors.EVENT_READ, "signal")
 
     def catch_faults_at(self, when: float) -> None:
         """catch_faults once the loop's clock reaches when (tick)."""

@@ -89,14 +89,10 @@ class LateWatch:
 
     def __init__(self, key: Callable[[str], str]) -> None:
         self.key = key
-        self.conn: tcpstore.StoreClient | None = None  # a node's: it waits for `regroup` there
+        self.conn: tcpstore.StoreClient | None = None  # a node's: it waits for `regroup` there (opened as it joins)
         self.sel: selectors.BaseSelector | None = None
         self.heard: Callable[[str], None] | None = None
         self.said = False  # the regroup was said: once a round
-
-    def connect(self, host: str, port: int, timeout: float) -> None:
-        """A node's connection, opened while the store serves the meeting (its end later is the store's)."""
-        self.conn = tcpstore.StoreClient(host, port, timeout, patience=0)
 
     def watch_from(
         self, sel: selectors.BaseSelector, heard: Callable[[str], None], server: tcpstore.StoreServer | None

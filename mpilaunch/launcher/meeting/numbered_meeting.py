@@ -144,7 +144,7 @@ class NumberedMeeting:
                 self.attempt, self.adopt = int(client.get(store_reach.ROUND)), False
             self.watcher = tcpstore.StoreClient(self.host, self.port, self.timeout, patience=0)
             if self.late is not None:  # the job may grow: a late node's word reaches this one there
-                self.late.connect(self.host, self.port, self.timeout)
+                self.late.conn = tcpstore.StoreClient(self.host, self.port, self.timeout, patience=0)
             self.slot = client.add(self.key("arrivals"), 1) - 1
             client.set(self.key(f"joined/{self.slot}"), f"{socket.gethostname()} {os.getpid()}")
             said = json.loads(client.get(self.key("nodes"), max(deadline - time.monotonic(), 0.1)))

@@ -41,7 +41,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-JOIN_TIMEOUT = 600.0  # seconds a launcher waits for the other nodes' (torchrun's join_timeout)
 PREFIX = "mpilaunch/"
 
 
@@ -83,10 +82,6 @@ class NodeRendezvous(NumberedMeeting):
 
     def key(self, name: str) -> str:
         return f"{PREFIX}{self.attempt}/{name}"
-
-    @property
-    def name(self) -> str:
-        return "this node" if self.node is None else f"node {self.node}"
 
     # -- meeting -----------------------------------------------------------------------------
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from mpilaunch.launcher.loop.links import HostLink, Links
-from mpilaunch.launcher.mpi.pmix_joins import PmixJoins, PmixNameService, decoded_blob, join_done
+from mpilaunch.launcher.mpi.pmix_joins import PmixJoins, PmixNameService, decoded_blob, encoded_blob
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
     MessageError,
@@ -23,6 +23,7 @@ from mpilaunch.protocol.messages import (
     PmixFence,
     PmixFenceDone,
     PmixJoin,
+    PmixJoinDone,
 )
 
 TYPE_CHECKING = False
@@ -141,7 +142,7 @@ class JobWidePmi:
         """A PMIx collective over ranks of several jobs (MPI_Comm_spawn's connect, MPI_Comm_disconnect)."""
         done = self.joins.enter(link.index, message)
         if done is not None:
-            join_done(self.links, done[0], message.key, done[1])
+            self.links.send_to(done[0], PmixJoinDone(key=message.key, blob=encoded_blob(done[1])))
 
     def dmodex(self, link: HostLink, message: PmixDmodex) -> None:
         """PMIx's direct modex: the request goes to the host of the rank whose data is wanted."""
@@ -177,13 +178,7 @@ class JobWidePmi:
         self.entered(message.job)
         if done is not None:
             hosts, data = done
-            import base64
-
-            reply = PmixFenceDone(job=message.job, key=message.key, blob=base64.b64encode(data).decode())
-            for host in sorted(hosts):
-                target = self.links.get(host)
-                if target is not None:
-                    self.links.send(target, reply)
+            self.links.send_to(hosts, PmixFenceDone(job=message.job, key=message.key, blob=encoded_blob(data)))
 
     def entered(self, job: int) -> None:
         """A host entered a PMI barrier or a PMIx fence. Hosts in a PMI barrier and a PMIx fence

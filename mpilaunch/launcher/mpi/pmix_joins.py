@@ -15,7 +15,6 @@ from mpilaunch.protocol.messages import (
     MessageError,
     PmixDatum,
     PmixJoin,
-    PmixJoinDone,
     PmixLookup,
     PmixNamesReply,
     PmixPublish,
@@ -30,6 +29,13 @@ if TYPE_CHECKING:
 
 # PMIx's status codes (pmix_common.h) that the name service answers with
 SUCCESS, ERR_TIMEOUT, ERR_NOT_FOUND, ERR_DUPLICATE_KEY = 0, -24, -46, -53
+
+
+def encoded_blob(data: bytes) -> str:
+    """Every part of a fence or collective, as its Done message carries it."""
+    import base64
+
+    return base64.b64encode(data).decode()
 
 
 def decoded_blob(blob: str, whose: str) -> bytes:
@@ -157,14 +163,3 @@ class PmixNameService:
         self.parked = [entry for entry in self.parked if entry not in late]
         for link, message, _ in late:
             self.links.send(link, PmixNamesReply(job=message.job, req=message.req, status=ERR_TIMEOUT))
-
-
-def join_done(links: Links, hosts: set[int], key: str, data: bytes) -> None:
-    """Every part of a collective, to each participating host."""
-    import base64
-
-    reply = PmixJoinDone(key=key, blob=base64.b64encode(data).decode())
-    for host in sorted(hosts):
-        target = links.get(host)
-        if target is not None:
-            links.send(target, reply)

@@ -14,10 +14,10 @@ import selectors
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from mpilaunch.plan.build import JobPlan
-    from mpilaunch.transport.base import HostResult
+    from mpilaunch.transport.base import HostResult, Link
 
 JOIN_LIMIT = 2.0  # seconds the end of the run waits for a start still under way
 
@@ -64,7 +64,7 @@ class AgentStarts:
                     self.finished.append((done, results))
                     os.write(self.write_fd, b"!")
                     return
-            _close(results)  # the run ended meanwhile
+            close_and_wait(r.link for r in results.values())  # the run ended meanwhile
 
         thread = threading.Thread(target=run, name="spawn-agents", daemon=True)
         self.threads.append(thread)
@@ -91,8 +91,7 @@ class AgentStarts:
         with self.lock:
             self.closed = True
             finished, self.finished = self.finished, []
-        for _done, results in finished:
-            _close(results)
+        close_and_wait(r.link for _done, results in finished for r in results.values())
         if self.read_fd >= 0:
             self.sel.unregister(self.read_fd)
             os.close(self.read_fd)
@@ -100,9 +99,10 @@ class AgentStarts:
             self.read_fd = self.write_fd = -1
 
 
-def _close(results: dict[int, HostResult]) -> None:
-    links = [r.link for r in results.values() if r.link is not None]
-    for link in links:
+def close_and_wait(links: Iterable[Link | None]) -> None:
+    """Every agent told to stop at once (the end of its link), then each reaped."""
+    found = [link for link in links if link is not None]
+    for link in found:
         link.close()
-    for link in links:
+    for link in found:
         link.wait()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.decide.events import RankEnded, RankNotStarted, RankStarted, SpawnRefused, table
+from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
 from mpilaunch.plan.build import remote_hosts, spawn_plan
 from mpilaunch.protocol.messages import (
     MessageError,
@@ -110,10 +111,7 @@ class Spawner:
             del self.starting[child.job]
             problems = host_problems(results, lambda index: self.plan.hosts[index].name)
             if problems or self.policy.ending:
-                for result in results.values():
-                    if result.link is not None:
-                        result.link.close()
-                        result.link.wait()
+                close_and_wait(r.link for r in results.values())
                 refuse("; ".join(problems) or "the job is ending")
                 return
             for index, result in results.items():

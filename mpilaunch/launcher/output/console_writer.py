@@ -22,6 +22,7 @@ import errno
 import os
 import time
 
+from mpilaunch.launcher.output.log_files import write_all
 from mpilaunch.protocol.wire import STDERR, STDOUT
 
 TYPE_CHECKING = False
@@ -132,13 +133,6 @@ class ConsoleWriter:
                 for q in self.queues.values()
             )
 
-    def backlog(self) -> int:
-        """Bytes queued and not yet written (0 when the console has everything)."""
-        if self.lock is None:
-            return 0
-        with self.lock:
-            return sum(q.size for q in self.queues.values() if not q.gone)
-
     def wait_drained(self, timeout: float) -> bool:
         """Wait up to timeout seconds for every queue to be written out; True when it is."""
         if self.lock is None:
@@ -173,9 +167,7 @@ class ConsoleWriter:
         """Write to a destination that has no thread, here and whole (a console that does not
         read holds the caller, as it holds ranks that write to it themselves)."""
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         except OSError as exc:
             self._lost(queue, fd, exc)
 

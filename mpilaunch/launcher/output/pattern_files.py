@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.output.log_files import SameFiles, Use, empty, is_null, open_log, write_all
@@ -25,20 +26,9 @@ _STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
 
 def expand_pattern(pattern: str, rank: int, host: str, job: int, proxy: int) -> str:
     """hydra's -outfile-pattern: %r the rank, %h its host, %g its job (0 for the launched one),
-    %p its host's place among the job's hosts, %% a percent sign."""
-    out, at = [], 0
-    while at < len(pattern):
-        char = pattern[at]
-        if char == "%" and at + 1 < len(pattern):
-            code = pattern[at + 1]
-            fields = {"r": str(rank), "h": host, "g": str(job - 1), "p": str(proxy), "%": "%"}
-            if code in fields:
-                out.append(fields[code])
-                at += 2
-                continue
-        out.append(char)
-        at += 1
-    return "".join(out)
+    %p its host's place among the job's hosts, %% a percent sign (any other % is kept)."""
+    fields = {"r": str(rank), "h": host, "g": str(job - 1), "p": str(proxy), "%": "%"}
+    return re.sub("%([rhgp%])", lambda found: fields[found.group(1)], pattern)
 
 
 class _File(WholeLines):

@@ -242,9 +242,8 @@ class OutputSink:
         tree = self.trees.get(job)
         if tree is not None:
             tree.write(rank, stream, data)
-            if tree.failed:
+            if tree.failed:  # a write failed (a full disk)
                 self._say_failed(tree.failed)
-                tree.failed.clear()
         redirected = job == 1 and self.patterns is not None and self.patterns.write(rank, stream, data, now)
         if redirected:
             self._say_failed(self.patterns.failures())  # type: ignore[union-attr]
@@ -267,14 +266,15 @@ class OutputSink:
         job, rank = self.where[proc]
         tree = self.trees.get(job)
         path = tree.keep(rank, name, data) if tree else None
-        if tree is not None and tree.failed:
+        if tree is not None:
             self._say_failed(tree.failed)
-            tree.failed.clear()
         return path or ""
 
     def _say_failed(self, failed: list[tuple[str, str]]) -> None:
+        """Each (file, why) said once: the list is emptied."""
         for path, why in failed:
             self.say(f"mpilaunch: cannot write {path}: {why}; the rest of that output is not kept")
+        failed.clear()
 
     def say(self, text: str) -> None:
         """A line of the launcher's own on stderr, in order with the rank output shown there."""

@@ -19,7 +19,7 @@ import stat
 import struct
 
 from mpilaunch.errors import LaunchError
-from mpilaunch.host.files import kind_of
+from mpilaunch.launcher.output.log_files import not_regular
 
 LOCK_NAME = ".mpilaunch.lock"
 _SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # Linux's numbers, where Python does not name them
@@ -78,7 +78,7 @@ class TreeLock:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(fd)
-            raise OSError(errno.EINVAL, f"{kind_of(mode)}, not a regular file")
+            raise not_regular(mode)
         return fd
 
     def _still_there(self, fd: int) -> bool:

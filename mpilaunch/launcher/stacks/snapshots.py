@@ -6,28 +6,27 @@ DIR/JOB/rank.N/stack.K, kept for --report-json, answered to `mpilaunch stacks`.
 One snapshot at a time: a request that comes while one is being taken joins it. A host that does
 not answer in time, or whose agent is lost, has its ranks listed without a stack, with why; the
 snapshot never waits for ever, so a kill that waits for it (policy.kill_after_stacks) comes.
-This also watches for silence: --hang-timeout counts from the last byte any rank wrote.
+Imported when the first snapshot is asked for (watch.py keeps the socket and the hang watch).
 """
 
 from __future__ import annotations
 
 import time
 
-from mpilaunch.launcher.decide.events import Silent, StacksTaken, WantStacks, table
+from mpilaunch.launcher.decide.events import StacksTaken
 from mpilaunch.launcher.decide.states import RUNNING, STOPPING
-from mpilaunch.protocol.messages import MessageError, RankStack, Stacks, TakeStacks
+from mpilaunch.launcher.loop.links import own_proc
+from mpilaunch.protocol.messages import RankStack, Stacks, TakeStacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from selectors import BaseSelector
 
     from mpilaunch.launcher.decide.policy import Policy
     from mpilaunch.launcher.loop.links import HostLink, Links
     from mpilaunch.launcher.output.sink import OutputSink
-    from mpilaunch.launcher.stacks.stacks_socket import Client, StacksServer
+    from mpilaunch.launcher.stacks.stacks_socket import Client
     from mpilaunch.plan.build import LaunchPlan
-    from mpilaunch.protocol.record import Record
 
 LIMIT = 5.0  # seconds each tool gets per rank
 PARALLEL = 16  # tools an agent runs at once (agent/stacks.py)
@@ -63,7 +62,9 @@ class StackSnapshots:
         links: Links,
         output: OutputSink,
         clock: Callable[[], float],
+        taken: list[dict[str, object]],
     ) -> None:
+        """taken: --report-json's "stacks", where each snapshot is added."""
         self.plan = plan
         self.policy = policy
         self.links = links
@@ -71,31 +72,10 @@ class StackSnapshots:
         self.clock = clock
         self.current: Snapshot | None = None
         self.count = 0
-        self.taken: list[dict[str, object]] = []  # --report-json's "stacks"
+        self.taken = taken
         self.hang = plan.options.hang_timeout
-        self.last_output = clock()  # the controller sets it at every chunk of rank output
-        self.server: StacksServer | None = None
-        self.dispatch = table({WantStacks: lambda event: self.want(event.why)})
-
-    def rows(self) -> dict[type, Callable]:
-        """The controller's rows for what agents send."""
-        return {Stacks: self.took}
-
-    def __call__(self, event: Record) -> None:
-        """A subscriber of the run's events: WantStacks."""
-        self.dispatch(event)
 
     # -- asking --------------------------------------------------------------------------------
-    def serve(self, sel: BaseSelector, top: Callable[[Client], None] | None = None) -> None:
-        """The job's socket for `mpilaunch stacks` and, with top, `mpilaunch top`
-        (launcher/stacks/stacks_socket.py)."""
-        from mpilaunch.launcher.stacks.stacks_socket import StacksServer
-
-        self.server = StacksServer(sel, {"stacks": self.client_asked, **({"top": top} if top else {})})
-        problem = self.server.open()
-        if problem and not self.plan.options.quiet:
-            self.output.say(f"mpilaunch: `mpilaunch stacks` cannot reach this job: {problem}")
-
     def client_asked(self, client: Client) -> None:
         who = f" (pid {client.pid})" if client.pid else ""
         asker = "mpilaunch top" if client.ranks else "mpilaunch stacks"  # top asks for the ranks it shows
@@ -124,19 +104,14 @@ class StackSnapshots:
         waves = -(-max(per_host.values(), default=1) // PARALLEL)
         snap = self.current = Snapshot(self.count, why, self.clock(), LIMIT * waves + MARGIN)
         snap.asked = [s.proc for s in asked]
-        for host in sorted(per_host):
-            link = self.links.get(host)
-            if link is not None and link.open:
-                self.links.send(link, TakeStacks(snap=snap.number, limit=LIMIT))
-                snap.waiting.add(host)
+        snap.waiting = {host for host in per_host if self.links.is_open(host)}
+        self.links.send_to(snap.waiting, TakeStacks(snap=snap.number, limit=LIMIT))
         return snap
 
     # -- answers ---------------------------------------------------------------------------------
     def took(self, link: HostLink, message: Stacks) -> None:
         for stack in message.stacks:
-            proc = stack.proc
-            if not 0 <= proc < len(self.policy.procs) or self.policy.procs[proc].rank.host != link.index:
-                raise MessageError(f"process {proc!r} is not one of this host's")
+            own_proc(self.policy.procs, link, stack.proc)
         snap = self.current
         if snap is None or message.snap != snap.number or link.index not in snap.waiting:
             return  # the answer to a snapshot given up on
@@ -149,22 +124,12 @@ class StackSnapshots:
             self.complete()
 
     def next_deadline(self) -> float | None:
-        due = [t for t in (self.current.deadline if self.current else None, self.hang_due()) if t is not None]
-        return min(due) if due else None
-
-    def hang_due(self) -> float | None:
-        return self.last_output + self.hang if self.hang else None
+        return self.current.deadline if self.current else None
 
     def tick(self, now: float) -> None:
         snap = self.current
-        if snap is not None:
-            gone = {h for h in snap.waiting if not (self.links.get(h) and self.links[h].open)}
-            if now >= snap.deadline or gone == snap.waiting:
-                self.complete()
-        due = self.hang_due()
-        if due is not None and now >= due:
-            self.last_output = now  # again after a further silence as long
-            self.policy.handle(Silent(self.hang))  # type: ignore[arg-type]
+        if snap is not None and (now >= snap.deadline or not any(self.links.is_open(h) for h in snap.waiting)):
+            self.complete()
 
     # -- the snapshot, given out ------------------------------------------------------------------
     def complete(self) -> None:
@@ -216,8 +181,7 @@ class StackSnapshots:
 
     def unanswered(self, host: int, snap: Snapshot) -> str:
         name = self.plan.hosts[host].name
-        link = self.links.get(host)
-        if link is None or not link.open:
+        if not self.links.is_open(host):
             return f"the agent of host {name} was lost"
         return f"no answer from the agent of host {name} in {snap.wait:g} s"
 
@@ -233,8 +197,3 @@ class StackSnapshots:
             f"mpilaunch: stacks of {taken} of {len(snap.asked)} running ranks ({whys}): "
             f"{groups} group{'s' if groups != 1 else ''}, largest first{where}"
         )
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None

@@ -44,41 +44,36 @@ def frame(function: str, source: str | None, line: str | None, library: str | No
     return function
 
 
-def read_pyspy(text: str) -> list[Thread]:
-    threads: list[Thread] = []
-    name, frames = "", []
+Read = list[tuple[str, list[str]]]  # a reader's threads: (name, frames as the tool prints them, innermost first)
+
+
+def read_pyspy(text: str) -> Read:
+    threads: Read = []
     for line in text.splitlines():
         header = _PYSPY_THREAD.match(line)
         if header is not None:
-            if name:
-                threads.append(Thread(name, tuple(reversed(frames))))
-            name, frames = header.group(3) or str(len(threads) + 1), []
+            threads.append((header.group(3) or str(len(threads) + 1), []))
             continue
-        found = _PYSPY_FRAME.match(line) if name else None
+        found = _PYSPY_FRAME.match(line) if threads else None
         if found is not None:
             function, where, number = found.groups()
-            frames.append(frame(function, where, number, None if number else where))
-    if name:
-        threads.append(Thread(name, tuple(reversed(frames))))
+            threads[-1][1].append(frame(function, where, number, None if number else where))
     return threads
 
 
-def read_eu_stack(text: str) -> list[Thread]:
-    threads: list[Thread] = []
-    pid = name = ""
-    frames: list[str] = []
+def read_eu_stack(text: str) -> Read:
+    threads: Read = []
+    pid = ""
     for line in text.splitlines():
         if _EU_PID.match(line) and not pid:
             pid = line.split()[1]
             continue
         header = _EU_THREAD.match(line)
         if header is not None:
-            if name:
-                threads.append(Thread(name, tuple(reversed(frames))))
-            name = MAIN if header.group(1) == pid else str(len(threads) + 1)
-            frames = []
+            threads.append((MAIN if header.group(1) == pid else str(len(threads) + 1), []))
             continue
-        found = _EU_FRAME.match(line) if name else None
+        frames = threads[-1][1] if threads else []
+        found = _EU_FRAME.match(line) if threads else None
         if found is not None:
             frames.append(frame(found.group(1), None, None, found.group(2)))
             continue
@@ -86,29 +81,22 @@ def read_eu_stack(text: str) -> list[Thread]:
         if source is not None:  # -s: the line of the frame above
             function = frames[-1].split(" (", 1)[0]
             frames[-1] = frame(function, source.group(1), source.group(2), None)
-    if name:
-        threads.append(Thread(name, tuple(reversed(frames))))
     return threads
 
 
-def read_gdb(text: str) -> list[Thread]:
-    threads: list[Thread] = []
-    name = ""
-    frames: list[str] = []
+def read_gdb(text: str) -> Read:
+    threads: Read = []
     for line in text.splitlines():
         header = _GDB_THREAD.match(line)
         if header is not None:
-            if name:
-                threads.append(Thread(name, tuple(reversed(frames))))
-            name, frames = (MAIN if header.group(1) == "1" else header.group(1)), []
+            threads.append((MAIN if header.group(1) == "1" else header.group(1), []))
             continue
         found = _GDB_FRAME.match(line) if line.startswith("#") else None
         if found is not None:
+            if not threads:  # a program without threads: gdb prints no thread header
+                threads.append((MAIN, []))
             function, source, number, library = found.groups()
-            frames.append(frame(function, source, number, library))
-            name = name or MAIN  # a program without threads: gdb prints no thread header
-    if name:
-        threads.append(Thread(name, tuple(reversed(frames))))
+            threads[-1][1].append(frame(function, source, number, library))
     return threads
 
 
@@ -118,7 +106,8 @@ READERS = {"py-spy": read_pyspy, "eu-stack": read_eu_stack, "gdb": read_gdb}
 def threads_of(tool: str, text: str) -> tuple[tuple[Thread, ...], str]:
     """(the threads, main first; or none and why not, in the tool's last words)."""
     reader = READERS.get(tool)
-    threads = [t for t in reader(text) if t.frames] if reader is not None else []
+    read = reader(text) if reader is not None else []
+    threads = [Thread(name, tuple(reversed(frames))) for name, frames in read if frames]
     if not threads:
         said = [line.strip() for line in text.splitlines() if line.strip()]
         said = [line for line in said if line.startswith("Error:")][:1] or said[-1:]  # py-spy's error first

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from mpilaunch.protocol.messages import MessageError, RankUsage, TakeUsage, Usage
+from mpilaunch.launcher.loop.links import own_proc
+from mpilaunch.protocol.messages import RankUsage, TakeUsage, Usage
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,10 +46,6 @@ class UsageSnapshots:
         self.current: Measurement | None = None
         self.count = 0
 
-    def rows(self) -> dict[type, Callable]:
-        """The controller's rows for what agents send."""
-        return {Usage: self.took}
-
     def client_asked(self, client: Client) -> None:
         """A `mpilaunch top` wants a measurement: it joins the one under way, or starts one."""
         current = self.current
@@ -56,20 +53,15 @@ class UsageSnapshots:
             self.count += 1
             current = self.current = Measurement(self.count, self.clock() + WAIT)
             hosts = {s.rank.host for s in self.policy.procs if not s.done and s.pid is not None}
-            for host in sorted(hosts):
-                link = self.links.get(host)
-                if link is not None and link.open:
-                    self.links.send(link, TakeUsage(snap=current.number))
-                    current.waiting.add(host)
+            current.waiting = {host for host in hosts if self.links.is_open(host)}
+            self.links.send_to(current.waiting, TakeUsage(snap=current.number))
         current.clients.append(client)
         if not current.waiting:
             self.complete()
 
     def took(self, link: HostLink, message: Usage) -> None:
-        procs = self.policy.procs
         for usage in message.ranks:
-            if not 0 <= usage.proc < len(procs) or procs[usage.proc].rank.host != link.index:
-                raise MessageError(f"process {usage.proc!r} is not one of this host's")
+            own_proc(self.policy.procs, link, usage.proc)
         current = self.current
         if current is None or message.snap != current.number or link.index not in current.waiting:
             return  # the answer to a measurement given up on
@@ -84,10 +76,7 @@ class UsageSnapshots:
 
     def tick(self, now: float) -> None:
         current = self.current
-        if current is None:
-            return
-        gone = {h for h in current.waiting if not (self.links.get(h) and self.links[h].open)}
-        if now >= current.deadline or gone == current.waiting:
+        if current is not None and (now >= current.deadline or not any(self.links.is_open(h) for h in current.waiting)):
             self.complete()
 
     def complete(self) -> None:

@@ -31,11 +31,6 @@ class CheckRow:
         return not self.problems
 
 
-def _hosts(options: Options) -> list[Host]:
-    hosts, _ = resolve_hosts(options)
-    return hosts
-
-
 def _local_row(host: Host, program: str | None, wdir: str, port: int) -> CheckRow:
     problems = []
     program_cell = "-"
@@ -97,11 +92,12 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
+    from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
     from mpilaunch.launcher.start.greeting import WINDOW, start_agents
     from mpilaunch.transport.base import transport_class
     from mpilaunch.transport.sshcommon import ssh_client
 
-    hosts = _hosts(options)
+    hosts, _ = resolve_hosts(options)
     if port is None:
         env_port = os.environ.get("MASTER_PORT", "")
         port = int(env_port) if env_port.isdigit() else 0  # a job picks a free one: check that it can
@@ -121,12 +117,8 @@ def run_check(options: Options, program: str | None, port: int | None) -> int:
                 rows.append(_remote_row(host, results[index], port, program))
             else:
                 rows.append(_local_row(host, program, wdir, port))
-    finally:
-        links = [r.link for r in results.values() if r.link is not None]
-        for link in links:
-            link.close()
-        for link in links:  # what carried each agent (an ssh client) leaves before the table is out
-            link.wait()
+    finally:  # what carried each agent (an ssh client) leaves before the table is out
+        close_and_wait(r.link for r in results.values())
     print(check_table(rows), flush=True)
     return 0 if all(r.ok for r in rows) else 1
 
@@ -141,7 +133,7 @@ def run_allrun(
     from mpilaunch.launcher.start.launch import execute
     from mpilaunch.plan.build import build_plan
 
-    hosts = [h._replace(slots=1, max_slots=None) for h in _hosts(options)]
+    hosts = [h._replace(slots=1, max_slots=None) for h in resolve_hosts(options)[0]]
     options = options._replace(map_by="slot", mpi="none", mca=(("orte_abort_on_non_zero_status", "0"),))
     spec = JobSpec((AppContext(argv, len(hosts), exports, wdir),), options)
     plan, _ = build_plan(spec, os.environ, ThisMachine(), hosts)

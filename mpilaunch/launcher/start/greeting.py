@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
+from mpilaunch.launcher.start.window import StartWindow
 from mpilaunch.protocol import wire
 from mpilaunch.protocol.messages import UP, Bye, Checked, Gone, Hello, Note, decode
 from mpilaunch.protocol.record import Record
@@ -91,23 +92,38 @@ class Stream:
 class _Greeter:
     """The greetings of a start: who waits, what each connection carries, and the outcomes."""
 
-    def __init__(self, results: Mapping[int, HostResult], checks: Callable[[int], bytes | None]) -> None:
-        self.results = results
-        self.links = {i: r.link for i, r in results.items() if r.link is not None}
+    def __init__(self, checks: Callable[[int], bytes | None]) -> None:
+        self.checks = checks
+        self.results: dict[int, HostResult] = {}
+        self.links: dict[int, Link] = {}
         self.greetings: dict[int, Greeting] = {}
-        self.heads = {i: link for i, link in self.links.items() if not link.relayed}
-        self.streams = {i: Stream(link.marked) for i, link in self.heads.items()}
-        self.kept: dict[int, list[bytes]] = {i: [] for i in self.heads}  # later frames of relayed hosts
+        self.heads: dict[int, Link] = {}
+        self.streams: dict[int, Stream] = {}
+        self.kept: dict[int, list[bytes]] = {}  # later frames of relayed hosts
+        self.deadlines: dict[int, float] = {}
+
+    def add(self, results: Mapping[int, HostResult]) -> None:
+        """Hosts just started: each one's patience counts from now, its code and Check queued."""
+        self.results.update(results)
+        links = {i: r.link for i, r in results.items() if r.link is not None}
+        self.links.update(links)
         now = time.monotonic()
-        self.deadlines = {i: now + link.patience for i, link in self.links.items()}
-        for index, link in sorted(self.links.items(), key=lambda item: item[1].relayed):
-            check = checks(index)
+        for index, link in sorted(links.items(), key=lambda item: item[1].relayed):
+            self.deadlines[index] = now + link.patience
+            if not link.relayed:
+                self.heads[index] = link
+                self.streams[index] = Stream(link.marked)
+                self.kept[index] = []
+            check = self.checks(index)
             self.greetings[index] = Greeting(check is not None, link.await_hello)
             frames = ([check] if check is not None else []) + link.follow
             if link.relayed:  # behind its head's own frames, routed to it
                 link.head.outbox += b"".join(wire.routed(index, f) for f in frames)  # type: ignore[union-attr]
             else:
                 link.outbox += b"".join(frames)
+
+    def done(self, index: int) -> bool:
+        return index in self.links and self.greetings[index].done
 
     def waiting(self) -> list[int]:
         return [i for i, g in self.greetings.items() if i in self.links and not g.done]
@@ -134,9 +150,11 @@ class _Greeter:
         if not data:
             self.fail(head, link.last_words() or link.ended_words())
             return
+        self.feed(head, data)
+
+    def feed(self, head: int, data: bytes) -> None:
         try:
-            frames = self.streams[head].feed(data)
-            for kind, frame in frames:
+            for kind, frame in self.streams[head].feed(data):
                 self.frame(head, kind, frame)
         except GreetingError as exc:
             self.fail(head, str(exc))
@@ -171,8 +189,13 @@ class _Greeter:
             print(message.text, file=sys.stderr)
             return True
         if isinstance(message, Gone) and message.host in self.links and message.host in self.waiting():
-            if self.links[message.host].parent == head or self.links[message.host].head_index == head:
-                self.fail(message.host, message.why)
+            link = self.links[message.host]
+            if link.parent == head or link.head_index == head:
+                by = self.links[link.parent].name if link.parent in self.links else "its relay"
+                self.fail(
+                    message.host,
+                    f"{message.why} (tree spawn through {by}; --ssh-tree-width 0 starts each host from here)",
+                )
                 return True
         return False
 
@@ -188,57 +211,79 @@ class _Greeter:
                 link.unread = b"".join(later) + bytes(self.streams[index].inbox) + link.unread
 
 
-def greet(results: Mapping[int, HostResult], checks: Callable[[int], bytes | None]) -> None:
-    """Drive every started link of results through its greeting; a host whose greeting failed
-    gets its error, and its link is closed and reaped."""
-    greeter = _Greeter(results, checks)
-    sel = selectors.DefaultSelector()
-    writing: dict[int, Link] = {}
-    try:
-        for index, link in greeter.heads.items():
-            sel.register(link.fileno(), selectors.EVENT_READ, ("in", index))
+class _Greetings:
+    """The one selector over every connection being greeted, hosts added as they are started."""
+
+    def __init__(self, checks: Callable[[int], bytes | None]) -> None:
+        self.greeter = _Greeter(checks)
+        self.sel = selectors.DefaultSelector()
+        self.fds: dict[int, list[int]] = {}  # each head's registered descriptors
+
+    def add(self, results: Mapping[int, HostResult]) -> None:
+        greeter = self.greeter
+        before = set(greeter.heads)
+        greeter.add(results)
+        new = [i for i in greeter.heads if i not in before]
+        for index in new:
+            link = greeter.heads[index]
+            self.sel.register(link.fileno(), selectors.EVENT_READ, ("in", index))
+            self.fds[index] = [link.fileno()]
             if link.unread:  # read by the transport already (what an srun agent sent behind its first line)
                 data, link.unread = link.unread, b""
-                try:
-                    for kind, frame in greeter.streams[index].feed(data):
-                        greeter.frame(index, kind, frame)
-                except GreetingError as exc:
-                    greeter.fail(index, str(exc))
-        for index, link in list(greeter.heads.items()):
-            if not link.outbox:
+                greeter.feed(index, data)
+        for index in new:
+            link = greeter.heads.get(index)  # type: ignore[assignment]
+            if link is None or not link.outbox:
                 continue
             fd = link.write_fileno()
             if fd is None:  # a link that takes a whole write (paramiko's channel)
                 link.send(bytes(link.outbox))
                 link.outbox.clear()
             else:
-                writing[fd] = link
-                sel.register(fd, selectors.EVENT_WRITE, ("out", index))
-        while greeter.waiting():
-            now = time.monotonic()
-            late = [i for i in greeter.waiting() if greeter.deadlines[i] <= now]
-            for index in late:
-                link = greeter.links[index]
-                greeter.fail(index, link.last_words() or f"no answer in {link.patience:g} s")
-            left = [greeter.deadlines[i] for i in greeter.waiting()]
-            if not left:
-                break
-            for key, _ in sel.select(max(0.0, min(left) - now)):
-                way, index = key.data
-                if index not in greeter.heads:
-                    _forget(sel, key.fd)
-                elif way == "out":
-                    link = greeter.heads[index]
-                    if not link.write_outbox():
-                        _forget(sel, key.fd)
-                else:
-                    greeter.read(index)
-            for link in list(greeter.heads.values()):
-                link.read_diagnostics()  # a full stderr pipe would stall an ssh client
-    finally:
-        sel.close()
-        greeter.finish()
-        for result in results.values():
+                self.sel.register(fd, selectors.EVENT_WRITE, ("out", index))
+                self.fds[index].append(fd)
+
+    def step(self, wake: float | None) -> None:
+        """One wait for the connections (at most until the next deadline, or wake seconds), what
+        they carry read or written; then the hosts still waiting past their patience fail (read
+        first: a start that kept the loop busy made no answer that came meanwhile late)."""
+        greeter = self.greeter
+        now = time.monotonic()
+        left = [greeter.deadlines[i] - now for i in greeter.waiting()] + ([wake] if wake is not None else [])
+        if not left:
+            return
+        for key, _ in self.sel.select(max(0.0, min(left))):
+            way, index = key.data
+            if index not in greeter.heads:
+                _forget(self.sel, key.fd)
+            elif way == "out":
+                if not greeter.heads[index].write_outbox():
+                    _forget(self.sel, key.fd)
+            else:
+                greeter.read(index)
+        for link in list(greeter.heads.values()):
+            link.read_diagnostics()  # a full stderr pipe would stall an ssh client
+        now = time.monotonic()
+        for index in [i for i in greeter.waiting() if greeter.deadlines[i] <= now]:
+            link = greeter.links[index]
+            greeter.fail(index, link.last_words() or f"no answer in {link.patience:g} s")
+
+    def drop(self, index: int) -> None:
+        """A failed host to be started again: its connection is closed and forgotten now (its
+        descriptors' numbers may be the next connection's)."""
+        for fd in self.fds.pop(index, []):
+            _forget(self.sel, fd)
+        result = self.greeter.results.pop(index)
+        self.greeter.links.pop(index, None)
+        if result.link is not None:
+            result.link.give_up()
+
+    def close(self) -> None:
+        """Every greeted link takes its Hello; a host whose greeting failed has its error, and
+        its link is closed and reaped."""
+        self.sel.close()
+        self.greeter.finish()
+        for result in self.greeter.results.values():
             if result.error is not None and result.link is not None:
                 result.link.give_up()
                 result.link = None
@@ -258,31 +303,36 @@ def start_agents(
     window: int | None = None,
 ) -> dict[int, HostResult]:
     """One greeted agent on every host (or its error): started by transport, greeted here, at
-    most window hosts at a time (each host's patience counts from its own start: a busy machine
-    starting hundreds of hosts is slow, not failed). A host whose connection its sshd dropped
-    before the banner (MaxStartups under a burst of logins) is started again, up to RETRIES
-    times, after a short random wait."""
-    order = list(hosts)
-    size = window or len(order) or 1
-    results: dict[int, HostResult] = {}
-    for start in range(0, len(order), size):
-        results.update(_start_some(transport, {i: hosts[i] for i in order[start : start + size]}, checks))
-    return dict(sorted(results.items()))
+    most window hosts in flight (None: all at once), the next one started as soon as an earlier
+    one greets or fails (launcher/start/window.py). A host whose connection its sshd dropped
+    before the banner is started again, up to RETRIES times, after a short random wait."""
+    win = StartWindow(hosts, window, RETRIES)
+    least = max(1, win.size // 4) if transport.start_blocks else 1
+    greetings = _Greetings(checks)
+    greeter = greetings.greeter
+    try:
+        while True:
+            taken = win.take(time.monotonic(), least)
+            if taken:
+                greetings.add(transport.start({i: hosts[i] for i in taken}))  # type: ignore[arg-type]
+            for index in sorted(win.in_flight):
+                error = greeter.results[index].error
+                if error is not None:
+                    wait = _retry_wait(win.tries[index]) if transport.retry(error) else 0.0
+                    if win.failed(index, bool(wait), time.monotonic(), wait):
+                        greetings.drop(index)
+                elif greeter.done(index):
+                    win.greeted(index)
+            if win.finished:
+                break
+            if not taken or not win.in_flight:
+                greetings.step(win.next_wake(time.monotonic()))
+    finally:
+        greetings.close()
+    return dict(sorted(greeter.results.items()))
 
 
-def _start_some(
-    transport: Transport, hosts: Mapping[int, object], checks: Callable[[int], bytes | None]
-) -> dict[int, HostResult]:
-    results = transport.start(hosts)  # type: ignore[arg-type]
-    greet(results, checks)
-    for attempt in range(1, RETRIES + 1):
-        again = {i: hosts[i] for i, r in results.items() if r.error is not None and transport.retry(r.error)}
-        if not again:
-            break
-        import random  # a retry only: not on every start's path
+def _retry_wait(attempt: int) -> float:
+    import random  # a retry only: not on every start's path
 
-        time.sleep(random.uniform(0.05, 0.25) * attempt)
-        more = transport.start(again)  # type: ignore[arg-type]
-        greet(more, checks)
-        results.update(more)
-    return results
+    return random.uniform(0.05, 0.25) * attempt

@@ -12,6 +12,7 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.decide.events import NodesEnded, NodesRegroup
 from mpilaunch.launcher.decide.signal_table import LEAVES_WITH
+from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
 from mpilaunch.launcher.output.sink import Console, OutputSink
 from mpilaunch.launcher.start.greeting import WINDOW, start_agents
 from mpilaunch.launcher.start.here import ThisMachine
@@ -26,6 +27,7 @@ from mpilaunch.protocol.wire import STDERR, STDOUT
 from mpilaunch.transport.base import HostResult, Link, Transport, host_problems, transport_class
 from mpilaunch.transport.local import LocalTransport, raise_fd_limit
 
+TREE_WIDTH = 32  # tree spawn by default above this many remote hosts (--ssh-tree-width 0: never)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from mpilaunch.launcher.loop.controller import Controller
@@ -47,6 +49,19 @@ def check_local_programs(plan: LaunchPlan, env: Mapping[str, str], host: int) ->
     return families
 
 
+def local_torch_releases(plan: LaunchPlan, env: Mapping[str, str], host: int) -> dict[str, str]:
+    """The torch each of a torchrun job's programs would import on this machine (none for
+    another job): what the ranks' store is to speak (plan/finalize.own_store)."""
+    if plan.options.torch is None:
+        return {}
+    from mpilaunch.host.torch_release import torch_release
+
+    path = inherited(env).get("PATH", os.defpath)
+    checks = host_checks(plan.job, host)
+    found = {c["program"]: torch_release(c["program"], c["wdir"], c["path"] or path) for c in checks}
+    return {program: release for program, release in found.items() if release is not None}
+
+
 def remote_transport(options: Options, hosts: int) -> Transport:
     """The transport that starts the agents of this many remote hosts: --ssh-client's, behind
     relays with --ssh-tree-width when there are more hosts than that."""
@@ -63,10 +78,19 @@ def remote_transport(options: Options, hosts: int) -> Transport:
             raise LaunchError("plm_rsh_agent/plm_rsh_args (-bootstrap-exec/-exec-args) need --ssh-client openssh")
         client = "openssh"
     transport = transport_class(client)(ssh)  # type: ignore[call-arg]
-    width = options.ssh_tree_width
-    if width and hosts > width:
+    width = tree_width(options, hosts)
+    if width:
         return transport_class("tree")(transport, ssh, width)  # type: ignore[call-arg]
     return transport
+
+
+def tree_width(options: Options, hosts: int) -> int:
+    """The tree's width for this many remote hosts, 0 for none: --ssh-tree-width's (0 turns it
+    off), else TREE_WIDTH above that many hosts, as Open MPI tree-spawns by default: past 32
+    hosts the bed starts faster through 32 heads, with a fraction of the launcher's CPU and
+    memory (docs/performance.md, "Hundreds of hosts")."""
+    width = TREE_WIDTH if options.ssh_tree_width is None else options.ssh_tree_width
+    return width if width and hosts > width else 0
 
 
 def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callable[[int], bytes]:
@@ -88,6 +112,7 @@ def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callabl
                 heartbeat=plan.heartbeat,
                 probe=Probe(**probe),
                 families=asks_families(options),
+                torch=options.torch is not None,
             )
         )
 
@@ -97,25 +122,24 @@ def agent_checks(plan: LaunchPlan, job: JobPlan, port_on: int | None) -> Callabl
 def start_remote_agents(plan: LaunchPlan, remote: list[int]) -> tuple[dict[int, Link], dict[int, HostResult]]:
     """One agent on every remote host, each checked before anything starts (the agent checks the
     programs, answers the probe and, on rank 0's host, finds a free port for MASTER_PORT)."""
-    options = plan.options
     rank0 = plan.job.ranks[0].host
-    pick_port = rank0 in remote and user_port(options, plan.launcher_env) is None
-    check = agent_checks(plan, plan.job, rank0 if pick_port else None)
-    hosts = {i: plan.hosts[i] for i in remote}
-    results = start_agents(remote_transport(options, len(hosts)), hosts, check, window(options, len(hosts)))
+    pick_port = rank0 in remote and user_port(plan.options, plan.launcher_env) is None
+    results = start_checked_agents(plan, plan.job, remote, rank0 if pick_port else None)
     links = {i: r.link for i, r in results.items() if r.link is not None}
     problems = host_problems(results, lambda index: plan.hosts[index].name)
     if problems:
-        _close_and_wait(links)  # an agent's ssh or srun may not outlive the launcher
+        close_and_wait(links.values())  # an agent's ssh or srun may not outlive the launcher
         raise LaunchError("\nmpilaunch: ".join(problems))  # one line per problem, in host order
     return links, results
 
 
-def start_spawn_agents(plan: LaunchPlan, job: JobPlan, hosts: list[int]) -> dict[int, HostResult]:
-    """Agents for the hosts of a spawned job that have none yet (no rank of job 1 runs there),
-    started and checked as job 1's were, by the same transport."""
+def start_checked_agents(
+    plan: LaunchPlan, job: JobPlan, hosts: list[int], port_on: int | None = None
+) -> dict[int, HostResult]:
+    """Agents on these remote hosts, each checked for job (agent_checks): job 1's, and those of
+    the hosts of a spawned job that have none yet (no rank of job 1 runs there), by the same transport."""
     transport = remote_transport(plan.options, len(hosts))
-    checks = agent_checks(plan, job, None)
+    checks = agent_checks(plan, job, port_on)
     return start_agents(transport, {i: plan.hosts[i] for i in hosts}, checks, window(plan.options, len(hosts)))
 
 
@@ -123,7 +147,7 @@ def window(options: Options, hosts: int) -> int | None:
     """How many hosts' connections are set up at once: --ssh-concurrent (WINDOW by default);
     all at once behind relays (tree spawn bounds each one's own) and under Slurm or Grid Engine,
     whose one step or job starts them."""
-    if options.launcher in ENGINES or (options.ssh_tree_width and hosts > options.ssh_tree_width):
+    if options.launcher in ENGINES or tree_width(options, hosts):
         return None
     return options.ssh_concurrent or WINDOW
 
@@ -136,12 +160,14 @@ def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[i
     ours = next((link.local_address for link in links.values() if link.local_address), "")
     info = {i: {**h, "address": ours or h.get("address", "")} for i, h in plan.host_info.items()}
     families: dict[int, dict[str, str]] = {}
+    releases: dict[int, dict[str, str]] = {}
     for index, link in links.items():  # what each host found out about itself, and where it was reached
         reply = results[index].reply
         info[index] = {"cpus": link.hello.cpus if link.hello else None, **((reply.info if reply else None) or {})}
         families[index] = dict((reply.families if reply else None) or {})  # which MPI each program is linked with
         if families[index]:
             info[index]["families"] = families[index]
+        releases[index] = dict((reply.torch if reply else None) or {})  # the torch each program would import
         info[index]["address"] = link.peer
     master = None
     if rank0 in links:
@@ -153,15 +179,7 @@ def remote_facts(plan: LaunchPlan, links: Mapping[int, Link], results: Mapping[i
     torch = plan.options.torch
     if master is not None and torch is not None and torch.master_addr:  # torchrun's --master-addr is the ranks'
         master = (torch.master_addr, master[1])
-    return Facts(host_info=info, families=families, master=master)
-
-
-def _close_and_wait(links: Mapping[int, Link]) -> None:
-    """Every agent told to stop at once (the end of its link), then each reaped."""
-    for link in links.values():
-        link.close()
-    for link in links.values():
-        link.wait()
+    return Facts(host_info=info, families=families, master=master, torch=releases)
 
 
 def rank_table(plan: LaunchPlan) -> tuple[str, list[str]]:
@@ -396,12 +414,9 @@ def pattern_places(plan: LaunchPlan) -> list[tuple[str, int]]:
 def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     """The console copy and the log tree DIR/1/rank.N (Open MPI's `DIR:nocopy`: files only)."""
     options = plan.options
-    log_dir = None
-    copy_to_console = True
-    if options.output_filename is not None:  # an empty one is refused by LogTree, not ignored
-        log_dir = options.output_filename
-        if log_dir.endswith(":nocopy"):
-            log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
+    log_dir, copy_to_console = options.output_filename, True  # an empty one is refused by LogTree, not ignored
+    if log_dir is not None and log_dir.endswith(":nocopy"):
+        log_dir, copy_to_console = log_dir[: -len(":nocopy")], False
     torch = options.torch
     console = None
     if copy_to_console:
@@ -411,31 +426,24 @@ def open_output(plan: LaunchPlan, host_tags: bool) -> OutputSink:
     sink = OutputSink(console, log_dir, options.merge_stderr_to_stdout, owner=plan.job_id)
     patterns = {s: p for s, p in ((STDOUT, options.outfile_pattern), (STDERR, options.errfile_pattern)) if p}
     labelled = console is not None and options.prepend_pattern is not None  # hydra's, on each console line
-    places = pattern_places(plan) if patterns or labelled else []
     if patterns or labelled:
-        from mpilaunch.launcher.output.pattern_files import (  # a job with hydra's patterns only
-            PatternFiles,
-            expand_pattern,
-        )
-    if patterns:
-        sink.patterns = PatternFiles(patterns, places, sink.same)  # refused before the log tree is emptied
-    if labelled:
-        for rank, (host, proxy) in enumerate(places):
-            label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
-            console.line_labels.update({(rank, STDOUT): label, (rank, STDERR): label})
-    if torch is not None:
-        sink.off_console = {
-            (r.rank, stream)
-            for r in plan.job.ranks
-            for stream, mask in ((STDOUT, 1), (STDERR, 2))
-            if not torch.on_console(r.local_rank) & mask
-        }
-        if console is not None:  # torchrun's label on each line of a tee'd stream
-            for r in plan.job.ranks:
-                for stream, mask in ((STDOUT, 1), (STDERR, 2)):
-                    label = torch.console_label(r.local_rank, mask)
-                    if label:
-                        console.line_labels[(r.rank, stream)] = label.encode("utf-8", "surrogateescape")
+        from mpilaunch.launcher.output.pattern_files import PatternFiles, expand_pattern  # hydra's patterns only
+
+        places = pattern_places(plan)
+        if patterns:
+            sink.patterns = PatternFiles(patterns, places, sink.same)  # refused before the log tree is emptied
+        if labelled:
+            for rank, (host, proxy) in enumerate(places):
+                label = expand_pattern(options.prepend_pattern, rank, host, 1, proxy).encode("utf-8", "surrogateescape")
+                console.line_labels.update({(rank, STDOUT): label, (rank, STDERR): label})
+    if torch is not None:  # torchrun's streams kept off the console, and its label on each line of a tee'd one
+        for r in plan.job.ranks:
+            for stream, mask in ((STDOUT, 1), (STDERR, 2)):
+                if not torch.on_console(r.local_rank) & mask:
+                    sink.off_console.add((r.rank, stream))
+                label = torch.console_label(r.local_rank, mask)
+                if label and console is not None:
+                    console.line_labels[(r.rank, stream)] = label.encode("utf-8", "surrogateescape")
     try:
         root = sink.add_job(1, list(range(len(plan.job.ranks))), plan.job.first, plan.job.world)
     except BaseException:
@@ -468,23 +476,24 @@ def probe(plan: LaunchPlan, here: LocalTransport) -> tuple[dict[int, Link], Fact
     remote = remote_hosts(plan.options, plan.hosts, job.ranks)
     local = sorted({r.host for r in job.ranks} - set(remote))
     families = {index: check_local_programs(plan, plan.launcher_env, index) for index in local}
+    releases = {index: local_torch_releases(plan, plan.launcher_env, index) for index in local}
     raise_fd_limit()
     if not local:
         here.discard(wait=False)  # forked at start-up in case the job had local ranks; it has none
     if not remote:
-        return {}, Facts(host_info=dict(plan.host_info), families=families)
+        return {}, Facts(host_info=dict(plan.host_info), families=families, torch=releases)
     links: dict[int, Link] = {}
     if local:  # the first (forked early) now; any other this machine runs (--launcher local) with the launch
         links[local[0]] = here.agent()
     try:
         remote_links, results = start_remote_agents(plan, remote)
     except BaseException:
-        _close_and_wait(links)
+        close_and_wait(links.values())
         raise
     links.update(remote_links)
     here.discard()  # reaps the early agent told to stop above: it has left by now
     facts = remote_facts(plan, remote_links, results)
-    return links, facts._replace(families={**families, **facts.families})
+    return links, facts._replace(families={**families, **facts.families}, torch={**releases, **facts.torch})
 
 
 def execute(
@@ -501,13 +510,17 @@ def execute(
             write_rank_table(plan, links)
         sink = open_output(plan, host_tags)  # only once every host passed its checks: a refused job leaves no files
     except BaseException:
-        _close_and_wait(links)
+        close_and_wait(links.values())
         raise
     for note in final.notes if notes else ():  # said once in a run, not again for each restart
         say(plan.options, note)
     # Job 1's ranks start now, and the controller's modules are imported while they do: what the
-    # agents answer waits in their links until the controller reads it.
+    # agents answer, and any signal, waits (in the links, in the signal pipe) until the controller reads it.
+    from mpilaunch.launcher.loop.signals import SignalPipe
+
+    signals = SignalPipe()
     try:
+        signals.catch()
         links.update({index: here.agent() for index in final.launches if index not in links})
         for index, launch in final.launches.items():
             try:
@@ -518,8 +531,9 @@ def execute(
 
         return Controller(
             plan, sink, links, summary=not host_tags, launched=True, agents=here.agent,
-            remote_agents=functools.partial(start_spawn_agents, plan),
+            remote_agents=functools.partial(start_checked_agents, plan), signals=signals,
         )  # fmt: skip
     except BaseException:
-        _close_and_wait(links)
+        signals.release()
+        close_and_wait(links.values())
         raise
