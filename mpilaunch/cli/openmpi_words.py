@@ -156,16 +156,12 @@ def mca_params(values: dict[str, object], env: Mapping[str, str]) -> tuple[tuple
     """Every MCA parameter the line gives: -am files, then --tune files, then -mca (the last one
     wins), after OMPI_MCA_orte_abort_on_non_zero_status from the environment; and the -x words of
     the --tune files."""
-    tuned = tune_file_words(values.pop("tune", ()))  # type: ignore[arg-type]
-    mca = (
-        *mca_file_params(values.pop("am", ()), "-am"),  # type: ignore[arg-type]
-        *((k, v) for kind, text in tuned if kind == "mca" for k, v in [text.split("\0", 1)]),
-        *values.pop("mca"),  # type: ignore[misc]
-    )
+    exports, tuned = tune_file_words(values.pop("tune", ()))  # type: ignore[arg-type]
+    mca = (*mca_file_params(values.pop("am", ())), *tuned, *values.pop("mca"))  # type: ignore[arg-type, misc]
     abort = env.get("OMPI_MCA_orte_abort_on_non_zero_status")
     if abort is not None:  # Open MPI reads MCA parameters from the environment too; -mca wins
         mca = (("orte_abort_on_non_zero_status", abort), *mca)
-    return tuple(mca), [text for kind, text in tuned if kind == "x"]
+    return tuple(mca), exports
 
 
 def _texts(paths: tuple[str, ...], option: str) -> Iterator[tuple[str, str]]:
@@ -176,10 +172,10 @@ def _texts(paths: tuple[str, ...], option: str) -> Iterator[tuple[str, str]]:
         yield path, read_text(path, option, 1 << 20)
 
 
-def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]]:
+def mca_file_params(paths: tuple[str, ...]) -> list[tuple[str, str]]:
     """Open MPI's -am files: `key = value` lines (# comments), as -mca key value each."""
     out: list[tuple[str, str]] = []
-    for path, text in _texts(paths, option):
+    for path, text in _texts(paths, "-am"):
         for number, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
             if not line:
@@ -191,10 +187,11 @@ def mca_file_params(paths: tuple[str, ...], option: str) -> list[tuple[str, str]
     return out
 
 
-def tune_file_words(paths: tuple[str, ...]) -> list[tuple[str, str]]:
+def tune_file_words(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]]]:
     """Open MPI's --tune files: words of -x and -mca/--mca options (any lines, # comments), as
-    (kind, value) pairs: ("x", "NAME[=VALUE]") or ("mca", "key\\0value")."""
-    out: list[tuple[str, str]] = []
+    the -x words (NAME[=VALUE]) and the MCA (key, value) pairs, each in the files' order."""
+    exports: list[str] = []
+    mca: list[tuple[str, str]] = []
     for path, text in _texts(paths, "--tune"):
         import shlex  # not loaded by a line without --tune
 
@@ -206,14 +203,14 @@ def tune_file_words(paths: tuple[str, ...]) -> list[tuple[str, str]]:
         while at < len(words):
             word = words[at]
             if word == "-x" and at + 1 < len(words):
-                out.append(("x", words[at + 1]))
+                exports.append(words[at + 1])
                 at += 2
             elif word in ("-mca", "--mca") and at + 2 < len(words):
-                out.append(("mca", f"{words[at + 1]}\0{words[at + 2]}"))
+                mca.append((words[at + 1], words[at + 2]))
                 at += 3
             else:
                 raise LaunchError(f"--tune {path}: {word!r}: a tune file holds -x NAME[=VALUE] and --mca KEY VALUE")
-    return out
+    return exports, mca
 
 
 def last_mca(mca: tuple[tuple[str, str], ...], key: str, env: Mapping[str, str]) -> str | None:

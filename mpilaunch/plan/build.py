@@ -442,7 +442,7 @@ def job_plan(
         # both, it would refuse to guess
         common["MPIR_CVAR_PMI_VERSION"] = "2" if options.mpi == "pmi2" else "1"
     app_exports = plan.app_exports if first else ()
-    envs = [rank_environment(r, common, app_exports[r.app] if app_exports else exports, env, layout) for r in ranks]
+    envs = [rank_environment(r, app_exports[r.app] if app_exports else exports, env, layout) for r in ranks]
     per_rank, table = (options.devices_per_rank, options.rank_table) if first else (None, None)
     more = devices.rank_extras(
         ranks,

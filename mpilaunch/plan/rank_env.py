@@ -128,14 +128,13 @@ def rank_variables(rank: Rank, offset: int = 0, node_offset: int = 0) -> dict[st
 
 def rank_environment(
     rank: Rank,
-    common: Mapping[str, str],
     exports: Sequence[tuple[str, str | None]],
     launcher_env: Mapping[str, str],
     layout: JobLayout | None = None,
 ) -> dict[str, str]:
-    """The variables set for one rank on top of its host's inherited environment and of common
-    (the job's, which every rank gets): only what is its own or overrides common, so a job's
-    ranks do not each carry a copy of the job's variables.
+    """The variables set for one rank on top of its host's inherited environment and of the
+    job's (job_variables, which every rank gets): only what is its own or overrides those, so a
+    job's ranks do not each carry a copy of the job's variables.
 
     -x values win over everything; -x NAME without a value sends the launcher's value.
     """

@@ -41,7 +41,7 @@ def test_a_node_of_torchruns_launcher_per_node_numbers_its_ranks_in_the_world() 
     assert common["WORLD_SIZE"] == common["ROLE_WORLD_SIZE"] == common["OMPI_COMM_WORLD_SIZE"] == "6"
     assert common["PMI_SIZE"] == common["RANK_SIZE"] == "6"
     assert common["GROUP_WORLD_SIZE"] == "3" and common["TORCHELASTIC_USE_AGENT_STORE"] == "True"
-    envs = [rank_environment(r, common, (), {}, job) for r in ranks]
+    envs = [rank_environment(r, (), {}, job) for r in ranks]
     assert [e["RANK"] for e in envs] == [e["ROLE_RANK"] for e in envs] == ["4", "5"]
     assert [e["OMPI_COMM_WORLD_RANK"] for e in envs] == [e["PMI_RANK"] for e in envs] == ["4", "5"]
     assert [e["LOCAL_RANK"] for e in envs] == [e["OMPI_COMM_WORLD_LOCAL_RANK"] for e in envs] == ["0", "1"]

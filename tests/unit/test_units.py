@@ -58,7 +58,7 @@ def _layout(ranks: list[Rank]) -> JobLayout:
 def test_rank_variables_and_precedence() -> None:
     rank = Rank(rank=5, app=0, host=1, local_rank=1, local_size=4, node_rank=1)
     common = job_variables(_layout([rank] * 8), {"MASTER_PORT": "1234"})
-    own = rank_environment(rank, common, (("DEVICE_ID", "3"), ("HOME", None)), {"HOME": "/h"})
+    own = rank_environment(rank, (("DEVICE_ID", "3"), ("HOME", None)), {"HOME": "/h"})
     assert not own.keys() & (common.keys() - {"DEVICE_ID", "HOME"})  # the job's variables are not copied
     env = {**common, **own}  # as the agent sets them
     assert env["OMPI_COMM_WORLD_RANK"] == "5" and env["OMPI_COMM_WORLD_LOCAL_RANK"] == "1"
