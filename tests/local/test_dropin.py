@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -305,10 +306,15 @@ HYDRA = Path(PY).parent / "mpiexec.hydra"  # the mpich wheel's (the test extra)
 def test_outfile_and_errfile_patterns_name_files_as_hydra_does(launcher: Launcher, tmp_path: Path) -> None:
     script = "echo out $PMI_RANK; echo err $PMI_RANK >&2"
     words = ["-outfile-pattern", "out.%r.%h.%g.%p", "-errfile-pattern", "err.%r", "-n", "3", "sh", "-c", script]
-    (tmp_path / "hydra").mkdir()
-    theirs = subprocess.run([str(HYDRA), *words], capture_output=True, timeout=60, cwd=tmp_path / "hydra")
+    for _ in range(3):  # hydra itself now and then dies of SIGPIPE on a loaded machine: its run is the reference
+        shutil.rmtree(tmp_path / "hydra", ignore_errors=True)
+        (tmp_path / "hydra").mkdir()
+        theirs = subprocess.run([str(HYDRA), *words], capture_output=True, timeout=60, cwd=tmp_path / "hydra")
+        if theirs.returncode != -signal.SIGPIPE:
+            break
+    assert theirs.returncode == 0, theirs
     ours = launcher.run(*words)
-    assert theirs.returncode == ours.returncode == 0, ours.stderr.decode()
+    assert ours.returncode == 0, ours.stderr.decode()
     host = os.uname().nodename
     made = sorted(p.name.replace(host, "HOST").replace("localhost", "HOST") for p in tmp_path.glob("*.*"))
     hydra_made = sorted(p.name.replace(host, "HOST") for p in (tmp_path / "hydra").iterdir())
