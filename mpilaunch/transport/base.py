@@ -14,7 +14,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # messages: imported by the agent after the early fork, not before it
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from mpilaunch.plan.hosts import Host
     from mpilaunch.protocol.messages import Checked, Hello
@@ -175,3 +175,12 @@ def host_problems(results: Mapping[int, HostResult], names: Callable[[int], str]
         elif result.reply is not None:
             problems.extend(f"{names(index)}: {p}" for p in result.reply.problems)
     return problems
+
+
+def close_and_wait(links: Iterable[Link | None]) -> None:
+    """Every agent told to stop at once (the end of its link), then what carried each reaped."""
+    found = [link for link in links if link is not None]
+    for link in found:
+        link.close()
+    for link in found:
+        link.wait()

@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 import selectors
 
+from mpilaunch.transport.base import close_and_wait
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
     from mpilaunch.plan.build import JobPlan
-    from mpilaunch.transport.base import HostResult, Link
+    from mpilaunch.transport.base import HostResult
 
 JOIN_LIMIT = 2.0  # seconds the end of the run waits for a start still under way
 
@@ -97,12 +99,3 @@ class AgentStarts:
             os.close(self.read_fd)
             os.close(self.write_fd)
             self.read_fd = self.write_fd = -1
-
-
-def close_and_wait(links: Iterable[Link | None]) -> None:
-    """Every agent told to stop at once (the end of its link), then each reaped."""
-    found = [link for link in links if link is not None]
-    for link in found:
-        link.close()
-    for link in found:
-        link.wait()

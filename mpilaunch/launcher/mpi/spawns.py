@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from mpilaunch.errors import LaunchError
 from mpilaunch.launcher.decide.events import RankEnded, RankNotStarted, RankStarted, SpawnRefused, table
-from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
 from mpilaunch.plan.build import remote_hosts, spawn_plan
 from mpilaunch.protocol.messages import (
     MessageError,
@@ -23,7 +22,7 @@ from mpilaunch.protocol.messages import (
     PmixSpawn,
     PmixSpawnReply,
 )
-from mpilaunch.transport.base import host_problems
+from mpilaunch.transport.base import close_and_wait, host_problems
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from mpilaunch.plan.build import resolve_hosts
 from mpilaunch.plan.hosts import Host
 from mpilaunch.plan.spec import AppContext, JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, encode
-from mpilaunch.transport.base import STAGES, HostResult
+from mpilaunch.transport.base import STAGES, HostResult, close_and_wait
 from mpilaunch.transport.sshcommon import SshOptions
 
 COLUMNS = ("HOST", "ADDRESS", "RESOLVE", "CONNECT", "HOST KEY", "AUTH", "PYTHON", "PROGRAM", "PORT")
@@ -92,7 +92,6 @@ def check_table(rows: list[CheckRow]) -> str:
 
 def run_check(options: Options, program: str | None, port: int | None) -> int:
     """A preflight table, one row per host; status 1 when any host fails a check."""
-    from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
     from mpilaunch.launcher.start.greeting import WINDOW, start_agents
     from mpilaunch.transport.base import transport_class
     from mpilaunch.transport.sshcommon import ssh_client

@@ -12,7 +12,6 @@ from mpilaunch.errors import LaunchError
 from mpilaunch.host.programs import carried_environment, program_family, program_problem
 from mpilaunch.launcher.decide.events import NodesEnded, NodesRegroup
 from mpilaunch.launcher.decide.signal_table import LEAVES_WITH
-from mpilaunch.launcher.mpi.spawn_agents import close_and_wait
 from mpilaunch.launcher.output.sink import Console, OutputSink
 from mpilaunch.launcher.start.greeting import WINDOW, start_agents
 from mpilaunch.launcher.start.here import ThisMachine
@@ -24,7 +23,7 @@ from mpilaunch.plan.spec import JobSpec, Options
 from mpilaunch.protocol.messages import AppCheck, Check, Probe, Put, PutDone, encode
 from mpilaunch.protocol.record import Record
 from mpilaunch.protocol.wire import STDERR, STDOUT
-from mpilaunch.transport.base import HostResult, Link, Transport, host_problems, transport_class
+from mpilaunch.transport.base import HostResult, Link, Transport, close_and_wait, host_problems, transport_class
 from mpilaunch.transport.local import LocalTransport, raise_fd_limit
 
 TREE_WIDTH = 32  # tree spawn by default above this many remote hosts (--ssh-tree-width 0: never)
