@@ -40,26 +40,13 @@ def gather(links: Mapping[int, Link], kind: type, timeout: float) -> dict[int, R
                 break
             for key, _ in sel.select(left):
                 head = key.data
-                data = heads[head].recv()
-                if data is None:
-                    continue
-                buffer = buffers[head]
-                buffer += data
-                try:
-                    frames = wire.split(buffer) if data else []
-                except wire.FrameError:
-                    frames = []
-                    data = b""
-                if not data:
+                frames, ended = _new_frames(heads[head], buffers[head])
+                if ended:
                     sel.unregister(key.fd)
                     closed.add(head)
                 for frame_kind, frame in frames:
-                    origin, inner = head, frame
                     try:
-                        if frame_kind == wire.ROUTED:
-                            origin, inner = wire.decode_frame(frame)[1]  # type: ignore[misc]
-                        inner_kind, value = wire.decode_frame(inner)
-                        message = decode(value, UP) if inner_kind == wire.CONTROL else None  # type: ignore[arg-type]
+                        origin, message = _origin_and_message(head, frame_kind, frame)
                     except wire.FrameError:
                         continue  # the controller would close the head for it; start-up has no use for it
                     if origin in links and origin not in found and isinstance(message, kind):
@@ -72,3 +59,28 @@ def gather(links: Mapping[int, Link], kind: type, timeout: float) -> dict[int, R
                 link.unread = b"".join(kept[index]) + bytes(buffers[index])
         sel.close()
     return found
+
+
+def _new_frames(link: Link, buffer: bytearray) -> tuple[list[tuple[int, bytes]], bool]:
+    """The whole frames a head's connection brought (buffer keeps the rest), and whether the
+    connection ended or garbled."""
+    data = link.recv()
+    if data is None:
+        return [], False
+    if not data:
+        return [], True
+    buffer += data
+    try:
+        return wire.split(buffer), False
+    except wire.FrameError:
+        return [], True
+
+
+def _origin_and_message(head: int, kind: int, frame: bytes) -> tuple[int, Record | None]:
+    """The host a frame of this head's connection is from (a ROUTED frame names it) and the
+    control message it carries, None for any other frame; FrameError for a bad one."""
+    origin, inner = head, frame
+    if kind == wire.ROUTED:
+        origin, inner = wire.decode_frame(frame)[1]  # type: ignore[misc]
+    inner_kind, value = wire.decode_frame(inner)
+    return origin, decode(value, UP) if inner_kind == wire.CONTROL else None  # type: ignore[arg-type]
