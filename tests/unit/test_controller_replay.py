@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-from mpilaunch.launcher.loop.controller import Controller
+from mpilaunch.launcher.loop.controller import MPI_MESSAGES, Controller
 from mpilaunch.launcher.output.sink import OutputSink
 from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan.build import build_plan
@@ -31,6 +31,8 @@ from mpilaunch.protocol.messages import (
     Note,
     Ping,
     PmiAbort,
+    PmiFence,
+    PmiFenceDone,
     Signal,
     Started,
     decode,
@@ -349,3 +351,27 @@ def test_mpi_abort_ends_the_run_with_its_code(capfd: pytest.CaptureFixture[str])
     assert status == 7
     err = capfd.readouterr().err
     assert "called MPI_Abort with code 7: bad input" in err and "a note from host a" in err
+
+
+def test_a_pmi_barrier_over_two_hosts_makes_the_mpi_rooms_then_merges_their_puts(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    world = World()
+    world.at(1.0, lambda: world.agents[0].say(PmiFence(job=1, kvs={"card-0": "a"})))
+    world.at(1.2, lambda: world.agents[1].say(PmiFence(job=1, kvs={"card-1": "b"})))
+    world.at(2.0, lambda: [world.agents[i].exit(i, 0) for i in (0, 1)])
+    status, log = run(world, "a:1,b:1", 2)
+    assert status == 0
+    done = sent(log, PmiFenceDone)
+    assert [(round(when, 3), host) for when, host, _ in done] == [(1.2, "a"), (1.2, "b")]
+    assert all(message.kvs == {"card-0": "a", "card-1": "b"} for _, _, message in done)
+    controller = world.controller  # type: ignore[attr-defined]
+    rows = {kind for kind, handler in controller.handlers.items() if handler != controller.first_mpi_message}
+    assert set(MPI_MESSAGES) <= rows  # each of the rooms' messages has its row now: none is made twice
+
+
+def test_a_job_that_never_calls_mpi_runs_without_the_mpi_rooms(capfd: pytest.CaptureFixture[str]) -> None:
+    world = World()
+    world.at(1.0, lambda: [world.agents[i].exit(i, 0) for i in (0, 1)])
+    assert run(world, "a:1,b:1", 2)[0] == 0
+    assert world.controller.pmi is None  # type: ignore[attr-defined]

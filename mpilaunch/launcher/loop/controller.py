@@ -34,9 +34,6 @@ from mpilaunch.launcher.loop.agent_frames import AgentFrames
 from mpilaunch.launcher.loop.links import HostLink, Links
 from mpilaunch.launcher.loop.signals import FAULTS_AFTER, SignalPipe
 from mpilaunch.launcher.loop.stdin import StdinFeed
-from mpilaunch.launcher.mpi.jobwide_pmi import JobWidePmi
-from mpilaunch.launcher.mpi.spawn_agents import AgentStarts
-from mpilaunch.launcher.mpi.spawns import Spawner
 from mpilaunch.launcher.output.sink import OutputSink
 from mpilaunch.launcher.report.console_report import ConsoleReporter
 from mpilaunch.launcher.stacks.watch import StacksWatch
@@ -55,12 +52,22 @@ from mpilaunch.protocol.messages import (
     Ping,
     PmiAbort,
     PmiError,
+    PmiFence,
+    PmiName,
+    PmiSpawn,
+    PmixDmodex,
+    PmixDmodexData,
+    PmixFence,
+    PmixJoin,
+    PmixLookup,
+    PmixPublish,
+    PmixSpawn,
+    PmixUnpublish,
     PutDone,
     Signal,
     Started,
     StdinAck,
     encode,
-    mixed_reason,
 )
 from mpilaunch.protocol.record import Record
 from mpilaunch.protocol.wire import STDERR
@@ -70,6 +77,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from mpilaunch.launcher.mpi.jobwide_pmi import JobWidePmi
+    from mpilaunch.launcher.mpi.spawn_agents import AgentStarts
     from mpilaunch.transport.base import HostResult, Link
 
 PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per heartbeat timeout
@@ -77,6 +86,9 @@ PINGS_PER_TIMEOUT = 6  # a remote link carries at least this many frames per hea
 
 STOPPED_DRAIN = 0.5  # seconds a run stopped by a signal waits for a console that is behind
 HOLD_LOOK = 0.02  # seconds between looks at a console that is behind, while the links wait for it
+# What agents send to the MPI rooms (launcher/mpi/: job-wide PMI and PMIx, MPI_Comm_spawn)
+MPI_MESSAGES = (PmiFence, PmiName, PmiSpawn, PmixDmodex, PmixDmodexData, PmixFence, PmixJoin, PmixLookup,
+                PmixPublish, PmixSpawn, PmixUnpublish)  # fmt: skip
 
 
 class Controller:
@@ -112,16 +124,13 @@ class Controller:
         self.jobs: dict[int, JobPlan] = {}
         self.sel = selector if selector is not None else selectors.DefaultSelector()
         self.links = Links(self.sel, clock)
-        self.pmi = JobWidePmi(self.links, self.mixed_families, clock)
+        self.pmi: JobWidePmi | None = None  # with the spawner, made by the first MPI message
         self.signals = signals if signals is not None else SignalPipe()
         self.heartbeat = plan.heartbeat  # seconds of silence after which a remote host is lost
         self.started = False  # the loop started: links adopted later are read at once
         self.stacks = StacksWatch(plan, self.policy, self.links, output, clock)  # and `mpilaunch top`
-        self.agent_starts = AgentStarts(self.sel, remote_agents) if remote_agents is not None else None
-        self.spawner = Spawner(
-            plan, self.policy, self.links, self.events, output, self.jobs, self.add_job, self.launch,
-            self.agent_starts, self.adopt,
-        )  # fmt: skip
+        self.remote_agents = remote_agents
+        self.agent_starts: AgentStarts | None = None
         self.stdin = StdinFeed(  # job 1's process ids are its ranks
             self.sel, list(plan.stdin_ranks), self.send_stdin, self.in_flight, lambda p: self.procs[p].done
         )
@@ -145,8 +154,7 @@ class Controller:
             Checked: ignore,
             PutDone: ignore,
             Bye: self.frames.bye,  # end of file follows
-            **self.pmi.rows(),
-            **self.spawner.rows(),
+            **dict.fromkeys(MPI_MESSAGES, self.first_mpi_message),
             **self.stacks.rows(),
         }
         self.events.subscribe(
@@ -175,8 +183,29 @@ class Controller:
     def add_job(self, job: JobPlan) -> list[int]:
         procs = self.policy.add_job(job.job, job.named_ranks)
         self.jobs[job.job] = job
-        self.pmi.add_job(job)
+        if self.pmi is not None:
+            self.pmi.add_job(job)
         return procs
+
+    def first_mpi_message(self, link: HostLink, message: Record) -> None:
+        """Job-wide PMI and PMIx and MPI_Comm_spawn are made (their modules imported) when an
+        agent first asks for them: a job that never calls MPI runs without them."""
+        from mpilaunch.launcher.mpi.jobwide_pmi import JobWidePmi
+        from mpilaunch.launcher.mpi.spawns import Spawner
+
+        self.pmi = JobWidePmi(self.links, self.policy, self.clock)
+        for job in self.jobs.values():
+            self.pmi.add_job(job)
+        if self.remote_agents is not None:
+            from mpilaunch.launcher.mpi.spawn_agents import AgentStarts
+
+            self.agent_starts = AgentStarts(self.sel, self.remote_agents)
+        spawner = Spawner(
+            self.plan, self.policy, self.links, self.events, self.output, self.jobs, self.add_job, self.launch,
+            self.agent_starts, self.adopt,
+        )  # fmt: skip
+        self.handlers |= {**self.pmi.rows(), **spawner.rows()}
+        self.handlers[type(message)](link, message)
 
     def adopt(self, index: int, link: Link) -> None:
         """A greeted agent's link becomes the run's: before it (job 1's hosts), or during it (a
@@ -186,14 +215,6 @@ class Controller:
             link.ping_every(self.heartbeat / PINGS_PER_TIMEOUT, encode(Ping()))
         if self.started and link.unread:
             self.read_link(host_link, self.clock())
-
-    def mixed_families(self, job: int, host: int, protocol: str, other_host: int, other: str) -> None:
-        """Ranks of both MPI families in one job, on different hosts: ended as the agent ends
-        them on one host (agent/services/base.Services.spoke)."""
-        ranks = sorted((s for s in self.procs if s.job == job), key=lambda s: s.rank.rank)
-        here = next(s for s in ranks if s.rank.host == host)
-        there = next(s for s in ranks if s.rank.host == other_host)
-        self.policy.handle(PmiError(proc=here.proc, error=mixed_reason(protocol, other, there.rank.rank)))
 
     def launch(self, job: JobPlan) -> None:
         """Start an agent where there is none yet, then hand each agent its share of the job."""
@@ -273,7 +294,7 @@ class Controller:
                 for t in (
                     self.policy.next_deadline(),
                     self.output.next_deadline(),
-                    self.pmi.next_deadline(),
+                    self.pmi.next_deadline() if self.pmi is not None else None,
                     self.stacks.next_deadline(),
                     silent_at,
                     look_again,
@@ -298,7 +319,8 @@ class Controller:
                     for sig in self.signals.drain():
                         self.policy.handle(SignalReceived(sig))
             self.output.flush_idle(now)
-            self.pmi.tick(now)
+            if self.pmi is not None:
+                self.pmi.tick(now)
             self.stacks.tick(now)
             self.signals.tick(now)
         self.output.close()

@@ -12,6 +12,7 @@ from mpilaunch.launcher.mpi.pmix_joins import PmixJoins, PmixNameService, decode
 from mpilaunch.plan.build import JobPlan
 from mpilaunch.protocol.messages import (
     MessageError,
+    PmiError,
     PmiFence,
     PmiFenceDone,
     PmiName,
@@ -24,11 +25,14 @@ from mpilaunch.protocol.messages import (
     PmixFenceDone,
     PmixJoin,
     PmixJoinDone,
+    mixed_reason,
 )
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from mpilaunch.launcher.decide.policy import Policy
 
 MIX_GRACE = 1.0  # seconds a job's hosts may be in a PMI barrier and a PMIx fence at once (see entered)
 
@@ -111,11 +115,11 @@ class JobWidePmi:
     def __init__(
         self,
         links: Links,
-        on_mixed: Callable[[int, int, str, int, str], None],
+        policy: Policy,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.links = links
-        self.on_mixed = on_mixed  # (job, host, protocol, other host, other protocol)
+        self.policy = policy
         self.clock = clock
         self.both: set[int] = set()  # jobs served PMI and PMIx
         self.suspects: dict[int, float] = {}  # job -> when to look again at its open fences
@@ -208,7 +212,15 @@ class JobWidePmi:
             if hosts is not None:
                 self.mixed.add(job)
                 pmi_host, pmix_host = hosts
-                self.on_mixed(job, pmix_host, "PMIx", pmi_host, "PMI")
+                self.mixed_families(job, pmix_host, "PMIx", pmi_host, "PMI")
+
+    def mixed_families(self, job: int, host: int, protocol: str, other_host: int, other: str) -> None:
+        """Ranks of both MPI families in one job, on different hosts: ended as the agent ends
+        them on one host (agent/services/base.Services.spoke)."""
+        ranks = sorted((s for s in self.policy.procs if s.job == job), key=lambda s: s.rank.rank)
+        here = next(s for s in ranks if s.rank.host == host)
+        there = next(s for s in ranks if s.rank.host == other_host)
+        self.policy.handle(PmiError(proc=here.proc, error=mixed_reason(protocol, other, there.rank.rank)))
 
     def fence(self, link: HostLink, message: PmiFence) -> None:
         kvs = self.kvs.get(message.job)
