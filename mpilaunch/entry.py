@@ -57,6 +57,9 @@ def main(quick_exit: bool = True) -> None:
     caller that runs mpilaunch inside its own process and has more to do afterwards."""
     if quick_exit:  # mpilaunch/__main__.py left SIGINT at its default action until here
         import _signal
+        import gc
+
+        gc.set_threshold(10_000, 10, 10)  # docs/performance.md, "Start-up tricks"
 
         from mpilaunch.launcher.decide.signal_table import ACTIONS, FAULTS
 
