@@ -13,7 +13,6 @@ from mpilaunch.host.programs import carried_environment, program_family, program
 from mpilaunch.launcher.decide.events import NodesEnded, NodesRegroup
 from mpilaunch.launcher.decide.signal_table import LEAVES_WITH
 from mpilaunch.launcher.output.sink import Console, OutputSink
-from mpilaunch.launcher.start.greeting import WINDOW, start_agents
 from mpilaunch.launcher.start.here import ThisMachine
 from mpilaunch.plan import devices
 from mpilaunch.plan.build import ENGINES, JobPlan, LaunchPlan, build_plan, host_checks, remote_hosts, user_port
@@ -137,6 +136,8 @@ def start_checked_agents(
 ) -> dict[int, HostResult]:
     """Agents on these remote hosts, each checked for job (agent_checks): job 1's, and those of
     the hosts of a spawned job that have none yet (no rank of job 1 runs there), by the same transport."""
+    from mpilaunch.launcher.start.greeting import start_agents  # remote hosts only
+
     transport = remote_transport(plan.options, len(hosts))
     checks = agent_checks(plan, job, port_on)
     return start_agents(transport, {i: plan.hosts[i] for i in hosts}, checks, window(plan.options, len(hosts)))
@@ -148,6 +149,8 @@ def window(options: Options, hosts: int) -> int | None:
     whose one step or job starts them."""
     if options.launcher in ENGINES or tree_width(options, hosts):
         return None
+    from mpilaunch.launcher.start.greeting import WINDOW
+
     return options.ssh_concurrent or WINDOW
 
 
