@@ -65,10 +65,7 @@ class JobServer(JobState):
     # -- answers from the controller -------------------------------------------------------
     def handle(self, message: PmiFenceDone | PmiNameReply | PmiSpawnReply) -> None:
         """PmiFenceDone, PmiNameReply or PmiSpawnReply from the controller."""
-        if isinstance(message, PmiFenceDone):
-            self.fence_done(message)
-        else:
-            self.answer_request(message)
+        ANSWERS[type(message)](self, message)
 
     def fence_done(self, message: PmiFenceDone) -> None:
         self.kvs.update(message.kvs)
@@ -82,3 +79,10 @@ class JobServer(JobState):
         if entry is not None:
             client, thrid = entry
             serving(client.version).answer(self, client, thrid, message)
+
+
+ANSWERS = {  # what the controller sends a job's PMI server
+    PmiFenceDone: JobServer.fence_done,
+    PmiNameReply: JobServer.answer_request,
+    PmiSpawnReply: JobServer.answer_request,
+}
