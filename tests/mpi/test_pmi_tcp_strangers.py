@@ -11,10 +11,13 @@ import random
 import re
 import selectors
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import Launcher, write_script
@@ -28,7 +31,7 @@ NOBODY = 65534
 # barrier that waits for rank 1.
 RANK = """
 import os, sys, time
-print("rank", os.environ["PMI_RANK"], os.environ["PMI_PORT"], os.environ["PMI_ID"], flush=True)
+print("rank", os.environ["PMI_RANK"], os.environ["PMI_PORT"], os.environ["PMI_ID"], os.getpid(), flush=True)
 if os.environ["PMI_RANK"] == "1":
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.05)
@@ -48,16 +51,17 @@ GARBAGE = [
 
 
 class Job:
-    """The running job, its flag, its PMI port (host, port), and each rank's PMI_ID."""
+    """The running job, its flag, its PMI port (host, port), and each rank's PMI_ID and pid."""
 
     def __init__(self, launcher: Launcher, tmp_path: Path) -> None:
         self.flag = tmp_path / "flag"
         script = write_script(tmp_path, "rank.py", RANK)
         self.run = Running(launcher.popen("--pmi-tcp", "-n", "3", PY, script, str(self.flag)))
-        self.ids, ports = {}, set()
+        self.ids, self.pids, ports = {}, {}, set()
         for line in self.run.wait_out(3):
-            _, rank, port, ident = line.split()
+            _, rank, port, ident, pid = line.split()
             self.ids[int(rank)] = int(ident)
+            self.pids[int(rank)] = int(pid)
             ports.add(port)
         (where,) = ports
         host, port = where.split(":")
@@ -80,6 +84,23 @@ def job(launcher: Launcher, tmp_path: Path) -> Iterator[Job]:
     if started.run.proc.poll() is None:  # the test failed: its agent ends the ranks once the launcher is gone
         started.run.proc.kill()
         started.run.proc.wait()
+
+
+def wait_in_pmi(pid: int, port: int, timeout: float = 60.0) -> None:
+    """Until the agent has answered the rank at the PMI port (`ss` counts the bytes its
+    connection received): it was let in, before the strangers come."""
+    proc = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for conn in proc.net_connections("tcp"):
+            if conn.raddr and conn.raddr[1] == port and conn.status == "ESTABLISHED":
+                ours = f"( sport = :{conn.laddr[1]} and dport = :{port} )"
+                info = subprocess.run(["ss", "-tinH", "state", "established", ours], capture_output=True, text=True)
+                got = re.search(r"bytes_received:(\d+)", info.stdout)
+                if got and int(got.group(1)) > 0:
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"rank {pid} not answered at the PMI port {port} after {timeout} s")
 
 
 def closed_unanswered(socks: list[socket.socket], timeout: float = 60.0) -> list[bytes]:
@@ -121,6 +142,8 @@ def test_strangers_at_the_pmi_port_neither_end_the_job_nor_flood_stderr(job: Job
     connections with a wrong PMI_ID`, status 1), each refusal printed its own line, and a
     connection that sent nothing was held open for ever."""
     port = job.port
+    for rank in (0, 2):  # in MPI_Init's barrier before the strangers come, as the test means
+        wait_in_pmi(job.pids[rank], port[1])
     wrong = set()
     while len(wrong) < 50:
         guess = random.randrange(2, 1 << 31)
