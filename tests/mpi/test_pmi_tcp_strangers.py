@@ -86,7 +86,7 @@ def job(launcher: Launcher, tmp_path: Path) -> Iterator[Job]:
         started.run.proc.wait()
 
 
-def wait_in_pmi(pid: int, port: int, timeout: float = 60.0) -> None:
+def wait_answered(pid: int, port: int, timeout: float = 60.0) -> None:
     """Until the agent has answered the rank at the PMI port (`ss` counts the bytes its
     connection received): it was let in, before the strangers come."""
     proc = psutil.Process(pid)
@@ -142,8 +142,8 @@ def test_strangers_at_the_pmi_port_neither_end_the_job_nor_flood_stderr(job: Job
     connections with a wrong PMI_ID`, status 1), each refusal printed its own line, and a
     connection that sent nothing was held open for ever."""
     port = job.port
-    for rank in (0, 2):  # in MPI_Init's barrier before the strangers come, as the test means
-        wait_in_pmi(job.pids[rank], port[1])
+    for rank in (0, 2):  # let in before the strangers come, as the test means them to be
+        wait_answered(job.pids[rank], port[1])
     wrong = set()
     while len(wrong) < 50:
         guess = random.randrange(2, 1 << 31)
